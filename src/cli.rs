@@ -1,0 +1,125 @@
+//! Command-line flags, as clap reads them. Every flag also reads a `LEASEGATE_*` variable.
+//!
+//! Invariant: raw arguments only; validation and loading happen in `main` and `config`.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "leasegate",
+    version,
+    about = "An egress HTTP proxy for AI agents, governed by signed leases"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write a new random key (mode 0600) and print its fingerprint.
+    Keygen(KeygenArgs),
+    /// Sign a lease for the given hosts and append its `granted` record (development issuer).
+    Issue(IssueArgs),
+    /// Append a signed `revoked` record for a lease.
+    Revoke(RevokeArgs),
+    /// Check a lease or a journal: schema, rules and (with a key) signatures.
+    Verify(VerifyArgs),
+    /// Print the folded status of every lease in a journal.
+    Leases(LeasesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Where to write the key (default: print the key file to stdout).
+    #[arg(long, env = "LEASEGATE_OUT")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct IssueArgs {
+    /// The lease journal (JSON Lines) to append to.
+    #[arg(long, env = "LEASEGATE_JOURNAL")]
+    pub journal: PathBuf,
+    /// The signing key.
+    #[arg(long, env = "LEASEGATE_KEY_FILE")]
+    pub key_file: PathBuf,
+    /// A host the lease may reach: `*`, `*.example.com` or an exact name or IPv4 address.
+    #[arg(
+        long = "allow-host",
+        env = "LEASEGATE_ALLOW_HOST",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub allow_hosts: Vec<String>,
+    /// A host the lease must not reach (beats any allow).
+    #[arg(long = "deny-host", env = "LEASEGATE_DENY_HOST", value_delimiter = ',')]
+    pub deny_hosts: Vec<String>,
+    /// Parent lease id: the new lease's hosts must be contained in the parent's.
+    #[arg(long, env = "LEASEGATE_PARENT")]
+    pub parent: Option<String>,
+    /// Lifetime, e.g. `15m`, `1h`, `2s`.
+    #[arg(long, env = "LEASEGATE_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub ttl: std::time::Duration,
+    /// Agent name shown in tables and logs.
+    #[arg(long, env = "LEASEGATE_NAME", default_value = "agent")]
+    pub name: String,
+    /// Why the agent runs (the manifest's intent.purpose).
+    #[arg(
+        long,
+        env = "LEASEGATE_PURPOSE",
+        default_value = "development lease issued by leasegate"
+    )]
+    pub purpose: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RevokeArgs {
+    #[arg(long, env = "LEASEGATE_JOURNAL")]
+    pub journal: PathBuf,
+    /// The key the revocation is signed with (the lease's own key).
+    #[arg(long, env = "LEASEGATE_KEY_FILE")]
+    pub key_file: PathBuf,
+    /// The lease to revoke.
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: String,
+    /// Why (at most 500 characters are kept).
+    #[arg(long, env = "LEASEGATE_REASON")]
+    pub reason: String,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Keys to check signatures with (repeatable, for rotation).
+    #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',')]
+    pub key_files: Vec<PathBuf>,
+    /// Accept leases signed with the published test key (conformance runs only).
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
+    /// The instant to check a lease's lifetime at (default: now).
+    #[arg(long, env = "LEASEGATE_NOW")]
+    pub now: Option<String>,
+    /// A lease (JSON) or a journal (JSON Lines); `-` for stdin.
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct LeasesArgs {
+    #[arg(long, env = "LEASEGATE_JOURNAL")]
+    pub journal: PathBuf,
+    /// Keys the leases are signed with (repeatable).
+    #[arg(
+        long = "key-file",
+        env = "LEASEGATE_KEY_FILE",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub key_files: Vec<PathBuf>,
+    /// Accept leases signed with the published test key.
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
+    /// JSON Lines instead of a table.
+    #[arg(long, env = "LEASEGATE_JSON")]
+    pub json: bool,
+}

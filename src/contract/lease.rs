@@ -1,0 +1,159 @@
+//! A signed lease: loading (version, schema, rules, signature) and signing.
+//!
+//! Invariant: a [`Lease`] value exists only for JSON that passed the schema, L1, L2 and, for
+//! [`Lease::load`], its signature under a trusted key. The signature is checked over the
+//! parsed JSON value as received (every member but `signature`), never a re-serialised struct.
+
+use super::canonical::{canonical_bytes_without, CanonError};
+use super::keys::{Key, Keyring, TEST_KEY_FINGERPRINT};
+use super::rules::{self, Lifetime, RuleViolation};
+use super::schema::{self, Schema, SchemaIssue};
+use super::Timestamp;
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("schema_version major {0} is not one this reader knows (1)")]
+    UnknownMajor(u64),
+    #[error("schema: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Schema(Vec<SchemaIssue>),
+    #[error(transparent)]
+    Rule(#[from] RuleViolation),
+    #[error("signed with key {0}, which is not in the keyring")]
+    UnknownKey(String),
+    #[error("signed with the published TEST key ({TEST_KEY_FINGERPRINT}); refused without --allow-test-key")]
+    TestKey,
+    #[error("signature does not verify under key {0}")]
+    BadSignature(String),
+    #[error(transparent)]
+    Canonical(#[from] CanonError),
+}
+
+/// A loaded lease: the facts leasegate acts on, and the JSON they came from.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub id: String,
+    pub parent: Option<String>,
+    pub issued_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub agent_name: String,
+    pub allow_hosts: Vec<String>,
+    pub deny_hosts: Vec<String>,
+    pub key_fingerprint: String,
+    /// The lease exactly as parsed, signature included.
+    pub value: Value,
+}
+
+impl Lease {
+    /// Version, schema, L1 and L2; no signature. For `verify` without a key.
+    pub fn check(value: Value) -> Result<Lease, LeaseError> {
+        check_major(&value).map_err(LeaseError::UnknownMajor)?;
+        Schema::Lease.validate(&value).map_err(LeaseError::Schema)?;
+        Lease::check_rules(value)
+    }
+
+    /// [`Lease::load`] for the lease of a schema-valid `granted` record: the record schema's
+    /// `lease` definition carries the lease schema's constraints, so validating again would
+    /// only repeat the work.
+    pub fn load_from_record(value: Value, keyring: &Keyring) -> Result<Lease, LeaseError> {
+        check_major(&value).map_err(LeaseError::UnknownMajor)?;
+        Lease::check_rules(value)?.verified(keyring)
+    }
+
+    fn check_rules(value: Value) -> Result<Lease, LeaseError> {
+        let lease = Lease::from_valid(value);
+        rules::check_l1(lease.issued_at, lease.expires_at)?;
+        rules::check_l2(&lease.id, lease.parent.as_deref())?;
+        if let Some(manifest_parent) = lease.value["manifest"]["parent_lease_id"].as_str() {
+            rules::check_l2(&lease.id, Some(manifest_parent))?;
+        }
+        Ok(lease)
+    }
+
+    /// Everything [`Lease::check`] does, then the signature under the key the lease names.
+    pub fn load(value: Value, keyring: &Keyring) -> Result<Lease, LeaseError> {
+        Lease::check(value)?.verified(keyring)
+    }
+
+    fn verified(self, keyring: &Keyring) -> Result<Lease, LeaseError> {
+        let lease = self;
+        if lease.key_fingerprint == TEST_KEY_FINGERPRINT && !keyring.allows_test_key() {
+            return Err(LeaseError::TestKey);
+        }
+        let key = keyring
+            .get(&lease.key_fingerprint)
+            .ok_or_else(|| LeaseError::UnknownKey(lease.key_fingerprint.clone()))?;
+        if !verify_signature(&lease.value, key)? {
+            return Err(LeaseError::BadSignature(lease.key_fingerprint.clone()));
+        }
+        Ok(lease)
+    }
+
+    /// Where `now` falls in this lease's own lifetime.
+    pub fn lifetime(&self, now: Timestamp) -> Lifetime {
+        rules::lifetime(self.issued_at, self.expires_at, now)
+    }
+
+    fn from_valid(value: Value) -> Lease {
+        // The schema has vouched for every member read here.
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let hosts = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let time = |v: &Value| {
+            Timestamp::parse(v.as_str().unwrap_or_default()).unwrap_or(Timestamp::from_millis(0))
+        };
+        let manifest = &value["manifest"];
+        Lease {
+            id: text(&value["lease_id"]),
+            parent: value["parent_lease_id"]
+                .as_str()
+                .or(manifest["parent_lease_id"].as_str())
+                .map(str::to_owned),
+            issued_at: time(&value["issued_at"]),
+            expires_at: time(&value["expires_at"]),
+            agent_name: text(&manifest["agent"]["name"]),
+            allow_hosts: hosts(&manifest["allow"]["hosts"]),
+            deny_hosts: hosts(&manifest["deny"]["hosts"]),
+            key_fingerprint: text(&value["key_fingerprint"]),
+            value,
+        }
+    }
+}
+
+/// Refuses a readable `schema_version` whose major this reader does not know; an unreadable
+/// one is left for the schema to explain.
+pub fn check_major(value: &Value) -> Result<(), u64> {
+    match schema::major_version(value) {
+        Some(major) if major != schema::KNOWN_MAJOR => Err(major),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `value["signature"]` is the HMAC of `value`'s canonical bytes without `signature`.
+pub fn verify_signature(value: &Value, key: &Key) -> Result<bool, CanonError> {
+    let Some(signature) = value.get("signature").and_then(Value::as_str) else {
+        return Ok(false);
+    };
+    Ok(key.verify(&canonical_bytes_without(value, "signature")?, signature))
+}
+
+/// Sets `key_fingerprint` and `signature` on an unsigned JSON object.
+pub fn sign(value: &mut Value, key: &Key) -> Result<(), CanonError> {
+    if let Some(object) = value.as_object_mut() {
+        object.remove("signature");
+        object.insert("key_fingerprint".into(), key.fingerprint().into());
+    }
+    let signature = key.sign(&canonical_bytes_without(value, "signature")?);
+    if let Some(object) = value.as_object_mut() {
+        object.insert("signature".into(), signature.into());
+    }
+    Ok(())
+}

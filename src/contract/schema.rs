@@ -1,0 +1,95 @@
+//! The contract's JSON Schemas, embedded in the binary and compiled once.
+//!
+//! Invariant: a value is schema-valid only if the compiled validator says so; the schemas are
+//! ours (`schemas/`), with the published contract's constraints.
+
+use serde_json::Value;
+use std::sync::LazyLock;
+
+/// One schema violation: where in the instance, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchemaIssue {
+    /// JSON Pointer into the validated value ("" for the root).
+    pub path: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for SchemaIssue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = if self.path.is_empty() {
+            "/"
+        } else {
+            &self.path
+        };
+        write!(f, "{path}: {}", self.message)
+    }
+}
+
+/// The schemas we validate against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    Lease,
+    Manifest,
+    Record,
+    EgressEvent,
+}
+
+const LEASE: &str = include_str!("../../schemas/agent-lease.schema.json");
+const MANIFEST: &str = include_str!("../../schemas/agent-lease-manifest.schema.json");
+const RECORD: &str = include_str!("../../schemas/lease-record.schema.json");
+const EGRESS: &str = include_str!("../../schemas/egress-event.schema.json");
+
+fn compile(text: &str) -> jsonschema::Validator {
+    let schema: Value = serde_json::from_str(text).expect("embedded schema is JSON");
+    jsonschema::draft7::new(&schema).expect("embedded schema compiles")
+}
+
+static VALIDATORS: LazyLock<[jsonschema::Validator; 4]> = LazyLock::new(|| {
+    [
+        compile(LEASE),
+        compile(MANIFEST),
+        compile(RECORD),
+        compile(EGRESS),
+    ]
+});
+
+impl Schema {
+    fn validator(self) -> &'static jsonschema::Validator {
+        &VALIDATORS[self as usize]
+    }
+
+    pub fn is_valid(self, instance: &Value) -> bool {
+        self.validator().is_valid(instance)
+    }
+
+    /// Every violation, or `Ok` if there is none.
+    pub fn validate(self, instance: &Value) -> Result<(), Vec<SchemaIssue>> {
+        let validator = self.validator();
+        if validator.is_valid(instance) {
+            return Ok(());
+        }
+        Err(validator
+            .iter_errors(instance)
+            .map(|e| SchemaIssue {
+                path: e.instance_path().to_string(),
+                message: e.to_string(),
+            })
+            .collect())
+    }
+}
+
+/// Major version of a `schema_version` string ("1.2" → 1).
+pub fn major_version(value: &Value) -> Option<u64> {
+    value
+        .get("schema_version")?
+        .as_str()?
+        .split_once('.')?
+        .0
+        .parse()
+        .ok()
+}
+
+/// The schema-set major version this reader knows.
+pub const KNOWN_MAJOR: u64 = 1;
+/// The schema-set version we write.
+pub const WRITTEN_VERSION: &str = "1.2";

@@ -1,0 +1,142 @@
+//! The contract's one timestamp form: UTC, milliseconds, `Z` (`2026-09-15T10:00:00.000Z`).
+//!
+//! Invariant: a [`Timestamp`] is whole milliseconds since the Unix epoch; it formats back to
+//! exactly the form it was parsed from. Pure: the clock is read only by [`Timestamp::now`],
+//! which pure code never calls (it takes `now` as an argument).
+
+use std::fmt;
+use time::format_description::FormatItem;
+use time::macros::format_description;
+use time::{OffsetDateTime, PrimitiveDateTime, UtcOffset};
+
+const FORM: &[FormatItem<'static>] =
+    format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+
+/// An instant, in whole milliseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(i64);
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a timestamp of the form 2026-09-15T10:00:00.000Z")]
+pub struct TimestampError(String);
+
+impl Timestamp {
+    /// The wall clock, truncated to milliseconds.
+    pub fn now() -> Timestamp {
+        Timestamp::from_offset(OffsetDateTime::now_utc())
+    }
+
+    pub fn from_millis(ms: i64) -> Timestamp {
+        Timestamp(ms)
+    }
+
+    pub fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    /// Parses the contract form only (UTC, three fraction digits, `Z`).
+    pub fn parse(text: &str) -> Result<Timestamp, TimestampError> {
+        // Every journal line carries one or more of these, so read the fixed positions
+        // directly; `time` still does the calendar arithmetic and range checks.
+        let b = text.as_bytes();
+        let separators_ok = b.len() == 24
+            && [
+                (4, b'-'),
+                (7, b'-'),
+                (10, b'T'),
+                (13, b':'),
+                (16, b':'),
+                (19, b'.'),
+                (23, b'Z'),
+            ]
+            .iter()
+            .all(|&(i, c)| b[i] == c);
+        let num = |range: std::ops::Range<usize>| -> Option<u32> {
+            b.get(range)?.iter().try_fold(0u32, |acc, &d| {
+                d.is_ascii_digit().then(|| acc * 10 + u32::from(d - b'0'))
+            })
+        };
+        let parsed = separators_ok
+            .then(|| {
+                let month = time::Month::try_from(num(5..7)? as u8).ok()?;
+                let date =
+                    time::Date::from_calendar_date(num(0..4)? as i32, month, num(8..10)? as u8)
+                        .ok()?;
+                let clock = time::Time::from_hms_milli(
+                    num(11..13)? as u8,
+                    num(14..16)? as u8,
+                    num(17..19)? as u8,
+                    num(20..23)? as u16,
+                )
+                .ok()?;
+                Some(Timestamp::from_offset(
+                    PrimitiveDateTime::new(date, clock).assume_utc(),
+                ))
+            })
+            .flatten();
+        parsed.ok_or_else(|| TimestampError(text.to_owned()))
+    }
+
+    /// Parses the contract form or any RFC 3339 instant (for `--now` and other human input).
+    pub fn parse_lenient(text: &str) -> Result<Timestamp, TimestampError> {
+        Timestamp::parse(text).or_else(|_| {
+            OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+                .map(Timestamp::from_offset)
+                .map_err(|_| TimestampError(text.to_owned()))
+        })
+    }
+
+    pub fn saturating_add_millis(self, ms: i64) -> Timestamp {
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    fn from_offset(t: OffsetDateTime) -> Timestamp {
+        Timestamp((t.unix_timestamp_nanos() / 1_000_000) as i64)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = OffsetDateTime::from_unix_timestamp_nanos(self.0 as i128 * 1_000_000)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+            .to_offset(UtcOffset::UTC);
+        let text = t.format(FORM).map_err(|_| fmt::Error)?;
+        f.write_str(&text)
+    }
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_the_contract_form() {
+        let t = Timestamp::parse("2026-09-15T10:00:00.123Z").unwrap();
+        assert_eq!(t.as_millis(), 1_789_466_400_123);
+        assert_eq!(t.to_string(), "2026-09-15T10:00:00.123Z");
+    }
+
+    #[test]
+    fn refuses_other_forms_unless_lenient() {
+        for bad in [
+            "2026-02-30T10:00:00.000Z",
+            "2026-09-15T24:00:00.000Z",
+            "2026-09-15T10:00:00.00aZ",
+            "2026-09-15T11:00:00+01:00",
+            "2026-09-15T10:00:00Z",
+            "2026-09-15 10:00:00.000Z",
+        ] {
+            assert!(Timestamp::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Timestamp::parse_lenient("2026-09-15T11:00:00+01:00").unwrap(),
+            Timestamp::parse("2026-09-15T10:00:00.000Z").unwrap()
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! `verify` and `leases`: reading a lease or journal and reporting on it.
+//!
+//! Invariant: read-only; every problem found is reported with where it is and why.
+
+use crate::contract::rules::Lifetime;
+use crate::contract::{Keyring, Lease, Timestamp};
+use crate::registry::{journal, Ledger};
+use serde::Serialize;
+use serde_json::Value;
+
+/// One problem `verify` found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    /// `line N` for a journal, the JSON path for a lease.
+    pub place: String,
+    pub reason: String,
+}
+
+/// Verifies a lease document or a journal. `keyring` `None` checks schema and rules only.
+pub fn verify(text: &[u8], keyring: Option<&Keyring>, now: Timestamp) -> Vec<Problem> {
+    let single: Option<Value> = serde_json::from_slice(text).ok();
+    match single {
+        Some(value) if value.get("manifest").is_some() && value.get("event").is_none() => {
+            verify_lease(value, keyring, now)
+        }
+        _ => verify_journal(text, keyring),
+    }
+}
+
+fn verify_lease(value: Value, keyring: Option<&Keyring>, now: Timestamp) -> Vec<Problem> {
+    let loaded = match keyring {
+        Some(keyring) => Lease::load(value, keyring),
+        None => Lease::check(value),
+    };
+    let problem = |place: &str, reason: String| Problem {
+        place: place.to_owned(),
+        reason,
+    };
+    match loaded {
+        Err(crate::contract::LeaseError::Schema(issues)) => issues
+            .into_iter()
+            .map(|i| problem(if i.path.is_empty() { "/" } else { &i.path }, i.message))
+            .collect(),
+        Err(e) => vec![problem("/", e.to_string())],
+        Ok(lease) => match lease.lifetime(now) {
+            Lifetime::Live => vec![],
+            Lifetime::NotYetValid => vec![problem(
+                "/issued_at",
+                format!("not valid until {} (now {now})", lease.issued_at),
+            )],
+            Lifetime::Expired => vec![problem(
+                "/expires_at",
+                format!("expired at {} (now {now})", lease.expires_at),
+            )],
+        },
+    }
+}
+
+fn verify_journal(text: &[u8], keyring: Option<&Keyring>) -> Vec<Problem> {
+    let mut ledger = match keyring {
+        Some(k) => Ledger::new(k.clone()),
+        None => Ledger::unverified(),
+    };
+    journal::fold_bytes(&mut ledger, text)
+        .into_iter()
+        .map(|p| Problem {
+            place: format!("line {}", p.line),
+            reason: p.error.to_string(),
+        })
+        .collect()
+}
+
+/// One row of `leases`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseRow {
+    pub lease_id: String,
+    pub parent_lease_id: Option<String>,
+    pub agent: String,
+    pub status: &'static str,
+    pub expires_at: Timestamp,
+    pub allow_hosts: Vec<String>,
+    pub deny_hosts: Vec<String>,
+}
+
+/// The folded status table at `now`, in grant order.
+pub fn lease_rows(ledger: &Ledger, now: Timestamp) -> Vec<LeaseRow> {
+    ledger
+        .leases()
+        .map(|lease| LeaseRow {
+            lease_id: lease.id.clone(),
+            parent_lease_id: lease.parent.clone(),
+            agent: lease.agent_name.clone(),
+            status: ledger
+                .status(&lease.id, now)
+                .map_or("unknown", |s| s.as_str()),
+            expires_at: lease.expires_at,
+            allow_hosts: lease.allow_hosts.clone(),
+            deny_hosts: lease.deny_hosts.clone(),
+        })
+        .collect()
+}
+
+/// Renders rows as an aligned text table.
+pub fn render_table(rows: &[LeaseRow]) -> String {
+    let header = [
+        "LEASE",
+        "PARENT",
+        "AGENT",
+        "STATUS",
+        "EXPIRES_AT",
+        "ALLOW",
+        "DENY",
+    ];
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.lease_id.clone(),
+                r.parent_lease_id.clone().unwrap_or_else(|| "-".into()),
+                r.agent.clone(),
+                r.status.to_owned(),
+                r.expires_at.to_string(),
+                join_or_dash(&r.allow_hosts),
+                join_or_dash(&r.deny_hosts),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cols: Vec<&str>| {
+        let text: Vec<String> = cols
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(text.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in &cells {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn join_or_dash(hosts: &[String]) -> String {
+    if hosts.is_empty() {
+        "-".into()
+    } else {
+        hosts.join(",")
+    }
+}

@@ -1,0 +1,185 @@
+//! The development issuer: sign a lease for given hosts and append `granted`; append a signed
+//! `revoked`.
+//!
+//! Invariant: every lease we sign loads under our own checks (schema, L1, L2, signature)
+//! before it is appended, and a child's hosts are contained in its parent's.
+
+use crate::contract::canonical::canonical_bytes;
+use crate::contract::keys::sha256_hex;
+use crate::contract::lease::sign;
+use crate::contract::record::{self, Revocation};
+use crate::contract::schema::WRITTEN_VERSION;
+use crate::contract::{Key, Keyring, Lease, LeaseError, RecordError, Timestamp};
+use crate::policy::HostPattern;
+use crate::registry::{journal, ChainError, Ledger, Status};
+use serde_json::{json, Map, Value};
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    #[error("journal {path}: {source}")]
+    Journal {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("parent lease: {0}")]
+    Parent(#[from] ChainError),
+    #[error("host {host:?} is not contained in parent {parent}'s allow.hosts ({allowed})")]
+    NotContained {
+        host: String,
+        parent: String,
+        allowed: String,
+    },
+    #[error("lease {0} is not in the journal under this key")]
+    UnknownLease(String),
+    #[error("lease would not load: {0}")]
+    Lease(#[from] LeaseError),
+    #[error("record: {0}")]
+    Record(#[from] RecordError),
+    #[error("TTL {0:?} is too long")]
+    Ttl(Duration),
+}
+
+/// What to issue.
+#[derive(Debug, Clone)]
+pub struct IssueRequest {
+    pub allow_hosts: Vec<String>,
+    pub deny_hosts: Vec<String>,
+    pub parent: Option<String>,
+    pub ttl: Duration,
+    pub name: String,
+    pub purpose: String,
+    pub now: Timestamp,
+}
+
+/// A lease that was appended.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    pub lease_id: String,
+    pub expires_at: Timestamp,
+}
+
+fn fold(journal_path: &Path, key: &Key) -> Result<Ledger, IssueError> {
+    let mut keyring = Keyring::new(false);
+    keyring.insert(key.clone());
+    journal::load(journal_path, Ledger::new(keyring))
+        .map(|(ledger, _)| ledger)
+        .map_err(|source| IssueError::Journal {
+            path: journal_path.display().to_string(),
+            source,
+        })
+}
+
+fn normalise_hosts(hosts: &[String]) -> Vec<String> {
+    hosts
+        .iter()
+        .map(|h| h.trim().trim_end_matches('.').to_ascii_lowercase())
+        .collect()
+}
+
+/// Signs a lease and appends its `granted` record.
+pub fn issue(journal_path: &Path, key: &Key, request: &IssueRequest) -> Result<Issued, IssueError> {
+    let ttl_ms =
+        i64::try_from(request.ttl.as_millis()).map_err(|_| IssueError::Ttl(request.ttl))?;
+    let allow = normalise_hosts(&request.allow_hosts);
+    let deny = normalise_hosts(&request.deny_hosts);
+    let mut expires_at = request.now.saturating_add_millis(ttl_ms);
+    if let Some(parent_id) = &request.parent {
+        let ledger = fold(journal_path, key)?;
+        let chain = ledger.check_chain(parent_id, request.now)?;
+        let parent = &chain[0];
+        let parent_allow: Vec<HostPattern> = parent
+            .allow_hosts
+            .iter()
+            .map(|h| HostPattern::parse(h))
+            .collect();
+        for host in &allow {
+            let pattern = HostPattern::parse(host);
+            if !parent_allow.iter().any(|p| p.contains(&pattern)) {
+                return Err(IssueError::NotContained {
+                    host: host.clone(),
+                    parent: parent_id.clone(),
+                    allowed: parent.allow_hosts.join(", "),
+                });
+            }
+        }
+        // A child never outlives its parent.
+        expires_at = expires_at.min(parent.expires_at);
+    }
+
+    let mut manifest = json!({
+        "schema_version": WRITTEN_VERSION,
+        "agent": {"name": request.name, "kind": "external", "runtime_agent": "unknown"},
+        "intent": {"purpose": request.purpose},
+        "allow": {"tools": [], "read_paths": [], "write_paths": [], "hosts": allow, "commands": []},
+        "deny": {"commands": [], "paths": [], "hosts": deny},
+        "budget": {},
+        "approvals": [],
+    });
+    let lease_id = uuid::Uuid::new_v4().to_string();
+    let mut lease = json!({
+        "schema_version": WRITTEN_VERSION,
+        "lease_id": lease_id,
+        "declared_hash": "",
+        "issued_at": request.now.to_string(),
+        "expires_at": expires_at.to_string(),
+        "issuer_session_id": "leasegate-issue",
+    });
+    if let Some(parent) = &request.parent {
+        manifest["parent_lease_id"] = parent.as_str().into();
+        lease["parent_lease_id"] = parent.as_str().into();
+    }
+    lease["declared_hash"] =
+        sha256_hex(&canonical_bytes(&manifest).map_err(LeaseError::from)?).into();
+    lease["manifest"] = manifest.clone();
+    sign(&mut lease, key).map_err(LeaseError::from)?;
+
+    let mut keyring = Keyring::new(key.is_test_key());
+    keyring.insert(key.clone());
+    Lease::load(lease.clone(), &keyring)?;
+    let granted = record::granted(&lease, &manifest, request.now)?;
+    append(journal_path, &granted)?;
+    Ok(Issued {
+        lease_id,
+        expires_at,
+    })
+}
+
+/// Appends a signed `revoked` record (`by: "issuer"`) for a lease of the journal. Returns
+/// `false`, writing nothing, if the lease is already revoked.
+pub fn revoke(
+    journal_path: &Path,
+    key: &Key,
+    lease_id: &str,
+    reason: &str,
+    now: Timestamp,
+) -> Result<bool, IssueError> {
+    let ledger = fold(journal_path, key)?;
+    let lease = ledger
+        .lease(lease_id)
+        .ok_or_else(|| IssueError::UnknownLease(lease_id.to_owned()))?;
+    if ledger.status(lease_id, now) == Some(Status::Revoked) {
+        return Ok(false);
+    }
+    let record = record::revoked(
+        &Revocation {
+            lease_id,
+            parent_lease_id: lease.parent.as_deref(),
+            by: "issuer",
+            reason,
+            extra: Map::new(),
+        },
+        key,
+        now,
+    )?;
+    append(journal_path, &record)?;
+    Ok(true)
+}
+
+fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
+    journal::append(journal_path, record, true).map_err(|source| IssueError::Journal {
+        path: journal_path.display().to_string(),
+        source,
+    })
+}

@@ -1,0 +1,8 @@
+//! leasegate: an egress HTTP proxy for AI-agent processes, governed by signed leases.
+#![forbid(unsafe_code)]
+
+pub mod contract;
+pub mod inspect;
+pub mod issue;
+pub mod policy;
+pub mod registry;

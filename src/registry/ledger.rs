@@ -1,0 +1,330 @@
+//! The folded lease state: every loaded lease, every closing record, and chain checks.
+//!
+//! Invariant: a lease is in the ledger only if its `granted` record passed schema, signature,
+//! L1 and L2; the first grant of an id wins; closings only ever close (nothing reopens a
+//! lease); and whether a lease opens anything is decided over its whole chain at a given `now`.
+
+use crate::contract::record::Record;
+use crate::contract::rules::{self, Lifetime, RuleViolation};
+use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Chains deeper than this are treated as broken (it also stops parent-link cycles).
+pub const MAX_CHAIN_DEPTH: usize = 32;
+
+/// What closed a lease, and from when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Closure {
+    pub event: Event,
+    pub at: Timestamp,
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Status of one lease at an instant (the values of DESIGN.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Open,
+    NotYetValid,
+    Expired,
+    Revoked,
+    Stopped,
+    Completed,
+    AncestorClosed,
+}
+
+impl Status {
+    pub const ALL: [Status; 7] = [
+        Status::Open,
+        Status::NotYetValid,
+        Status::Expired,
+        Status::Revoked,
+        Status::Stopped,
+        Status::Completed,
+        Status::AncestorClosed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Open => "open",
+            Status::NotYetValid => "not-yet-valid",
+            Status::Expired => "expired",
+            Status::Revoked => "revoked",
+            Status::Stopped => "stopped",
+            Status::Completed => "completed",
+            Status::AncestorClosed => "ancestor-closed",
+        }
+    }
+}
+
+/// Why a lease's chain opens nothing at an instant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("lease {0} is not known")]
+    Unknown(String),
+    #[error("lease {0} is not valid yet")]
+    NotYetValid(String),
+    #[error("lease {0} has expired")]
+    Expired(String),
+    #[error("lease {0} is revoked")]
+    Revoked(String),
+    #[error("lease {0} is closed")]
+    Closed(String),
+    #[error("lease {lease}: ancestor {ancestor} opens nothing")]
+    AncestorClosed { lease: String, ancestor: String },
+}
+
+/// Why one journal line was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    #[error("line is not UTF-8")]
+    NotUtf8,
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("granted lease not loaded: {0}")]
+    Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Rule(#[from] RuleViolation),
+}
+
+/// What applying one record did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// A new lease was loaded.
+    Granted(String),
+    /// A second grant of a known id: ignored, the first one stands.
+    DuplicateGrant(String),
+    /// A closing record (it may close nothing new if an earlier one already applies).
+    Closed(String),
+    /// A record that changes no status (refused, narrowed, heartbeat, attached).
+    Noted(Event),
+}
+
+/// Counters over every line offered to the ledger.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FoldStats {
+    pub lines: u64,
+    pub invalid_lines: u64,
+    pub rejected_grants: u64,
+    pub duplicate_grants: u64,
+    /// Applied lines per event, indexed as [`Event::ALL`].
+    pub events: [u64; 9],
+}
+
+/// The folded journal.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    /// `None` only for `verify` without a key: grants are then checked for schema and rules
+    /// but not signatures. Nothing that serves traffic builds such a ledger.
+    keyring: Option<Keyring>,
+    leases: HashMap<String, Arc<Lease>>,
+    /// The earliest closing record of each lease id (known or not yet granted).
+    closures: HashMap<String, Closure>,
+    /// Lease ids in the order they were granted.
+    order: Vec<String>,
+    stats: FoldStats,
+}
+
+impl Ledger {
+    pub fn new(keyring: Keyring) -> Ledger {
+        Ledger::with_trust(Some(keyring))
+    }
+
+    /// A ledger that loads grants without checking signatures (`verify` without a key).
+    pub fn unverified() -> Ledger {
+        Ledger::with_trust(None)
+    }
+
+    fn with_trust(keyring: Option<Keyring>) -> Ledger {
+        Ledger {
+            keyring,
+            leases: HashMap::new(),
+            closures: HashMap::new(),
+            order: Vec::new(),
+            stats: FoldStats::default(),
+        }
+    }
+
+    pub fn keyring(&self) -> Option<&Keyring> {
+        self.keyring.as_ref()
+    }
+
+    pub fn stats(&self) -> &FoldStats {
+        &self.stats
+    }
+
+    /// Applies one journal line (without its newline). Invalid lines are counted.
+    pub fn apply_line_bytes(&mut self, line: &[u8]) -> Result<Applied, LineError> {
+        self.stats.lines += 1;
+        let value = std::str::from_utf8(line)
+            .map_err(|_| LineError::NotUtf8)
+            .and_then(|text| {
+                serde_json::from_str::<serde_json::Value>(text)
+                    .map_err(|e| RecordError::from(e).into())
+            });
+        let is_grant = matches!(&value, Ok(v) if v["event"] == "granted");
+        let outcome = value
+            .and_then(|v| Record::from_value(v).map_err(LineError::from))
+            .and_then(|record| self.apply(record));
+        match &outcome {
+            Ok(Applied::DuplicateGrant(_)) => self.stats.duplicate_grants += 1,
+            Ok(_) => {}
+            Err(_) => {
+                self.stats.invalid_lines += 1;
+                if is_grant {
+                    self.stats.rejected_grants += 1;
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Applies one parsed record.
+    pub fn apply(&mut self, mut record: Record) -> Result<Applied, LineError> {
+        let applied = match record.event {
+            Event::Granted => {
+                let value = record.value["lease"].take();
+                let lease = match &self.keyring {
+                    Some(keyring) => Lease::load_from_record(value, keyring)?,
+                    None => Lease::check(value)?,
+                };
+                if self.leases.contains_key(&lease.id) {
+                    Applied::DuplicateGrant(lease.id)
+                } else {
+                    let id = lease.id.clone();
+                    self.order.push(id.clone());
+                    self.leases.insert(id.clone(), Arc::new(lease));
+                    Applied::Granted(id)
+                }
+            }
+            event if event.is_closing() => {
+                if event == Event::Revoked {
+                    let by = record.by.as_deref().unwrap_or_default();
+                    if by != "issuer" {
+                        let ancestors: Vec<&str> = self
+                            .ancestors(&record.lease_id)
+                            .map(|l| l.id.as_str())
+                            .collect();
+                        rules::check_l3(&record.lease_id, by, ancestors.into_iter())?;
+                    }
+                }
+                let closure = Closure {
+                    event,
+                    at: record.at,
+                    by: record.by,
+                    reason: record.reason,
+                };
+                let earliest = self
+                    .closures
+                    .entry(record.lease_id.clone())
+                    .or_insert_with(|| closure.clone());
+                if closure.at < earliest.at {
+                    *earliest = closure;
+                }
+                Applied::Closed(record.lease_id)
+            }
+            event => Applied::Noted(event),
+        };
+        let event = match applied {
+            Applied::Granted(_) | Applied::DuplicateGrant(_) => Event::Granted,
+            Applied::Closed(_) => record.event,
+            Applied::Noted(event) => event,
+        };
+        self.stats.events[event as usize] += 1;
+        Ok(applied)
+    }
+
+    pub fn lease(&self, id: &str) -> Option<&Arc<Lease>> {
+        self.leases.get(id)
+    }
+
+    pub fn closure(&self, id: &str) -> Option<&Closure> {
+        self.closures.get(id)
+    }
+
+    /// Every loaded lease, in grant order.
+    pub fn leases(&self) -> impl Iterator<Item = &Arc<Lease>> {
+        self.order.iter().filter_map(|id| self.leases.get(id))
+    }
+
+    /// The loaded ancestors of `id`, nearest first (stops at an unknown parent or a cycle).
+    pub fn ancestors<'a>(&'a self, id: &str) -> impl Iterator<Item = &'a Arc<Lease>> + 'a {
+        let mut next = self.leases.get(id).and_then(|l| l.parent.clone());
+        let mut depth = 0;
+        std::iter::from_fn(move || {
+            depth += 1;
+            if depth > MAX_CHAIN_DEPTH {
+                return None;
+            }
+            let lease = self.leases.get(next.as_deref()?)?;
+            next = lease.parent.clone();
+            Some(lease)
+        })
+    }
+
+    /// Whether `id` is `ancestor` or descends from it.
+    pub fn is_in_subtree(&self, id: &str, ancestor: &str) -> bool {
+        id == ancestor || self.ancestors(id).any(|l| l.id == ancestor)
+    }
+
+    /// The lease's own status at `now`, before its ancestors are considered.
+    fn own_status(&self, lease: &Lease, now: Timestamp) -> Status {
+        if let Some(closure) = self.closures.get(&lease.id).filter(|c| c.at <= now) {
+            return match closure.event {
+                Event::Revoked => Status::Revoked,
+                Event::Stopped => Status::Stopped,
+                Event::Completed => Status::Completed,
+                _ => Status::Expired,
+            };
+        }
+        match lease.lifetime(now) {
+            Lifetime::NotYetValid => Status::NotYetValid,
+            Lifetime::Live => Status::Open,
+            Lifetime::Expired => Status::Expired,
+        }
+    }
+
+    /// Status at `now`, chain included; `None` for an unknown lease.
+    pub fn status(&self, id: &str, now: Timestamp) -> Option<Status> {
+        let own = self.own_status(self.leases.get(id)?, now);
+        Some(match own {
+            Status::Open if self.check_chain(id, now).is_err() => Status::AncestorClosed,
+            own => own,
+        })
+    }
+
+    /// Whether `id` opens anything at `now`: it and every ancestor are loaded, live and not
+    /// closed. On success, the chain, the lease itself first.
+    pub fn check_chain(&self, id: &str, now: Timestamp) -> Result<Vec<Arc<Lease>>, ChainError> {
+        let lease = self
+            .leases
+            .get(id)
+            .ok_or_else(|| ChainError::Unknown(id.to_owned()))?;
+        match self.own_status(lease, now) {
+            Status::Open => {}
+            Status::NotYetValid => return Err(ChainError::NotYetValid(id.to_owned())),
+            Status::Expired => return Err(ChainError::Expired(id.to_owned())),
+            Status::Revoked => return Err(ChainError::Revoked(id.to_owned())),
+            _ => return Err(ChainError::Closed(id.to_owned())),
+        }
+        let mut chain = vec![lease.clone()];
+        let mut parent = lease.parent.as_deref();
+        while let Some(parent_id) = parent {
+            let closed = || ChainError::AncestorClosed {
+                lease: id.to_owned(),
+                ancestor: parent_id.to_owned(),
+            };
+            if chain.len() >= MAX_CHAIN_DEPTH {
+                return Err(closed());
+            }
+            let ancestor = self.leases.get(parent_id).ok_or_else(closed)?;
+            if self.own_status(ancestor, now) != Status::Open {
+                return Err(closed());
+            }
+            chain.push(ancestor.clone());
+            parent = ancestor.parent.as_deref();
+        }
+        Ok(chain)
+    }
+}

@@ -1,0 +1,274 @@
+//! The CLI end to end: keygen → issue → verify → leases → revoke → leases, and failures.
+
+use crate::support::{bin, data};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn issue_verify_leases_revoke_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let journal = dir.path().join("journal.jsonl");
+
+    let out = run(&["keygen", "--out", s(&key)]);
+    assert!(out.status.success());
+    let fingerprint = stdout(&out).trim().to_owned();
+    assert!(
+        fingerprint.starts_with("sha256:") && fingerprint.len() == 23,
+        "{fingerprint}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(
+        !run(&["keygen", "--out", s(&key)]).status.success(),
+        "never overwrites a key"
+    );
+
+    let out = run(&[
+        "issue",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--allow-host",
+        "*.example.com",
+        "--allow-host",
+        "api.other.org",
+        "--deny-host",
+        "bad.example.com",
+        "--name",
+        "root-agent",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parent = stdout(&out).lines().next().unwrap().to_owned();
+    assert_eq!(parent.len(), 36);
+
+    // A child must stay inside its parent's hosts.
+    let out = run(&[
+        "issue",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--allow-host",
+        "example.com",
+        "--parent",
+        &parent,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not contained"));
+    let out = run(&[
+        "issue",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--allow-host",
+        "*.sub.example.com",
+        "--parent",
+        &parent,
+        "--ttl",
+        "10m",
+    ]);
+    assert!(out.status.success());
+    let child = stdout(&out).lines().next().unwrap().to_owned();
+
+    let out = run(&["verify", "--key-file", s(&key), s(&journal)]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["verify", s(&journal)]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("signatures not checked"));
+
+    let out = run(&["leases", "--journal", s(&journal), "--key-file", s(&key)]);
+    let table = stdout(&out);
+    let row = table.lines().find(|l| l.starts_with(&parent)).unwrap();
+    assert!(
+        row.contains(" open ") && row.contains("root-agent") && row.contains("bad.example.com"),
+        "{table}"
+    );
+
+    let out = run(&[
+        "revoke",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--lease",
+        &parent,
+        "--reason",
+        "done here",
+    ]);
+    assert!(out.status.success());
+    let out = run(&[
+        "leases",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--json",
+    ]);
+    let rows: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let status = |id: &str| rows.iter().find(|r| r["lease_id"] == id).unwrap()["status"].clone();
+    assert_eq!(status(&parent), "revoked");
+    assert_eq!(status(&child), "ancestor-closed");
+
+    let last = std::fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let record: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(record["event"], "revoked");
+    assert_eq!(record["by"], "issuer");
+    assert_eq!(record["reason"], "done here");
+    assert_eq!(record["key_fingerprint"], fingerprint.as_str());
+    assert_eq!(record["signature"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn a_tampered_lease_fails_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let journal = dir.path().join("journal.jsonl");
+    assert!(run(&["keygen", "--out", s(&key)]).status.success());
+    assert!(run(&[
+        "issue",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--allow-host",
+        "api.example.com"
+    ])
+    .status
+    .success());
+    let line = std::fs::read_to_string(&journal).unwrap();
+    let record: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    let lease_file = dir.path().join("lease.json");
+    std::fs::write(&lease_file, record["lease"].to_string()).unwrap();
+    assert_eq!(
+        run(&["verify", "--key-file", s(&key), s(&lease_file)])
+            .status
+            .code(),
+        Some(0)
+    );
+
+    let tampered = line.replace("api.example.com", "evil.example.com");
+    std::fs::write(&journal, &tampered).unwrap();
+    let out = run(&["verify", "--key-file", s(&key), s(&journal)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("line 1: granted lease not loaded: signature does not verify"),
+        "{}",
+        stdout(&out)
+    );
+
+    let mut lease = record["lease"].clone();
+    lease["manifest"]["allow"]["hosts"][0] = "evil.example.com".into();
+    std::fs::write(&lease_file, lease.to_string()).unwrap();
+    let out = run(&["verify", "--key-file", s(&key), s(&lease_file)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("signature does not verify"));
+}
+
+#[test]
+fn verify_reads_fixtures_with_an_injected_clock_and_reports_paths() {
+    let key = data("contract/vectors/test-key.txt");
+    let lease = data("contract/fixtures/valid/agent-lease.populated.json");
+    let at = |now: &str| {
+        run(&[
+            "verify",
+            "--key-file",
+            s(&key),
+            "--allow-test-key",
+            "--now",
+            now,
+            s(&lease),
+        ])
+        .status
+        .code()
+    };
+    assert_eq!(at("2026-09-15T10:05:00.000Z"), Some(0));
+    assert_eq!(
+        at("2026-09-15T10:15:00.000Z"),
+        Some(1),
+        "expired at its expires_at"
+    );
+    let out = run(&[
+        "verify",
+        "--key-file",
+        s(&key),
+        "--now",
+        "2026-09-15T10:05:00.000Z",
+        s(&lease),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "the test key is refused without --allow-test-key"
+    );
+
+    let bad = data("contract/fixtures/invalid/agent-lease.bad-signature-shape.json");
+    let out = run(&["verify", s(&bad)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains(": /signature: "), "{}", stdout(&out));
+    assert_eq!(run(&["verify", "/nonexistent/file"]).status.code(), Some(2));
+}
+
+#[test]
+fn flags_read_environment_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let journal = dir.path().join("journal.jsonl");
+    assert!(run(&["keygen", "--out", s(&key)]).status.success());
+    let out = Command::new(bin())
+        .arg("issue")
+        .env("LEASEGATE_JOURNAL", &journal)
+        .env("LEASEGATE_KEY_FILE", &key)
+        .env("LEASEGATE_ALLOW_HOST", "a.example.com,b.example.com")
+        .env("LEASEGATE_NAME", "from-env")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(
+        text.contains(r#""hosts":["a.example.com","b.example.com"]"#) && text.contains("from-env")
+    );
+}

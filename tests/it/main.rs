@@ -1,0 +1,6 @@
+//! The integration suite: one binary, modules by area.
+
+mod cli;
+mod conformance;
+mod fold;
+mod support;

@@ -1,0 +1,90 @@
+//! Shared test helpers: contract data, signed leases, the built binary.
+
+use leasegate::contract::lease::sign;
+use leasegate::contract::{Key, Timestamp};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+pub fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
+}
+
+pub fn read_json(rel: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(data(rel)).unwrap()).unwrap()
+}
+
+pub fn t(text: &str) -> Timestamp {
+    Timestamp::parse(text).unwrap()
+}
+
+/// A deterministic key for tests (never the published test key).
+pub fn key(seed: u8) -> Key {
+    Key::from_bytes([seed; 32])
+}
+
+/// A lease id from a small number, in the contract's UUID form.
+pub fn id(n: u32) -> String {
+    format!("{n:08x}-0000-4000-8000-000000000000")
+}
+
+/// A signed lease built by hand.
+pub fn lease(
+    key: &Key,
+    lease_id: &str,
+    parent: Option<&str>,
+    window: (&str, &str),
+    allow: &[&str],
+    deny: &[&str],
+) -> Value {
+    let mut manifest = json!({
+        "schema_version": "1.2",
+        "agent": {"name": "tester", "kind": "external", "runtime_agent": "unknown"},
+        "intent": {"purpose": "test"},
+        "allow": {"tools": [], "read_paths": [], "write_paths": [], "hosts": allow, "commands": []},
+        "deny": {"commands": [], "paths": [], "hosts": deny},
+        "budget": {},
+        "approvals": [],
+    });
+    let mut lease = json!({
+        "schema_version": "1.2",
+        "lease_id": lease_id,
+        "declared_hash": "0".repeat(64),
+        "issued_at": window.0,
+        "expires_at": window.1,
+        "issuer_session_id": "tests",
+    });
+    if let Some(parent) = parent {
+        manifest["parent_lease_id"] = parent.into();
+        lease["parent_lease_id"] = parent.into();
+    }
+    lease["manifest"] = manifest;
+    sign(&mut lease, key).unwrap();
+    lease
+}
+
+/// A `granted` journal line for a lease.
+pub fn granted_line(lease: &Value, at: &str) -> String {
+    json!({
+        "schema_version": "1.2",
+        "at": at,
+        "event": "granted",
+        "lease_id": lease["lease_id"],
+        "lease": lease,
+    })
+    .to_string()
+}
+
+/// A closing or other event line without a lease.
+pub fn event_line(event: &str, lease_id: &str, at: &str, extra: Value) -> String {
+    let mut line = json!({"schema_version": "1.0", "at": at, "event": event, "lease_id": lease_id});
+    for (k, v) in extra.as_object().unwrap() {
+        line[k] = v.clone();
+    }
+    line.to_string()
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_leasegate")
+}
