@@ -28,6 +28,89 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Print the folded status of every lease in a journal.
     Leases(LeasesArgs),
+    /// Run the proxy.
+    Serve(ServeArgs),
+    /// Explain the verdict for a lease and a target, without network I/O (unless --resolve).
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnRefusalArg {
+    Revoke,
+    Log,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    Enforce,
+    Report,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Where the proxy listens.
+    #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128")]
+    pub listen: std::net::SocketAddr,
+    /// The lease journal (required unless --dev).
+    #[arg(long, env = "LEASEGATE_JOURNAL", required_unless_present = "dev")]
+    pub journal: Option<PathBuf>,
+    /// Keys leases are signed with (repeatable, for rotation).
+    #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',')]
+    pub key_files: Vec<PathBuf>,
+    /// Egress log destination: a file, or `-` for stdout.
+    #[arg(long, env = "LEASEGATE_EGRESS_LOG")]
+    pub egress_log: Option<String>,
+    /// An address range exempt from the address guard (repeatable), e.g. 10.20.0.0/16.
+    #[arg(long = "allow-private", env = "LEASEGATE_ALLOW_PRIVATE", value_delimiter = ',')]
+    pub allow_private: Vec<ipnet::IpNet>,
+    /// What a revoking refusal does: revoke the lease, or only log.
+    #[arg(long, env = "LEASEGATE_ON_REFUSAL", value_enum, default_value = "revoke")]
+    pub on_refusal: OnRefusalArg,
+    /// `report` lets policy refusals through and logs them (for rolling out allow lists).
+    #[arg(long, env = "LEASEGATE_MODE", value_enum, default_value = "enforce")]
+    pub mode: ModeArg,
+    /// Accept leases signed with the published test key (conformance runs only).
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
+    /// Fixed name resolution, NAME=ADDR (repeatable; other names use the system resolver).
+    #[arg(long = "resolve", env = "LEASEGATE_RESOLVE", value_delimiter = ',')]
+    pub resolve: Vec<String>,
+    /// Development mode: key and journal under ./.leasegate/, a demo lease, the export line.
+    #[arg(long, env = "LEASEGATE_DEV")]
+    pub dev: bool,
+    /// Hosts of the --dev demo lease (default `*`).
+    #[arg(long = "allow-host", env = "LEASEGATE_ALLOW_HOST", value_delimiter = ',')]
+    pub allow_hosts: Vec<String>,
+    /// Time a client has to send its request headers.
+    #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: std::time::Duration,
+    /// Largest request head accepted, in bytes.
+    #[arg(long, env = "LEASEGATE_MAX_HEADER_BYTES", default_value_t = 65536)]
+    pub max_header_bytes: usize,
+    /// Time allowed for one name resolution.
+    #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub dns_timeout: std::time::Duration,
+    /// Time allowed for one upstream connect.
+    #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[arg(long, env = "LEASEGATE_JOURNAL")]
+    pub journal: PathBuf,
+    #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',', required = true)]
+    pub key_files: Vec<PathBuf>,
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
+    /// The lease to check.
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: String,
+    /// Also resolve the host and apply the address guard.
+    #[arg(long)]
+    pub resolve: bool,
+    /// HOST or HOST:PORT (port 443 if absent).
+    pub target: String,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,10 @@
 
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
+use crate::policy::target::parse_authority;
+use crate::policy::verdict::decide;
+use crate::policy::HostPolicy;
+use crate::proxy::refusal::{host_refusal, Code, Refusal};
 use crate::registry::{journal, Ledger};
 use serde::Serialize;
 use serde_json::Value;
@@ -153,5 +157,46 @@ fn join_or_dash(hosts: &[String]) -> String {
         "-".into()
     } else {
         hosts.join(",")
+    }
+}
+
+/// What `check` found: the refusal, if any, and what decided the verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    pub refusal: Option<Refusal>,
+    /// Which pattern of which lease decided (or why nothing could be decided).
+    pub reason: String,
+}
+
+/// Explains the decision for `lease_id` and `target` at `now` (steps 2 to 4 of the proxy's
+/// pipeline; the address guard needs resolution and is the caller's).
+pub fn explain(ledger: &Ledger, lease_id: &str, target: &str, now: Timestamp) -> Explanation {
+    let refused = |refusal: Refusal| Explanation {
+        reason: refusal.detail.clone(),
+        refusal: Some(refusal),
+    };
+    let chain = match ledger.check_chain(lease_id, now) {
+        Ok(chain) => chain,
+        Err(error) => return refused(error.into()),
+    };
+    let target = match parse_authority(target, Some(443)) {
+        Ok(target) => target,
+        Err(error) => return refused(Refusal::new(Code::BadTarget, error.0)),
+    };
+    let policies: Vec<(String, HostPolicy)> = chain
+        .iter()
+        .map(|l| (l.id.clone(), HostPolicy::compile(&l.allow_hosts, &l.deny_hosts)))
+        .collect();
+    let verdict = decide(policies.iter().map(|(id, p)| (id.as_str(), p)), &target.host);
+    match host_refusal(verdict, &target.host) {
+        Err(refusal) => refused(refusal),
+        Ok(by) => Explanation {
+            refusal: None,
+            reason: format!(
+                "{target} is allowed by {} in lease {} (and by every ancestor)",
+                by.pattern.map(|p| p.to_string()).unwrap_or_default(),
+                by.lease_id
+            ),
+        },
     }
 }

@@ -1,7 +1,11 @@
 //! leasegate: an egress HTTP proxy for AI-agent processes, governed by signed leases.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod contract;
+pub mod server;
+pub mod telemetry;
+pub mod proxy;
 pub mod inspect;
 pub mod issue;
 pub mod policy;

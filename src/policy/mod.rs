@@ -1,7 +1,13 @@
-//! Policy: host patterns and verdicts.
+//! Policy: target normalisation, host patterns, verdicts and the address guard.
 //!
 //! Invariant: pure. Data and `now` come in as arguments; nothing here does I/O.
 
+pub mod guard;
 pub mod pattern;
+pub mod target;
+pub mod verdict;
 
+pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
+pub use target::{Target, TargetHost};
+pub use verdict::{HostPolicy, HostVerdict};

@@ -1,0 +1,20 @@
+//! Resolved, validated configuration for `serve`: parsed addresses, loaded keys, compiled
+//! options. Built from the raw flags in `cli.rs` by `main`.
+
+use crate::contract::Keyring;
+use crate::proxy::ProxyConfig;
+use crate::telemetry::egress::Destination;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The shared proxy listener.
+    pub listen: SocketAddr,
+    pub journal: PathBuf,
+    pub keyring: Keyring,
+    /// `None`: no egress log.
+    pub egress: Option<Destination>,
+    pub proxy: ProxyConfig,
+}

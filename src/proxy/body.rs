@@ -1,0 +1,117 @@
+//! Streaming bodies and upgraded streams that count their bytes and stop when their lease closes.
+//!
+//! Invariant: bodies are never buffered whole — frames pass through as they come; a body whose
+//! lease token fires ends with an error at its next poll, and a response body carries its
+//! exchange so the egress line is written when the body ends (or is dropped).
+
+use super::exchange::{Counter, Exchange};
+use super::BoxError;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// A body wrapper: counts data bytes into `counter`, ends on cancellation, and drops its
+/// exchange (logging it) when the body is done.
+pub struct Metered<B> {
+    inner: B,
+    counter: Counter,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    exchange: Option<Exchange>,
+}
+
+impl<B> Metered<B> {
+    pub fn new(inner: B, counter: Counter, token: CancellationToken, exchange: Option<Exchange>) -> Metered<B> {
+        Metered {
+            inner,
+            counter,
+            cancelled: Box::pin(token.cancelled_owned()),
+            exchange,
+        }
+    }
+}
+
+impl<B> Body for Metered<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            self.exchange.take();
+            return Poll::Ready(Some(Err("the lease no longer opens anything".into())));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                let error: BoxError = error.into();
+                if let Some(ex) = self.exchange.as_mut() {
+                    ex.error = Some(format!("body: {error}"));
+                }
+                self.exchange.take();
+                Poll::Ready(Some(Err(error)))
+            }
+            Poll::Ready(None) => {
+                self.exchange.take();
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A stream that counts the bytes read from it.
+pub struct Counted<S> {
+    pub inner: S,
+    read: Counter,
+}
+
+impl<S> Counted<S> {
+    pub fn new(inner: S, read: Counter) -> Counted<S> {
+        Counted { inner, read }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        self.read.fetch_add(read as u64, Ordering::Relaxed);
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,101 @@
+//! The per-request context and the logging phase: one egress line per request or tunnel.
+//!
+//! Invariant: an [`Exchange`] writes its egress line exactly once, when it is dropped — so
+//! every path (refusal, error, success, client gone, lease closed) logs, and none logs twice.
+
+use super::refusal::Code;
+use crate::contract::Timestamp;
+use crate::policy::{Target, UpstreamAddr};
+use crate::telemetry::egress::{EgressEvent, EgressLog, Kind, LoggedVerdict};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Bytes moved in one direction, shared with the tasks that move them.
+pub type Counter = Arc<AtomicU64>;
+
+/// Everything the egress line of one request or tunnel says.
+pub struct Exchange {
+    log: EgressLog,
+    started: Instant,
+    time: Timestamp,
+    pub kind: Kind,
+    pub method: String,
+    pub client: SocketAddr,
+    pub listener: SocketAddr,
+    pub lease_id: Option<String>,
+    pub label: Option<String>,
+    pub target: Option<Target>,
+    pub dialed: Option<UpstreamAddr>,
+    pub verdict: LoggedVerdict,
+    pub code: Option<Code>,
+    pub status: Option<u16>,
+    pub bytes_up: Counter,
+    pub bytes_down: Counter,
+    pub error: Option<String>,
+    pub revoked: Option<bool>,
+    /// The lease's token: if it fired, the line says the lease closed the exchange.
+    pub token: Option<CancellationToken>,
+}
+
+impl Exchange {
+    pub fn new(log: EgressLog, kind: Kind, method: &str, client: SocketAddr, listener: SocketAddr) -> Exchange {
+        Exchange {
+            log,
+            started: Instant::now(),
+            time: Timestamp::now(),
+            kind,
+            method: method.to_owned(),
+            client,
+            listener,
+            lease_id: None,
+            label: None,
+            target: None,
+            dialed: None,
+            verdict: LoggedVerdict::Allow,
+            code: None,
+            status: None,
+            bytes_up: Counter::default(),
+            bytes_down: Counter::default(),
+            error: None,
+            revoked: None,
+            token: None,
+        }
+    }
+
+    /// The target as the refusal line names it.
+    pub fn target_text(&self, fallback: &str) -> String {
+        self.target.as_ref().map_or_else(|| fallback.to_owned(), ToString::to_string)
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let closed_by_lease = self.token.as_ref().is_some_and(CancellationToken::is_cancelled);
+        if self.error.is_none() && self.verdict != LoggedVerdict::Refuse && closed_by_lease {
+            self.error = Some("closed: the lease no longer opens anything".into());
+        }
+        self.log.record(EgressEvent {
+            time: self.time,
+            lease_id: self.lease_id.take(),
+            label: self.label.take(),
+            client: self.client.to_string(),
+            listener: self.listener.to_string(),
+            kind: self.kind,
+            method: std::mem::take(&mut self.method),
+            host: self.target.as_ref().map(|t| t.host.as_text()),
+            port: self.target.as_ref().map(|t| t.port),
+            dialed: self.dialed.map(|d| d.to_string()),
+            verdict: self.verdict,
+            code: self.code.map(Code::as_str),
+            status: self.status,
+            bytes_up: self.bytes_up.load(Ordering::Relaxed),
+            bytes_down: self.bytes_down.load(Ordering::Relaxed),
+            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            error: self.error.take(),
+            revoked: self.revoked,
+        });
+    }
+}

@@ -1,0 +1,369 @@
+//! The proxy: listeners, the per-connection HTTP/1.1 server, and the decision pipeline shared
+//! by CONNECT tunnels and forwarded requests.
+//!
+//! Invariant: every CONNECT and forwarded request passes, in order: identify the lease →
+//! check its chain opens now → normalise the target → host verdict → resolve and guard →
+//! dial the checked address; any failure becomes exactly one refusal response (through
+//! [`Proxy::refuse`]) and every exchange writes exactly one egress line.
+
+pub mod body;
+pub mod connect;
+pub mod exchange;
+pub mod forward;
+pub mod identify;
+pub mod refusal;
+pub mod upstream;
+
+use crate::contract::{Lease, Timestamp};
+use crate::policy::guard::Exception;
+use crate::policy::target::TargetHost;
+use crate::policy::verdict::{decide, HostVerdict};
+use crate::policy::{Guard, HostPolicy, Target, UpstreamAddr};
+use crate::registry::{Registry, Snapshot};
+use crate::telemetry::egress::{EgressLog, LoggedVerdict};
+use bytes::Bytes;
+use exchange::Exchange;
+use http::{Request, Response};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use refusal::{Code, Refusal};
+use serde_json::{json, Map};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use upstream::{Pool, Resolver};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type of every response we send and every request we forward.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+/// Request bodies toward upstreams.
+pub type UpBody = Body;
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+pub fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Refuse what policy refuses.
+    Enforce,
+    /// Let policy refusals through, logged as `report` (for rolling out allow lists).
+    Report,
+}
+
+/// `--on-refusal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRefusal {
+    /// The first revoking refusal appends a signed `revoked` record.
+    Revoke,
+    /// Refusals are only logged.
+    Log,
+}
+
+/// What the proxy needs to decide and connect, validated.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub mode: Mode,
+    pub on_refusal: OnRefusal,
+    pub guard: Guard,
+    pub resolver: Resolver,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub dns_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> ProxyConfig {
+        ProxyConfig {
+            mode: Mode::Enforce,
+            on_refusal: OnRefusal::Revoke,
+            guard: Guard::default(),
+            resolver: Resolver::system(),
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            dns_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The running proxy's shared state.
+pub struct Proxy {
+    pub config: ProxyConfig,
+    pub registry: Arc<Registry>,
+    pub egress: EgressLog,
+    pub pool: Arc<Pool>,
+}
+
+/// One client connection.
+pub struct ConnInfo {
+    pub client: SocketAddr,
+    pub listener: SocketAddr,
+    /// The lease of a per-lease port.
+    pub port_lease: Option<String>,
+    /// Cancelled to drop the connection (a lease used on it closed) and when it ends.
+    closer: CancellationToken,
+    /// Leases whose closing already closes this connection.
+    linked: Mutex<HashSet<String>>,
+}
+
+impl ConnInfo {
+    /// Closes this connection when `token` (a lease's) fires.
+    fn link(&self, lease_id: &str, token: &CancellationToken) {
+        let mut linked = self.linked.lock().unwrap_or_else(|e| e.into_inner());
+        if linked.insert(lease_id.to_owned()) {
+            let (token, closer) = (token.clone(), self.closer.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = token.cancelled() => closer.cancel(),
+                    _ = closer.cancelled() => {}
+                }
+            });
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` fires. `port_lease` makes this a per-lease port.
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    port_lease: Option<String>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let local = listener.local_addr()?;
+    loop {
+        let (stream, client) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // Out of descriptors and the like: back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let conn = Arc::new(ConnInfo {
+            client,
+            listener: local,
+            port_lease: port_lease.clone(),
+            closer: CancellationToken::new(),
+            linked: Mutex::new(HashSet::new()),
+        });
+        tokio::spawn(handle_connection(proxy.clone(), stream, conn, shutdown.clone()));
+    }
+}
+
+async fn handle_connection(proxy: Arc<Proxy>, stream: TcpStream, conn: Arc<ConnInfo>, shutdown: CancellationToken) {
+    let _ = stream.set_nodelay(true);
+    let service_conn = conn.clone();
+    let service_proxy = proxy.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let (proxy, conn) = (service_proxy.clone(), service_conn.clone());
+        async move { Ok::<_, std::convert::Infallible>(dispatch(proxy, conn, req).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(proxy.config.header_read_timeout)
+        .max_buf_size(proxy.config.max_header_bytes.max(8192))
+        .keep_alive(true);
+    let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, client = %conn.client, "client connection ended with an error");
+            }
+        }
+        _ = conn.closer.cancelled() => {
+            tracing::debug!(client = %conn.client, "connection closed: its lease closed");
+        }
+        _ = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
+    conn.closer.cancel();
+}
+
+async fn dispatch(proxy: Arc<Proxy>, conn: Arc<ConnInfo>, req: Request<Incoming>) -> Response<Body> {
+    if req.method() == http::Method::CONNECT {
+        connect::handle(proxy, conn, req).await
+    } else {
+        forward::handle(proxy, conn, req).await
+    }
+}
+
+/// A lease that passed identification and the chain check.
+pub struct Admitted {
+    pub lease_id: String,
+    /// The lease first, then its ancestors.
+    pub chain: Vec<Arc<Lease>>,
+    pub snapshot: Arc<Snapshot>,
+    /// Cancelled when the lease (or an ancestor) closes.
+    pub token: CancellationToken,
+}
+
+impl Admitted {
+    fn policies(&self) -> impl Iterator<Item = (&str, &HostPolicy)> + Clone {
+        self.chain.iter().map(|lease| {
+            let policy = self
+                .snapshot
+                .policies
+                .get(&lease.id)
+                .map(Arc::as_ref)
+                .unwrap_or(&EMPTY_POLICY);
+            (lease.id.as_str(), policy)
+        })
+    }
+
+    /// The host verdict of `host` for this chain.
+    pub fn verdict(&self, host: &TargetHost) -> HostVerdict {
+        decide(self.policies(), host)
+    }
+}
+
+static EMPTY_POLICY: std::sync::LazyLock<HostPolicy> = std::sync::LazyLock::new(HostPolicy::default);
+
+impl Proxy {
+    /// Phases 1 and 2: the lease of the request, and whether its chain opens now.
+    pub fn admit(&self, conn: &ConnInfo, headers: &http::HeaderMap, ex: &mut Exchange) -> Result<Admitted, Refusal> {
+        let identity = identify::identify(headers, conn.port_lease.as_deref())?;
+        ex.lease_id = Some(identity.lease_id.clone());
+        ex.label = identity.label;
+        let snapshot = self.registry.snapshot();
+        let now = Timestamp::now();
+        let chain = snapshot
+            .ledger
+            .check_chain(&identity.lease_id, now)
+            .map_err(Refusal::from)?;
+        let token = self.registry.token(&identity.lease_id, now);
+        conn.link(&identity.lease_id, &token);
+        ex.token = Some(token.clone());
+        Ok(Admitted {
+            lease_id: identity.lease_id,
+            chain,
+            snapshot,
+            token,
+        })
+    }
+
+    /// A failed policy check: refused in enforce mode, reported and let through in report mode.
+    pub fn policy_failure(&self, ex: &mut Exchange, refusal: Refusal) -> Result<(), Refusal> {
+        debug_assert!(refusal.code.is_policy());
+        match self.config.mode {
+            Mode::Enforce => Err(refusal),
+            Mode::Report => {
+                tracing::info!(code = %refusal.code, detail = %refusal.detail, "report mode: would refuse");
+                ex.verdict = LoggedVerdict::Report;
+                ex.code.get_or_insert(refusal.code);
+                Ok(())
+            }
+        }
+    }
+
+    /// Phase 4: the host verdict over the chain.
+    pub fn judge_host(&self, admitted: &Admitted, target: &Target, ex: &mut Exchange) -> Result<(), Refusal> {
+        match refusal::host_refusal(admitted.verdict(&target.host), &target.host) {
+            Ok(_) => Ok(()),
+            Err(refusal) => self.policy_failure(ex, refusal),
+        }
+    }
+
+    /// Phase 5: resolve once, drop guarded addresses; what survives may be dialled.
+    pub async fn route(&self, admitted: &Admitted, target: &Target, ex: &mut Exchange) -> Result<Vec<UpstreamAddr>, Refusal> {
+        let resolved = match &target.host {
+            TargetHost::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
+            TargetHost::Name(name) => {
+                self.config
+                    .resolver
+                    .resolve(name, target.port, self.config.dns_timeout)
+                    .await?
+            }
+        };
+        let listed_by_all = |host: &TargetHost| admitted.policies().all(|(_, p)| p.allow.lists_exactly(host));
+        let exception = match &target.host {
+            TargetHost::Ip(ip) if listed_by_all(&target.host) => Exception::Ip(*ip),
+            TargetHost::Name(name) if name == "localhost" && listed_by_all(&target.host) => Exception::Localhost,
+            _ => Exception::None,
+        };
+        let checked = self
+            .config
+            .guard
+            .check(&resolved, exception, self.config.mode == Mode::Enforce);
+        let blocked = checked.blocked.first().map(|b| {
+            Refusal::new(
+                Code::AddressNotAllowed,
+                format!("{} resolves to {}, {}", target.host, b.addr.ip(), b.why),
+            )
+        });
+        match (checked.dialable.is_empty(), blocked) {
+            (true, Some(refusal)) => Err(refusal),
+            (true, None) => Err(Refusal::new(Code::DnsFailed, format!("{} has no addresses", target.host))),
+            (false, Some(refusal)) if self.config.mode == Mode::Report => {
+                self.policy_failure(ex, refusal)?;
+                Ok(checked.dialable)
+            }
+            (false, _) => Ok(checked.dialable),
+        }
+    }
+
+    /// Records a refusal on the exchange and, for a revoking code under `--on-refusal
+    /// revoke`, revokes the lease before answering — so the next request already sees it.
+    pub async fn record_refusal(&self, ex: &mut Exchange, refusal: &Refusal) {
+        ex.verdict = LoggedVerdict::Refuse;
+        ex.code = Some(refusal.code);
+        let Some(lease_id) = ex.lease_id.clone() else { return };
+        let revokes = refusal.code.is_policy()
+            && self.config.on_refusal == OnRefusal::Revoke
+            && self.config.mode == Mode::Enforce;
+        if !revokes {
+            return;
+        }
+        let target = ex.target_text("?");
+        let mut extra = Map::new();
+        extra.insert(
+            "egress".into(),
+            json!({
+                "method": ex.method,
+                "host": ex.target.as_ref().map(|t| t.host.as_text()),
+                "port": ex.target.as_ref().map(|t| t.port),
+                "code": refusal.code.as_str(),
+                "detail": refusal.detail,
+                "client": ex.client.to_string(),
+                "listener": ex.listener.to_string(),
+            }),
+        );
+        let reason = format!(
+            "leasegate refused {} {target}: {} ({})",
+            ex.method, refusal.code, refusal.detail
+        );
+        match self.registry.revoke(&lease_id, &reason, extra).await {
+            Ok(revoked) => ex.revoked = Some(revoked),
+            Err(error) => {
+                tracing::error!(%error, lease = %lease_id, "could not revoke the lease after a refusal");
+                ex.revoked = Some(false);
+            }
+        }
+    }
+
+    /// The one rescue point: a refusal becomes the client's response (and maybe a revocation).
+    pub async fn refuse(&self, ex: &mut Exchange, refusal: Refusal, target_fallback: &str) -> Response<Body> {
+        self.record_refusal(ex, &refusal).await;
+        ex.status = Some(refusal.code.status().as_u16());
+        tracing::info!(code = %refusal.code, lease = ?ex.lease_id, method = %ex.method, target = %ex.target_text(target_fallback), "refused");
+        refusal::response(&refusal, &ex.method, &ex.target_text(target_fallback), ex.lease_id.as_deref())
+    }
+}

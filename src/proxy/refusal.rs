@@ -1,0 +1,205 @@
+//! Refusal codes and the one place a refusal becomes the response the client sees.
+//!
+//! Invariant: every refusal answers with its code's status, an `X-Leasegate-Refusal` header and
+//! a one-line plain-text body naming the lease, the target and the reason; codes are stable.
+
+use super::Body;
+use crate::policy::verdict::Decider;
+use crate::policy::{HostVerdict, TargetHost};
+use crate::registry::ChainError;
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+/// The stable refusal codes of DESIGN.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    LeaseMissing,
+    LeaseUnknown,
+    LeaseConflict,
+    BadTarget,
+    NotAProxyRequest,
+    LeaseNotYetValid,
+    LeaseExpired,
+    LeaseRevoked,
+    LeaseClosed,
+    AncestorClosed,
+    HostDenied,
+    HostNotAllowed,
+    AddressNotAllowed,
+    SniMismatch,
+    HostMismatch,
+    MethodNotAllowed,
+    TooManyConnections,
+    DnsFailed,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+}
+
+impl Code {
+    pub const ALL: [Code; 20] = [
+        Code::LeaseMissing,
+        Code::LeaseUnknown,
+        Code::LeaseConflict,
+        Code::BadTarget,
+        Code::NotAProxyRequest,
+        Code::LeaseNotYetValid,
+        Code::LeaseExpired,
+        Code::LeaseRevoked,
+        Code::LeaseClosed,
+        Code::AncestorClosed,
+        Code::HostDenied,
+        Code::HostNotAllowed,
+        Code::AddressNotAllowed,
+        Code::SniMismatch,
+        Code::HostMismatch,
+        Code::MethodNotAllowed,
+        Code::TooManyConnections,
+        Code::DnsFailed,
+        Code::UpstreamUnreachable,
+        Code::UpstreamTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::LeaseMissing => "lease-missing",
+            Code::LeaseUnknown => "lease-unknown",
+            Code::LeaseConflict => "lease-conflict",
+            Code::BadTarget => "bad-target",
+            Code::NotAProxyRequest => "not-a-proxy-request",
+            Code::LeaseNotYetValid => "lease-not-yet-valid",
+            Code::LeaseExpired => "lease-expired",
+            Code::LeaseRevoked => "lease-revoked",
+            Code::LeaseClosed => "lease-closed",
+            Code::AncestorClosed => "ancestor-closed",
+            Code::HostDenied => "host-denied",
+            Code::HostNotAllowed => "host-not-allowed",
+            Code::AddressNotAllowed => "address-not-allowed",
+            Code::SniMismatch => "sni-mismatch",
+            Code::HostMismatch => "host-mismatch",
+            Code::MethodNotAllowed => "method-not-allowed",
+            Code::TooManyConnections => "too-many-connections",
+            Code::DnsFailed => "dns-failed",
+            Code::UpstreamUnreachable => "upstream-unreachable",
+            Code::UpstreamTimeout => "upstream-timeout",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::LeaseMissing | Code::LeaseUnknown => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            Code::LeaseConflict | Code::BadTarget | Code::NotAProxyRequest => StatusCode::BAD_REQUEST,
+            Code::LeaseNotYetValid
+            | Code::LeaseExpired
+            | Code::LeaseRevoked
+            | Code::LeaseClosed
+            | Code::AncestorClosed
+            | Code::HostDenied
+            | Code::HostNotAllowed
+            | Code::AddressNotAllowed
+            | Code::SniMismatch => StatusCode::FORBIDDEN,
+            Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Code::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
+            Code::DnsFailed | Code::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Code::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// A policy check: refused in enforce mode (and revoking by default), reported only in
+    /// report mode.
+    pub fn is_policy(self) -> bool {
+        matches!(
+            self,
+            Code::HostDenied
+                | Code::HostNotAllowed
+                | Code::AddressNotAllowed
+                | Code::SniMismatch
+                | Code::HostMismatch
+        )
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: its code and a human reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: Code,
+    pub detail: String,
+}
+
+impl Refusal {
+    pub fn new(code: Code, detail: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<ChainError> for Refusal {
+    fn from(error: ChainError) -> Refusal {
+        let code = match &error {
+            ChainError::Unknown(_) => Code::LeaseUnknown,
+            ChainError::NotYetValid(_) => Code::LeaseNotYetValid,
+            ChainError::Expired(_) => Code::LeaseExpired,
+            ChainError::Revoked(_) => Code::LeaseRevoked,
+            ChainError::Closed(_) => Code::LeaseClosed,
+            ChainError::AncestorClosed { .. } => Code::AncestorClosed,
+        };
+        Refusal::new(code, error.to_string())
+    }
+}
+
+/// A host verdict as a result: the allowing decider, or the refusal naming the pattern and
+/// lease that decided it.
+pub fn host_refusal(verdict: HostVerdict, host: &TargetHost) -> Result<Decider, Refusal> {
+    match verdict {
+        HostVerdict::Allowed(by) => Ok(by),
+        HostVerdict::Denied(by) => Err(Refusal::new(
+            Code::HostDenied,
+            format!(
+                "{host} is denied by {} in lease {}",
+                by.pattern.as_ref().map(ToString::to_string).unwrap_or_default(),
+                by.lease_id
+            ),
+        )),
+        HostVerdict::NotAllowed(by) => Err(Refusal::new(
+            Code::HostNotAllowed,
+            format!("{host} matches no pattern of lease {}'s allow.hosts", by.lease_id),
+        )),
+    }
+}
+
+/// Builds the client's response for a refusal.
+pub fn response(refusal: &Refusal, method: &str, target: &str, lease_id: Option<&str>) -> Response<Body> {
+    let lease = lease_id.unwrap_or("(none)");
+    let detail: String = refusal
+        .detail
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let body = format!(
+        "leasegate refused {method} {target} for lease {lease}: {} ({detail})\n",
+        refusal.code
+    );
+    let mut response = Response::new(super::full(Bytes::from(body)));
+    *response.status_mut() = refusal.code.status();
+    let headers = response.headers_mut();
+    headers.insert("x-leasegate-refusal", HeaderValue::from_static(refusal.code.as_str()));
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if refusal.code.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        headers.insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"leasegate\""),
+        );
+    }
+    if matches!(refusal.code, Code::BadTarget | Code::NotAProxyRequest | Code::LeaseConflict) {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}

@@ -1,0 +1,5 @@
+//! What leasegate records about traffic: the egress log.
+
+pub mod egress;
+
+pub use egress::{EgressEvent, EgressLog};
