@@ -61,10 +61,19 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_EGRESS_LOG")]
     pub egress_log: Option<String>,
     /// An address range exempt from the address guard (repeatable), e.g. 10.20.0.0/16.
-    #[arg(long = "allow-private", env = "LEASEGATE_ALLOW_PRIVATE", value_delimiter = ',')]
+    #[arg(
+        long = "allow-private",
+        env = "LEASEGATE_ALLOW_PRIVATE",
+        value_delimiter = ','
+    )]
     pub allow_private: Vec<ipnet::IpNet>,
     /// What a revoking refusal does: revoke the lease, or only log.
-    #[arg(long, env = "LEASEGATE_ON_REFUSAL", value_enum, default_value = "revoke")]
+    #[arg(
+        long,
+        env = "LEASEGATE_ON_REFUSAL",
+        value_enum,
+        default_value = "revoke"
+    )]
     pub on_refusal: OnRefusalArg,
     /// `report` lets policy refusals through and logs them (for rolling out allow lists).
     #[arg(long, env = "LEASEGATE_MODE", value_enum, default_value = "enforce")]
@@ -79,7 +88,11 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_DEV")]
     pub dev: bool,
     /// Hosts of the --dev demo lease (default `*`).
-    #[arg(long = "allow-host", env = "LEASEGATE_ALLOW_HOST", value_delimiter = ',')]
+    #[arg(
+        long = "allow-host",
+        env = "LEASEGATE_ALLOW_HOST",
+        value_delimiter = ','
+    )]
     pub allow_hosts: Vec<String>,
     /// Time a client has to send its request headers.
     #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -99,7 +112,12 @@ pub struct ServeArgs {
 pub struct CheckArgs {
     #[arg(long, env = "LEASEGATE_JOURNAL")]
     pub journal: PathBuf,
-    #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "key-file",
+        env = "LEASEGATE_KEY_FILE",
+        value_delimiter = ',',
+        required = true
+    )]
     pub key_files: Vec<PathBuf>,
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,

@@ -185,9 +185,17 @@ pub fn explain(ledger: &Ledger, lease_id: &str, target: &str, now: Timestamp) ->
     };
     let policies: Vec<(String, HostPolicy)> = chain
         .iter()
-        .map(|l| (l.id.clone(), HostPolicy::compile(&l.allow_hosts, &l.deny_hosts)))
+        .map(|l| {
+            (
+                l.id.clone(),
+                HostPolicy::compile(&l.allow_hosts, &l.deny_hosts),
+            )
+        })
         .collect();
-    let verdict = decide(policies.iter().map(|(id, p)| (id.as_str(), p)), &target.host);
+    let verdict = decide(
+        policies.iter().map(|(id, p)| (id.as_str(), p)),
+        &target.host,
+    );
     match host_refusal(verdict, &target.host) {
         Err(refusal) => refused(refusal),
         Ok(by) => Explanation {

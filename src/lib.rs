@@ -3,10 +3,10 @@
 
 pub mod config;
 pub mod contract;
-pub mod server;
-pub mod telemetry;
-pub mod proxy;
 pub mod inspect;
 pub mod issue;
 pub mod policy;
+pub mod proxy;
 pub mod registry;
+pub mod server;
+pub mod telemetry;

@@ -6,10 +6,10 @@ mod cli;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use cli::{Cli, Command};
+use leasegate::config;
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
-use leasegate::config;
 use leasegate::policy::Guard;
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{Mode, OnRefusal, ProxyConfig};
@@ -195,7 +195,9 @@ fn leases(args: cli::LeasesArgs) -> Result<()> {
 const DEV_DIR: &str = ".leasegate";
 
 fn serve(args: cli::ServeArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(serve_async(args))
 }
 
@@ -208,14 +210,21 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
         if !key_path.exists() {
             write_secret(&key_path, Key::generate().to_file_text().as_bytes())?;
         }
-        let journal = args.journal.get_or_insert_with(|| dir.join("journal.jsonl")).clone();
+        let journal = args
+            .journal
+            .get_or_insert_with(|| dir.join("journal.jsonl"))
+            .clone();
         if args.key_files.is_empty() {
             args.key_files.push(key_path.clone());
         }
         if args.egress_log.is_none() {
             args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
         }
-        let hosts = if args.allow_hosts.is_empty() { vec!["*".to_owned()] } else { args.allow_hosts.clone() };
+        let hosts = if args.allow_hosts.is_empty() {
+            vec!["*".to_owned()]
+        } else {
+            args.allow_hosts.clone()
+        };
         let issued = issue::issue(
             &journal,
             &load_key(&key_path)?,
@@ -232,11 +241,16 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
         dev_lease = Some(issued.lease_id);
     }
     if args.key_files.is_empty() {
-        return Err(anyhow!("no --key-file given: leases cannot be verified without a key"));
+        return Err(anyhow!(
+            "no --key-file given: leases cannot be verified without a key"
+        ));
     }
     let config = config::ServeConfig {
         listen: args.listen,
-        journal: args.journal.clone().ok_or_else(|| anyhow!("--journal is required"))?,
+        journal: args
+            .journal
+            .clone()
+            .ok_or_else(|| anyhow!("--journal is required"))?,
         keyring: Keyring::load(&args.key_files, args.allow_test_key)?,
         egress: args.egress_log.as_deref().map(|d| match d {
             "-" => Destination::Stdout,
@@ -279,8 +293,11 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
 }
 
 /// `NAME=ADDR` pairs of `--resolve`.
-fn parse_resolve(pairs: &[String]) -> Result<std::collections::HashMap<String, Vec<std::net::IpAddr>>> {
-    let mut map: std::collections::HashMap<String, Vec<std::net::IpAddr>> = std::collections::HashMap::new();
+fn parse_resolve(
+    pairs: &[String],
+) -> Result<std::collections::HashMap<String, Vec<std::net::IpAddr>>> {
+    let mut map: std::collections::HashMap<String, Vec<std::net::IpAddr>> =
+        std::collections::HashMap::new();
     for pair in pairs {
         let (name, addr) = pair
             .split_once('=')
@@ -312,17 +329,29 @@ fn check(args: cli::CheckArgs) -> Result<()> {
     let mut notes = vec![explanation.reason];
     if args.resolve && refusal.is_none() {
         let target = leasegate::policy::target::parse_authority(&args.target, Some(443))?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let host = target.host.as_text();
         let resolved: Vec<std::net::SocketAddr> = match &target.host {
-            leasegate::policy::TargetHost::Ip(ip) => vec![std::net::SocketAddr::new(*ip, target.port)],
+            leasegate::policy::TargetHost::Ip(ip) => {
+                vec![std::net::SocketAddr::new(*ip, target.port)]
+            }
             leasegate::policy::TargetHost::Name(name) => runtime
-                .block_on(Resolver::system().resolve(name, target.port, std::time::Duration::from_secs(5)))
+                .block_on(Resolver::system().resolve(
+                    name,
+                    target.port,
+                    std::time::Duration::from_secs(5),
+                ))
                 .unwrap_or_default(),
         };
-        let checked = Guard::default().check(&resolved, leasegate::policy::guard::Exception::None, true);
+        let checked =
+            Guard::default().check(&resolved, leasegate::policy::guard::Exception::None, true);
         for blocked in &checked.blocked {
-            notes.push(format!("address {} is guarded: {}", blocked.addr, blocked.why));
+            notes.push(format!(
+                "address {} is guarded: {}",
+                blocked.addr, blocked.why
+            ));
         }
         notes.push(format!("{host} resolves to {:?}", resolved));
         if checked.dialable.is_empty() {

@@ -17,9 +17,15 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("reading the journal {path}: {source}")]
-    Journal { path: String, source: std::io::Error },
+    Journal {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("listening on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("opening the egress log: {0}")]
     Egress(std::io::Error),
 }
@@ -36,20 +42,26 @@ pub struct Server {
 impl Server {
     /// Loads the journal, binds the listener and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
-        let registry = Registry::load(config.journal.clone(), config.keyring.clone(), true).map_err(|source| {
-            StartError::Journal {
+        let registry = Registry::load(config.journal.clone(), config.keyring.clone(), true)
+            .map_err(|source| StartError::Journal {
                 path: config.journal.display().to_string(),
                 source,
-            }
+            })?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
         })?;
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
         let egress = match config.egress {
-            Some(destination) => EgressLog::open(destination).await.map_err(StartError::Egress)?,
+            Some(destination) => EgressLog::open(destination)
+                .await
+                .map_err(StartError::Egress)?,
             None => EgressLog::disabled(),
         };
         let mut proxy_config = config.proxy;
@@ -61,7 +73,12 @@ impl Server {
             pool: Arc::new(Pool::default()),
         });
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(proxy::serve(listener, proxy.clone(), None, shutdown.clone()));
+        let task = tokio::spawn(proxy::serve(
+            listener,
+            proxy.clone(),
+            None,
+            shutdown.clone(),
+        ));
         tracing::info!(%addr, "leasegate proxy listening");
         Ok(Server {
             addr,

@@ -5,7 +5,7 @@
 //! address leasegate itself listens on.
 
 use ipnet::IpNet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::LazyLock;
 
 /// A socket address that passed the guard: the only kind of address the proxy dials.
@@ -82,7 +82,12 @@ fn embedded_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
         return Some(low);
     }
     if s[0] == 0x2002 {
-        return Some(Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8));
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
     }
     None
 }
@@ -166,16 +171,18 @@ impl Guard {
             Exception::Ip(listed) => listed == plain,
             Exception::Localhost => plain.is_loopback(),
         };
-        if excepted || self.allow_private.iter().any(|net| net.contains(&plain) || net.contains(&ip)) {
+        if excepted
+            || self
+                .allow_private
+                .iter()
+                .any(|net| net.contains(&plain) || net.contains(&ip))
+        {
             None
         } else {
             Some(why)
         }
     }
 }
-
-/// The wildcard addresses, for tests and listeners.
-pub const UNSPECIFIED: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
 
 #[cfg(test)]
 mod tests {
@@ -188,15 +195,42 @@ mod tests {
     #[test]
     fn the_guarded_list_covers_design_md() {
         for guarded in [
-            "127.0.0.1", "0.0.0.0", "10.0.0.1", "172.16.5.4", "192.168.1.1", "100.64.0.1",
-            "169.254.169.254", "168.63.129.16", "100.100.100.200", "224.0.0.1", "255.255.255.255",
-            "240.0.0.1", "198.18.0.1", "::1", "::", "fe80::1", "fc00::1", "fd00:ec2::254", "ff02::1",
-            "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1",
-            "2002:a9fe:a9fe::1", "2002:7f00:1::", "::127.0.0.1",
+            "127.0.0.1",
+            "0.0.0.0",
+            "10.0.0.1",
+            "172.16.5.4",
+            "192.168.1.1",
+            "100.64.0.1",
+            "169.254.169.254",
+            "168.63.129.16",
+            "100.100.100.200",
+            "224.0.0.1",
+            "255.255.255.255",
+            "240.0.0.1",
+            "198.18.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fc00::1",
+            "fd00:ec2::254",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::a00:1",
+            "2002:a9fe:a9fe::1",
+            "2002:7f00:1::",
+            "::127.0.0.1",
         ] {
             assert!(guarded_reason(ip(guarded)).is_some(), "{guarded}");
         }
-        for public in ["93.184.216.34", "2606:4700::1111", "64:ff9b::5db8:d822", "2002:5db8:d822::1", "1.1.1.1"] {
+        for public in [
+            "93.184.216.34",
+            "2606:4700::1111",
+            "64:ff9b::5db8:d822",
+            "2002:5db8:d822::1",
+            "1.1.1.1",
+        ] {
             assert_eq!(guarded_reason(ip(public)), None, "{public}");
         }
     }
@@ -211,21 +245,36 @@ mod tests {
             allow_private: vec!["10.9.0.0/16".parse().unwrap()],
             own: vec![addr("127.0.0.1:3128")],
         };
-        let candidates = [addr("127.0.0.1:8080"), addr("127.0.0.2:8080"), addr("10.9.1.1:80"), addr("10.8.1.1:80")];
+        let candidates = [
+            addr("127.0.0.1:8080"),
+            addr("127.0.0.2:8080"),
+            addr("10.9.1.1:80"),
+            addr("10.8.1.1:80"),
+        ];
         let checked = guard.check(&candidates, Exception::Ip(ip("127.0.0.1")), true);
         let dialable: Vec<_> = checked.dialable.iter().map(|a| a.socket_addr()).collect();
         assert_eq!(dialable, [addr("127.0.0.1:8080"), addr("10.9.1.1:80")]);
         assert_eq!(checked.blocked.len(), 2);
 
-        let localhost = guard.check(&[addr("127.0.0.5:80"), addr("[::1]:80"), addr("10.0.0.1:80")], Exception::Localhost, true);
+        let localhost = guard.check(
+            &[addr("127.0.0.5:80"), addr("[::1]:80"), addr("10.0.0.1:80")],
+            Exception::Localhost,
+            true,
+        );
         assert_eq!(localhost.dialable.len(), 2);
 
-        let everything = Guard { allow_private: vec!["0.0.0.0/0".parse().unwrap()], own: guard.own.clone() };
+        let everything = Guard {
+            allow_private: vec!["0.0.0.0/0".parse().unwrap()],
+            own: guard.own.clone(),
+        };
         for looping in ["127.0.0.1:3128", "[::ffff:127.0.0.1]:3128"] {
             let checked = everything.check(&[addr(looping)], Exception::Ip(ip("127.0.0.1")), false);
             assert!(checked.dialable.is_empty(), "{looping}");
         }
-        let wildcard = Guard { allow_private: vec![], own: vec![addr("0.0.0.0:3128")] };
+        let wildcard = Guard {
+            allow_private: vec![],
+            own: vec![addr("0.0.0.0:3128")],
+        };
         assert!(wildcard.is_loop(addr("127.0.0.9:3128")));
         assert!(!wildcard.is_loop(addr("127.0.0.9:3129")));
     }

@@ -177,7 +177,14 @@ mod tests {
 
     #[test]
     fn every_ipv4_spelling_is_a_dotted_quad() {
-        for spelling in ["127.1", "2130706433", "0x7f.0.0.1", "0177.0.0.1", "127.0.0.1.", "[::ffff:127.0.0.1]"] {
+        for spelling in [
+            "127.1",
+            "2130706433",
+            "0x7f.0.0.1",
+            "0177.0.0.1",
+            "127.0.0.1.",
+            "[::ffff:127.0.0.1]",
+        ] {
             assert_eq!(ok(spelling), "127.0.0.1:80", "{spelling}");
         }
     }
@@ -192,10 +199,19 @@ mod tests {
     #[test]
     fn ambiguous_targets_are_refused() {
         assert_eq!(bad("allowed.example@evil.example").0, "userinfo in target");
-        assert_eq!(bad("%61llowed.example").0, "percent-escape or zone id in target");
-        assert_eq!(bad("[fe80::1%25eth0]").0, "percent-escape or zone id in target");
+        assert_eq!(
+            bad("%61llowed.example").0,
+            "percent-escape or zone id in target"
+        );
+        assert_eq!(
+            bad("[fe80::1%25eth0]").0,
+            "percent-escape or zone id in target"
+        );
         assert_eq!(bad("[denied.example]").0, "unparseable host");
-        assert_eq!(bad("a b.example").0, "whitespace or control character in target");
+        assert_eq!(
+            bad("a b.example").0,
+            "whitespace or control character in target"
+        );
         assert_eq!(bad("a\tb").0, "whitespace or control character in target");
         assert_eq!(bad("").0, "empty host");
         assert_eq!(bad(":80").0, "empty host");

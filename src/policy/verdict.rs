@@ -99,7 +99,10 @@ pub enum HostVerdict {
 }
 
 /// Matches `host` against a chain, the lease itself first, then its ancestors.
-pub fn decide<'a>(chain: impl IntoIterator<Item = (&'a str, &'a HostPolicy)> + Clone, host: &TargetHost) -> HostVerdict {
+pub fn decide<'a>(
+    chain: impl IntoIterator<Item = (&'a str, &'a HostPolicy)> + Clone,
+    host: &TargetHost,
+) -> HostVerdict {
     for (lease_id, policy) in chain.clone() {
         if let Some(pattern) = policy.deny.find(host) {
             return HostVerdict::Denied(Decider {
@@ -152,20 +155,44 @@ mod tests {
     fn wildcards_cover_strict_subdomains_at_any_depth() {
         let p = HostPolicy::compile(&["*.example.com", "api.other.org", "10.1.2.3"], &[]);
         let chain = [("a", &p)];
-        assert!(matches!(verdict(&chain, "a.example.com"), HostVerdict::Allowed(_)));
-        assert!(matches!(verdict(&chain, "a.b.example.com"), HostVerdict::Allowed(_)));
-        assert!(matches!(verdict(&chain, "example.com"), HostVerdict::NotAllowed(_)));
-        assert!(matches!(verdict(&chain, "x.api.other.org"), HostVerdict::NotAllowed(_)));
-        assert!(matches!(verdict(&chain, "10.1.2.3"), HostVerdict::Allowed(_)));
-        assert!(matches!(verdict(&chain, "0x0a.1.2.3"), HostVerdict::Allowed(_)));
+        assert!(matches!(
+            verdict(&chain, "a.example.com"),
+            HostVerdict::Allowed(_)
+        ));
+        assert!(matches!(
+            verdict(&chain, "a.b.example.com"),
+            HostVerdict::Allowed(_)
+        ));
+        assert!(matches!(
+            verdict(&chain, "example.com"),
+            HostVerdict::NotAllowed(_)
+        ));
+        assert!(matches!(
+            verdict(&chain, "x.api.other.org"),
+            HostVerdict::NotAllowed(_)
+        ));
+        assert!(matches!(
+            verdict(&chain, "10.1.2.3"),
+            HostVerdict::Allowed(_)
+        ));
+        assert!(matches!(
+            verdict(&chain, "0x0a.1.2.3"),
+            HostVerdict::Allowed(_)
+        ));
     }
 
     #[test]
     fn wildcards_never_match_ip_literals_but_star_does() {
         let p = HostPolicy::compile(&["*.0.0.1", "*.1"], &[]);
-        assert!(matches!(verdict(&[("a", &p)], "127.0.0.1"), HostVerdict::NotAllowed(_)));
+        assert!(matches!(
+            verdict(&[("a", &p)], "127.0.0.1"),
+            HostVerdict::NotAllowed(_)
+        ));
         let star = HostPolicy::compile(&["*"], &[]);
-        assert!(matches!(verdict(&[("a", &star)], "127.0.0.1"), HostVerdict::Allowed(_)));
+        assert!(matches!(
+            verdict(&[("a", &star)], "127.0.0.1"),
+            HostVerdict::Allowed(_)
+        ));
     }
 
     #[test]
@@ -189,11 +216,17 @@ mod tests {
         let chain = [("child", &child), ("parent", &parent)];
         assert_eq!(
             verdict(&chain, "other.org"),
-            HostVerdict::NotAllowed(Decider { lease_id: "parent".into(), pattern: None })
+            HostVerdict::NotAllowed(Decider {
+                lease_id: "parent".into(),
+                pattern: None
+            })
         );
         assert_eq!(
             verdict(&chain, "a.example.com"),
-            HostVerdict::Allowed(Decider { lease_id: "child".into(), pattern: Some(HostPattern::Any) })
+            HostVerdict::Allowed(Decider {
+                lease_id: "child".into(),
+                pattern: Some(HostPattern::Any)
+            })
         );
     }
 }

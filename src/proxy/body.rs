@@ -25,7 +25,12 @@ pub struct Metered<B> {
 }
 
 impl<B> Metered<B> {
-    pub fn new(inner: B, counter: Counter, token: CancellationToken, exchange: Option<Exchange>) -> Metered<B> {
+    pub fn new(
+        inner: B,
+        counter: Counter,
+        token: CancellationToken,
+        exchange: Option<Exchange>,
+    ) -> Metered<B> {
         Metered {
             inner,
             counter,
@@ -43,7 +48,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.cancelled.as_mut().poll(cx).is_ready() {
             self.exchange.take();
             return Poll::Ready(Some(Err("the lease no longer opens anything".into())));
@@ -93,7 +101,11 @@ impl<S> Counted<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         let read = buf.filled().len() - before;
@@ -103,7 +115,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 

@@ -23,9 +23,23 @@ use tokio::net::TcpStream;
 /// The most client bytes held back while waiting for a whole ClientHello.
 const MAX_HELLO: usize = 16 * 1024 + 5;
 
-pub async fn handle(proxy: Arc<Proxy>, conn: Arc<ConnInfo>, req: Request<Incoming>) -> Response<Body> {
-    let mut ex = Exchange::new(proxy.egress.clone(), Kind::Connect, "CONNECT", conn.client, conn.listener);
-    let authority = req.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+pub async fn handle(
+    proxy: Arc<Proxy>,
+    conn: Arc<ConnInfo>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let mut ex = Exchange::new(
+        proxy.egress.clone(),
+        Kind::Connect,
+        "CONNECT",
+        conn.client,
+        conn.listener,
+    );
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_default();
     match open(&proxy, &conn, &req, &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
         Ok((stream, admitted, target)) => {
@@ -46,7 +60,8 @@ async fn open(
     ex: &mut Exchange,
 ) -> Result<(TcpStream, Admitted, Target), Refusal> {
     let admitted = proxy.admit(conn, req.headers(), ex)?;
-    let target = parse_authority(authority, None).map_err(|e| Refusal::new(Code::BadTarget, e.0))?;
+    let target =
+        parse_authority(authority, None).map_err(|e| Refusal::new(Code::BadTarget, e.0))?;
     ex.target = Some(target.clone());
     proxy.judge_host(&admitted, &target, ex)?;
     let addrs = proxy.route(&admitted, &target, ex).await?;
@@ -110,7 +125,10 @@ async fn tunnel(
 
 /// Reads from the client until its bytes are known to be a ClientHello (returns its SNI, or
 /// an empty string for a hello without one) or known not to be (returns `None`).
-async fn read_client_hello<S: AsyncRead + Unpin>(client: &mut S, buf: &mut Vec<u8>) -> Option<String> {
+async fn read_client_hello<S: AsyncRead + Unpin>(
+    client: &mut S,
+    buf: &mut Vec<u8>,
+) -> Option<String> {
     loop {
         match client_hello_sni(buf) {
             Probe::Hello(sni) => return Some(sni.unwrap_or_default()),
@@ -149,14 +167,22 @@ fn client_hello_sni(bytes: &[u8]) -> Probe {
         }
     }
     match acceptor.accept() {
-        Ok(Some(accepted)) => Probe::Hello(accepted.client_hello().server_name().map(str::to_owned)),
+        Ok(Some(accepted)) => {
+            Probe::Hello(accepted.client_hello().server_name().map(str::to_owned))
+        }
         Ok(None) => Probe::NeedMore,
         Err(_) => Probe::NotHello,
     }
 }
 
 /// An SNI that differs from the CONNECT host must itself be allowed for the lease.
-fn check_sni(proxy: &Proxy, admitted: &Admitted, target: &Target, sni: &str, ex: &mut Exchange) -> Result<(), Refusal> {
+fn check_sni(
+    proxy: &Proxy,
+    admitted: &Admitted,
+    target: &Target,
+    sni: &str,
+    ex: &mut Exchange,
+) -> Result<(), Refusal> {
     if sni.is_empty() {
         return Ok(());
     }
@@ -172,8 +198,10 @@ fn check_sni(proxy: &Proxy, admitted: &Admitted, target: &Target, sni: &str, ex:
         ex,
         Refusal::new(
             Code::SniMismatch,
-            format!("TLS SNI {sni:?} differs from the CONNECT host {} and is not allowed", target.host),
+            format!(
+                "TLS SNI {sni:?} differs from the CONNECT host {} and is not allowed",
+                target.host
+            ),
         ),
     )
 }
-

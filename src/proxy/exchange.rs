@@ -41,7 +41,13 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    pub fn new(log: EgressLog, kind: Kind, method: &str, client: SocketAddr, listener: SocketAddr) -> Exchange {
+    pub fn new(
+        log: EgressLog,
+        kind: Kind,
+        method: &str,
+        client: SocketAddr,
+        listener: SocketAddr,
+    ) -> Exchange {
         Exchange {
             log,
             started: Instant::now(),
@@ -67,13 +73,18 @@ impl Exchange {
 
     /// The target as the refusal line names it.
     pub fn target_text(&self, fallback: &str) -> String {
-        self.target.as_ref().map_or_else(|| fallback.to_owned(), ToString::to_string)
+        self.target
+            .as_ref()
+            .map_or_else(|| fallback.to_owned(), ToString::to_string)
     }
 }
 
 impl Drop for Exchange {
     fn drop(&mut self) {
-        let closed_by_lease = self.token.as_ref().is_some_and(CancellationToken::is_cancelled);
+        let closed_by_lease = self
+            .token
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled);
         if self.error.is_none() && self.verdict != LoggedVerdict::Refuse && closed_by_lease {
             self.error = Some("closed: the lease no longer opens anything".into());
         }

@@ -21,15 +21,27 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 
-pub async fn handle(proxy: Arc<Proxy>, conn: Arc<ConnInfo>, mut req: Request<Incoming>) -> Response<Body> {
-    let mut ex = Exchange::new(proxy.egress.clone(), Kind::Http, req.method().as_str(), conn.client, conn.listener);
+pub async fn handle(
+    proxy: Arc<Proxy>,
+    conn: Arc<ConnInfo>,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    let mut ex = Exchange::new(
+        proxy.egress.clone(),
+        Kind::Http,
+        req.method().as_str(),
+        conn.client,
+        conn.listener,
+    );
     let shown_target = req.uri().to_string();
     match prepare(&proxy, &conn, &mut req, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
-        Ok((admitted, target, addrs)) => match send(&proxy, req, admitted, &target, &addrs, &mut ex).await {
-            Ok(response) => response.map_exchange(ex),
-            Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
-        },
+        Ok((admitted, target, addrs)) => {
+            match send(&proxy, req, admitted, &target, &addrs, &mut ex).await {
+                Ok(response) => response.map_exchange(ex),
+                Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
+            }
+        }
     }
 }
 
@@ -47,25 +59,40 @@ async fn prepare(
         ));
     };
     if !scheme.eq_ignore_ascii_case("http") {
-        return Err(Refusal::new(Code::BadTarget, format!("scheme {scheme} is not forwarded; use CONNECT for TLS")));
+        return Err(Refusal::new(
+            Code::BadTarget,
+            format!("scheme {scheme} is not forwarded; use CONNECT for TLS"),
+        ));
     }
     if req.headers().get_all(header::HOST).iter().count() > 1 {
         return Err(Refusal::new(Code::BadTarget, "more than one Host header"));
     }
     let admitted = proxy.admit(conn, req.headers(), ex)?;
-    if req.method().as_str().eq_ignore_ascii_case("TRACE") || req.method().as_str().eq_ignore_ascii_case("TRACK") {
-        return Err(Refusal::new(Code::MethodNotAllowed, format!("{} is not forwarded", req.method())));
+    if req.method().as_str().eq_ignore_ascii_case("TRACE")
+        || req.method().as_str().eq_ignore_ascii_case("TRACK")
+    {
+        return Err(Refusal::new(
+            Code::MethodNotAllowed,
+            format!("{} is not forwarded", req.method()),
+        ));
     }
-    let target = parse_authority(authority.as_str(), Some(80)).map_err(|e| Refusal::new(Code::BadTarget, e.0))?;
+    let target = parse_authority(authority.as_str(), Some(80))
+        .map_err(|e| Refusal::new(Code::BadTarget, e.0))?;
     ex.target = Some(target.clone());
     if let Some(host) = req.headers().get(header::HOST) {
-        let named = host.to_str().ok().and_then(|h| parse_authority(h, Some(80)).ok());
+        let named = host
+            .to_str()
+            .ok()
+            .and_then(|h| parse_authority(h, Some(80)).ok());
         if named.as_ref() != Some(&target) {
             proxy.policy_failure(
                 ex,
                 Refusal::new(
                     Code::HostMismatch,
-                    format!("Host header {:?} does not name the URI's {target}", String::from_utf8_lossy(host.as_bytes())),
+                    format!(
+                        "Host header {:?} does not name the URI's {target}",
+                        String::from_utf8_lossy(host.as_bytes())
+                    ),
                 ),
             )?;
         }
@@ -141,7 +168,12 @@ async fn sender_for(
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, UpBody>(TokioIo::new(stream))
         .await
-        .map_err(|e| Refusal::new(Code::UpstreamUnreachable, format!("HTTP handshake with {addr}: {e}")))?;
+        .map_err(|e| {
+            Refusal::new(
+                Code::UpstreamUnreachable,
+                format!("HTTP handshake with {addr}: {e}"),
+            )
+        })?;
     tokio::spawn(async move {
         if let Err(error) = connection.with_upgrades().await {
             tracing::debug!(%error, "upstream connection ended with an error");
@@ -161,8 +193,9 @@ impl Forwarded {
     /// The client's response: the upstream's, with a metered body that owns the exchange
     /// (or, for a WebSocket, a spliced upgrade that does).
     fn map_exchange(mut self, mut ex: Exchange) -> Response<Body> {
-        let upstream_upgrade = (self.response.status() == StatusCode::SWITCHING_PROTOCOLS && self.upgrade.is_some())
-            .then(|| hyper::upgrade::on(&mut self.response));
+        let upstream_upgrade = (self.response.status() == StatusCode::SWITCHING_PROTOCOLS
+            && self.upgrade.is_some())
+        .then(|| hyper::upgrade::on(&mut self.response));
         let (mut parts, body) = self.response.into_parts();
         ex.status = Some(parts.status.as_u16());
         if let (Some(upstream_upgrade), Some(client_upgrade)) = (upstream_upgrade, self.upgrade) {
@@ -188,12 +221,17 @@ async fn send(
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
     parts.uri = Uri::try_from(path).map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, upgrade);
     if !parts.headers.contains_key(header::HOST) {
-        let host = HeaderValue::from_str(&host_header(target)).map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
+        let host = HeaderValue::from_str(&host_header(target))
+            .map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
         parts.headers.insert(header::HOST, host);
     }
     let body = Metered::new(body, ex.bytes_up.clone(), admitted.token.clone(), None).boxed_unsync();
@@ -201,8 +239,15 @@ async fn send(
 
     let (mut sender, addr) = sender_for(proxy, addrs, upgrade, ex).await?;
     let response = tokio::select! {
-        response = sender.send_request(request) => response
-            .map_err(|e| Refusal::new(Code::UpstreamUnreachable, format!("forwarding to {addr}: {e}")))?,
+        response = sender.send_request(request) => response.map_err(|e| {
+            // A body the client framed badly (hyper reads TE + CL as chunked, RFC 9112 §6.3)
+            // is the client's fault, not the upstream's.
+            if e.is_user() {
+                Refusal::new(Code::BadTarget, format!("the request body is malformed: {e}"))
+            } else {
+                Refusal::new(Code::UpstreamUnreachable, format!("forwarding to {addr}: {e}"))
+            }
+        })?,
         _ = admitted.token.cancelled() => {
             return Err(Refusal::new(Code::LeaseRevoked, "the lease closed while the request was in flight"));
         }

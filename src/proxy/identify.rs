@@ -28,7 +28,10 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
         named.push(parse_authorization(text)?);
     }
     for value in headers.get_all(LEASE_ID_HEADER) {
-        let text = value.to_str().map_err(|_| unknown("X-Lease-Id is not text"))?.trim();
+        let text = value
+            .to_str()
+            .map_err(|_| unknown("X-Lease-Id is not text"))?
+            .trim();
         named.push(Identity {
             lease_id: checked_id(text)?,
             label: None,
@@ -76,7 +79,9 @@ fn parse_authorization(text: &str) -> Result<Identity, Refusal> {
         });
     }
     if !scheme.eq_ignore_ascii_case("basic") {
-        return Err(unknown("Proxy-Authorization scheme is neither Basic nor Bearer"));
+        return Err(unknown(
+            "Proxy-Authorization scheme is neither Basic nor Bearer",
+        ));
     }
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(rest)
@@ -120,13 +125,19 @@ mod tests {
     fn headers(pairs: &[(&str, String)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (k, v) in pairs {
-            map.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         map
     }
 
     fn basic(user_pass: &str) -> String {
-        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(user_pass))
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(user_pass)
+        )
     }
 
     fn code(result: Result<Identity, Refusal>) -> Code {
@@ -135,11 +146,29 @@ mod tests {
 
     #[test]
     fn every_credential_form_names_the_lease() {
-        let with_label = identify(&headers(&[("proxy-authorization", basic(&format!("agent:{A}")))]), None).unwrap();
-        assert_eq!(with_label, Identity { lease_id: A.into(), label: Some("agent".into()) });
-        let as_user = identify(&headers(&[("proxy-authorization", basic(&format!("{A}:")))]), None).unwrap();
+        let with_label = identify(
+            &headers(&[("proxy-authorization", basic(&format!("agent:{A}")))]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            with_label,
+            Identity {
+                lease_id: A.into(),
+                label: Some("agent".into())
+            }
+        );
+        let as_user = identify(
+            &headers(&[("proxy-authorization", basic(&format!("{A}:")))]),
+            None,
+        )
+        .unwrap();
         assert_eq!(as_user.lease_id, A);
-        let bearer = identify(&headers(&[("proxy-authorization", format!("bearer {A}"))]), None).unwrap();
+        let bearer = identify(
+            &headers(&[("proxy-authorization", format!("bearer {A}"))]),
+            None,
+        )
+        .unwrap();
         assert_eq!(bearer.lease_id, A);
         let header = identify(&headers(&[("x-lease-id", A.into())]), None).unwrap();
         assert_eq!(header.lease_id, A);
@@ -151,13 +180,35 @@ mod tests {
     fn conflicts_missing_and_malformed() {
         assert_eq!(code(identify(&HeaderMap::new(), None)), Code::LeaseMissing);
         assert_eq!(
-            code(identify(&headers(&[("proxy-authorization", format!("Bearer {A}")), ("x-lease-id", B.into())]), None)),
+            code(identify(
+                &headers(&[
+                    ("proxy-authorization", format!("Bearer {A}")),
+                    ("x-lease-id", B.into())
+                ]),
+                None
+            )),
             Code::LeaseConflict
         );
-        assert_eq!(code(identify(&headers(&[("x-lease-id", A.into())]), Some(B))), Code::LeaseConflict);
+        assert_eq!(
+            code(identify(&headers(&[("x-lease-id", A.into())]), Some(B))),
+            Code::LeaseConflict
+        );
         assert!(identify(&headers(&[("x-lease-id", B.into())]), Some(B)).is_ok());
-        for bad in ["Basic !!!", "Digest abc", "Bearer", &format!("Bearer {}", A.to_uppercase()), &basic("agent:not-a-lease")] {
-            assert_eq!(code(identify(&headers(&[("proxy-authorization", bad.to_string())]), None)), Code::LeaseUnknown, "{bad}");
+        for bad in [
+            "Basic !!!",
+            "Digest abc",
+            "Bearer",
+            &format!("Bearer {}", A.to_uppercase()),
+            &basic("agent:not-a-lease"),
+        ] {
+            assert_eq!(
+                code(identify(
+                    &headers(&[("proxy-authorization", bad.to_string())]),
+                    None
+                )),
+                Code::LeaseUnknown,
+                "{bad}"
+            );
         }
     }
 }

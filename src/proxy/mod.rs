@@ -44,7 +44,9 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 pub type UpBody = Body;
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 pub fn empty() -> Body {
@@ -161,11 +163,21 @@ pub async fn serve(
             closer: CancellationToken::new(),
             linked: Mutex::new(HashSet::new()),
         });
-        tokio::spawn(handle_connection(proxy.clone(), stream, conn, shutdown.clone()));
+        tokio::spawn(handle_connection(
+            proxy.clone(),
+            stream,
+            conn,
+            shutdown.clone(),
+        ));
     }
 }
 
-async fn handle_connection(proxy: Arc<Proxy>, stream: TcpStream, conn: Arc<ConnInfo>, shutdown: CancellationToken) {
+async fn handle_connection(
+    proxy: Arc<Proxy>,
+    stream: TcpStream,
+    conn: Arc<ConnInfo>,
+    shutdown: CancellationToken,
+) {
     let _ = stream.set_nodelay(true);
     let service_conn = conn.clone();
     let service_proxy = proxy.clone();
@@ -179,7 +191,9 @@ async fn handle_connection(proxy: Arc<Proxy>, stream: TcpStream, conn: Arc<ConnI
         .header_read_timeout(proxy.config.header_read_timeout)
         .max_buf_size(proxy.config.max_header_bytes.max(8192))
         .keep_alive(true);
-    let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
+    let connection = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
@@ -198,7 +212,11 @@ async fn handle_connection(proxy: Arc<Proxy>, stream: TcpStream, conn: Arc<ConnI
     conn.closer.cancel();
 }
 
-async fn dispatch(proxy: Arc<Proxy>, conn: Arc<ConnInfo>, req: Request<Incoming>) -> Response<Body> {
+async fn dispatch(
+    proxy: Arc<Proxy>,
+    conn: Arc<ConnInfo>,
+    req: Request<Incoming>,
+) -> Response<Body> {
     if req.method() == http::Method::CONNECT {
         connect::handle(proxy, conn, req).await
     } else {
@@ -235,11 +253,17 @@ impl Admitted {
     }
 }
 
-static EMPTY_POLICY: std::sync::LazyLock<HostPolicy> = std::sync::LazyLock::new(HostPolicy::default);
+static EMPTY_POLICY: std::sync::LazyLock<HostPolicy> =
+    std::sync::LazyLock::new(HostPolicy::default);
 
 impl Proxy {
     /// Phases 1 and 2: the lease of the request, and whether its chain opens now.
-    pub fn admit(&self, conn: &ConnInfo, headers: &http::HeaderMap, ex: &mut Exchange) -> Result<Admitted, Refusal> {
+    pub fn admit(
+        &self,
+        conn: &ConnInfo,
+        headers: &http::HeaderMap,
+        ex: &mut Exchange,
+    ) -> Result<Admitted, Refusal> {
         let identity = identify::identify(headers, conn.port_lease.as_deref())?;
         ex.lease_id = Some(identity.lease_id.clone());
         ex.label = identity.label;
@@ -275,7 +299,12 @@ impl Proxy {
     }
 
     /// Phase 4: the host verdict over the chain.
-    pub fn judge_host(&self, admitted: &Admitted, target: &Target, ex: &mut Exchange) -> Result<(), Refusal> {
+    pub fn judge_host(
+        &self,
+        admitted: &Admitted,
+        target: &Target,
+        ex: &mut Exchange,
+    ) -> Result<(), Refusal> {
         match refusal::host_refusal(admitted.verdict(&target.host), &target.host) {
             Ok(_) => Ok(()),
             Err(refusal) => self.policy_failure(ex, refusal),
@@ -283,7 +312,12 @@ impl Proxy {
     }
 
     /// Phase 5: resolve once, drop guarded addresses; what survives may be dialled.
-    pub async fn route(&self, admitted: &Admitted, target: &Target, ex: &mut Exchange) -> Result<Vec<UpstreamAddr>, Refusal> {
+    pub async fn route(
+        &self,
+        admitted: &Admitted,
+        target: &Target,
+        ex: &mut Exchange,
+    ) -> Result<Vec<UpstreamAddr>, Refusal> {
         let resolved = match &target.host {
             TargetHost::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
             TargetHost::Name(name) => {
@@ -293,16 +327,22 @@ impl Proxy {
                     .await?
             }
         };
-        let listed_by_all = |host: &TargetHost| admitted.policies().all(|(_, p)| p.allow.lists_exactly(host));
+        let listed_by_all = |host: &TargetHost| {
+            admitted
+                .policies()
+                .all(|(_, p)| p.allow.lists_exactly(host))
+        };
         let exception = match &target.host {
             TargetHost::Ip(ip) if listed_by_all(&target.host) => Exception::Ip(*ip),
-            TargetHost::Name(name) if name == "localhost" && listed_by_all(&target.host) => Exception::Localhost,
+            TargetHost::Name(name) if name == "localhost" && listed_by_all(&target.host) => {
+                Exception::Localhost
+            }
             _ => Exception::None,
         };
-        let checked = self
-            .config
-            .guard
-            .check(&resolved, exception, self.config.mode == Mode::Enforce);
+        let checked =
+            self.config
+                .guard
+                .check(&resolved, exception, self.config.mode == Mode::Enforce);
         let blocked = checked.blocked.first().map(|b| {
             Refusal::new(
                 Code::AddressNotAllowed,
@@ -311,7 +351,10 @@ impl Proxy {
         });
         match (checked.dialable.is_empty(), blocked) {
             (true, Some(refusal)) => Err(refusal),
-            (true, None) => Err(Refusal::new(Code::DnsFailed, format!("{} has no addresses", target.host))),
+            (true, None) => Err(Refusal::new(
+                Code::DnsFailed,
+                format!("{} has no addresses", target.host),
+            )),
             (false, Some(refusal)) if self.config.mode == Mode::Report => {
                 self.policy_failure(ex, refusal)?;
                 Ok(checked.dialable)
@@ -325,7 +368,9 @@ impl Proxy {
     pub async fn record_refusal(&self, ex: &mut Exchange, refusal: &Refusal) {
         ex.verdict = LoggedVerdict::Refuse;
         ex.code = Some(refusal.code);
-        let Some(lease_id) = ex.lease_id.clone() else { return };
+        let Some(lease_id) = ex.lease_id.clone() else {
+            return;
+        };
         let revokes = refusal.code.is_policy()
             && self.config.on_refusal == OnRefusal::Revoke
             && self.config.mode == Mode::Enforce;
@@ -360,10 +405,20 @@ impl Proxy {
     }
 
     /// The one rescue point: a refusal becomes the client's response (and maybe a revocation).
-    pub async fn refuse(&self, ex: &mut Exchange, refusal: Refusal, target_fallback: &str) -> Response<Body> {
+    pub async fn refuse(
+        &self,
+        ex: &mut Exchange,
+        refusal: Refusal,
+        target_fallback: &str,
+    ) -> Response<Body> {
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
         tracing::info!(code = %refusal.code, lease = ?ex.lease_id, method = %ex.method, target = %ex.target_text(target_fallback), "refused");
-        refusal::response(&refusal, &ex.method, &ex.target_text(target_fallback), ex.lease_id.as_deref())
+        refusal::response(
+            &refusal,
+            &ex.method,
+            &ex.target_text(target_fallback),
+            ex.lease_id.as_deref(),
+        )
     }
 }

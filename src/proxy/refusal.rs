@@ -87,7 +87,9 @@ impl Code {
     pub fn status(self) -> StatusCode {
         match self {
             Code::LeaseMissing | Code::LeaseUnknown => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Code::LeaseConflict | Code::BadTarget | Code::NotAProxyRequest => StatusCode::BAD_REQUEST,
+            Code::LeaseConflict | Code::BadTarget | Code::NotAProxyRequest => {
+                StatusCode::BAD_REQUEST
+            }
             Code::LeaseNotYetValid
             | Code::LeaseExpired
             | Code::LeaseRevoked
@@ -164,19 +166,30 @@ pub fn host_refusal(verdict: HostVerdict, host: &TargetHost) -> Result<Decider, 
             Code::HostDenied,
             format!(
                 "{host} is denied by {} in lease {}",
-                by.pattern.as_ref().map(ToString::to_string).unwrap_or_default(),
+                by.pattern
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
                 by.lease_id
             ),
         )),
         HostVerdict::NotAllowed(by) => Err(Refusal::new(
             Code::HostNotAllowed,
-            format!("{host} matches no pattern of lease {}'s allow.hosts", by.lease_id),
+            format!(
+                "{host} matches no pattern of lease {}'s allow.hosts",
+                by.lease_id
+            ),
         )),
     }
 }
 
 /// Builds the client's response for a refusal.
-pub fn response(refusal: &Refusal, method: &str, target: &str, lease_id: Option<&str>) -> Response<Body> {
+pub fn response(
+    refusal: &Refusal,
+    method: &str,
+    target: &str,
+    lease_id: Option<&str>,
+) -> Response<Body> {
     let lease = lease_id.unwrap_or("(none)");
     let detail: String = refusal
         .detail
@@ -190,15 +203,24 @@ pub fn response(refusal: &Refusal, method: &str, target: &str, lease_id: Option<
     let mut response = Response::new(super::full(Bytes::from(body)));
     *response.status_mut() = refusal.code.status();
     let headers = response.headers_mut();
-    headers.insert("x-leasegate-refusal", HeaderValue::from_static(refusal.code.as_str()));
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        "x-leasegate-refusal",
+        HeaderValue::from_static(refusal.code.as_str()),
+    );
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if refusal.code.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
         headers.insert(
             header::PROXY_AUTHENTICATE,
             HeaderValue::from_static("Basic realm=\"leasegate\""),
         );
     }
-    if matches!(refusal.code, Code::BadTarget | Code::NotAProxyRequest | Code::LeaseConflict) {
+    if matches!(
+        refusal.code,
+        Code::BadTarget | Code::NotAProxyRequest | Code::LeaseConflict
+    ) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response

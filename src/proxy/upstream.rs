@@ -33,30 +33,50 @@ impl Resolver {
     }
 
     /// Resolves `name` once, within `timeout`.
-    pub async fn resolve(&self, name: &str, port: u16, timeout: Duration) -> Result<Vec<SocketAddr>, Refusal> {
+    pub async fn resolve(
+        &self,
+        name: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<Vec<SocketAddr>, Refusal> {
         if let Some(ips) = self.overrides.get(name) {
             return Ok(ips.iter().map(|&ip| SocketAddr::new(ip, port)).collect());
         }
         if !self.system {
-            return Err(Refusal::new(Code::DnsFailed, format!("{name} does not resolve")));
+            return Err(Refusal::new(
+                Code::DnsFailed,
+                format!("{name} does not resolve"),
+            ));
         }
         match tokio::time::timeout(timeout, tokio::net::lookup_host((name, port))).await {
             Ok(Ok(addrs)) => {
                 let addrs: Vec<SocketAddr> = addrs.collect();
                 if addrs.is_empty() {
-                    Err(Refusal::new(Code::DnsFailed, format!("{name} has no addresses")))
+                    Err(Refusal::new(
+                        Code::DnsFailed,
+                        format!("{name} has no addresses"),
+                    ))
                 } else {
                     Ok(addrs)
                 }
             }
-            Ok(Err(e)) => Err(Refusal::new(Code::DnsFailed, format!("{name} does not resolve: {e}"))),
-            Err(_) => Err(Refusal::new(Code::DnsFailed, format!("resolving {name} timed out after {timeout:?}"))),
+            Ok(Err(e)) => Err(Refusal::new(
+                Code::DnsFailed,
+                format!("{name} does not resolve: {e}"),
+            )),
+            Err(_) => Err(Refusal::new(
+                Code::DnsFailed,
+                format!("resolving {name} timed out after {timeout:?}"),
+            )),
         }
     }
 }
 
 /// Connects to the first checked address that answers; each attempt has `timeout`.
-pub async fn dial(addrs: &[UpstreamAddr], timeout: Duration) -> Result<(TcpStream, UpstreamAddr), Refusal> {
+pub async fn dial(
+    addrs: &[UpstreamAddr],
+    timeout: Duration,
+) -> Result<(TcpStream, UpstreamAddr), Refusal> {
     let mut last = Refusal::new(Code::UpstreamUnreachable, "no address to dial");
     for &addr in addrs {
         match tokio::time::timeout(timeout, TcpStream::connect(addr.socket_addr())).await {
@@ -64,8 +84,18 @@ pub async fn dial(addrs: &[UpstreamAddr], timeout: Duration) -> Result<(TcpStrea
                 let _ = stream.set_nodelay(true);
                 return Ok((stream, addr));
             }
-            Ok(Err(e)) => last = Refusal::new(Code::UpstreamUnreachable, format!("connecting to {addr}: {e}")),
-            Err(_) => last = Refusal::new(Code::UpstreamTimeout, format!("connecting to {addr} timed out after {timeout:?}")),
+            Ok(Err(e)) => {
+                last = Refusal::new(
+                    Code::UpstreamUnreachable,
+                    format!("connecting to {addr}: {e}"),
+                )
+            }
+            Err(_) => {
+                last = Refusal::new(
+                    Code::UpstreamTimeout,
+                    format!("connecting to {addr} timed out after {timeout:?}"),
+                )
+            }
         }
     }
     Err(last)
@@ -76,10 +106,13 @@ const IDLE_PER_ADDR: usize = 32;
 /// How long an idle connection may wait for reuse.
 const IDLE_FOR: Duration = Duration::from_secs(60);
 
+/// A pooled connection and when it went idle.
+type Idle = (SendRequest<UpBody>, Instant);
+
 /// Idle HTTP/1.1 connections to upstreams, keyed by checked address.
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<HashMap<UpstreamAddr, Vec<(SendRequest<UpBody>, Instant)>>>,
+    idle: Mutex<HashMap<UpstreamAddr, Vec<Idle>>>,
 }
 
 impl Pool {

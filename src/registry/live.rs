@@ -39,9 +39,9 @@ impl Snapshot {
     /// Compiles the host lists of leases that have none yet.
     fn compile_new(&mut self) {
         for lease in self.ledger.leases() {
-            self.policies
-                .entry(lease.id.clone())
-                .or_insert_with(|| Arc::new(HostPolicy::compile(&lease.allow_hosts, &lease.deny_hosts)));
+            self.policies.entry(lease.id.clone()).or_insert_with(|| {
+                Arc::new(HostPolicy::compile(&lease.allow_hosts, &lease.deny_hosts))
+            });
         }
     }
 }
@@ -112,7 +112,12 @@ impl Registry {
     /// Appends a signed `revoked` record (`by: "issuer"`, under the lease's own key), publishes
     /// a snapshot that shows it, and cancels the lease's subtree. Returns `false` without
     /// writing if the lease is already revoked.
-    pub async fn revoke(&self, lease_id: &str, reason: &str, extra: Map<String, Value>) -> Result<bool, RevokeError> {
+    pub async fn revoke(
+        &self,
+        lease_id: &str,
+        reason: &str,
+        extra: Map<String, Value>,
+    ) -> Result<bool, RevokeError> {
         let _writer = self.writer.lock().await;
         let now = Timestamp::now();
         let snapshot = self.snapshot();

@@ -272,3 +272,145 @@ fn flags_read_environment_variables() {
         text.contains(r#""hosts":["a.example.com","b.example.com"]"#) && text.contains("from-env")
     );
 }
+
+#[test]
+fn check_explains_the_verdict_and_the_deciding_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let journal = dir.path().join("journal.jsonl");
+    assert!(run(&["keygen", "--out", s(&key)]).status.success());
+    let out = run(&[
+        "issue",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--allow-host",
+        "*.example.com",
+        "--deny-host",
+        "bad.example.com",
+    ]);
+    let parent = stdout(&out).lines().next().unwrap().to_owned();
+    let out = run(&[
+        "issue",
+        "--journal",
+        s(&journal),
+        "--key-file",
+        s(&key),
+        "--allow-host",
+        "*.example.com",
+        "--parent",
+        &parent,
+    ]);
+    let child = stdout(&out).lines().next().unwrap().to_owned();
+    let check = |target: &str| {
+        run(&[
+            "check",
+            "--journal",
+            s(&journal),
+            "--key-file",
+            s(&key),
+            "--lease",
+            &child,
+            target,
+        ])
+    };
+
+    let out = check("api.example.com:443");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).starts_with("allow\n"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(&format!("by *.example.com in lease {child}")),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = check("bad.example.com");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).starts_with("refuse host-denied 403"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!("denied by bad.example.com in lease {parent}")),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = check("example.com");
+    assert!(
+        stdout(&out).starts_with("refuse host-not-allowed 403"),
+        "{}",
+        stdout(&out)
+    );
+    let out = check("a@b.example.com");
+    assert!(
+        stdout(&out).starts_with("refuse bad-target 400"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn serve_dev_prints_a_working_export_line() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // An origin for the demo lease to reach, via --resolve and --allow-private.
+    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin_port = origin.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in origin.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\ndev");
+        }
+    });
+    let mut child = Command::new(bin())
+        .current_dir(dir.path())
+        .args([
+            "serve",
+            "--dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-host",
+            "origin.test",
+            "--resolve",
+            "origin.test=127.0.0.1",
+            "--allow-private",
+            "127.0.0.1/32",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let _banner = lines.next().unwrap().unwrap();
+    let export = lines.next().unwrap().unwrap();
+    let url = export
+        .strip_prefix("export HTTPS_PROXY=")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{export}"))
+        .to_owned();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-x",
+            &url,
+            &format!("http://origin.test:{origin_port}/"),
+        ])
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "dev",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join(".leasegate/dev.key").exists());
+    let journal = std::fs::read_to_string(dir.path().join(".leasegate/journal.jsonl")).unwrap();
+    assert!(journal.contains("\"event\":\"granted\""));
+}

@@ -3,4 +3,6 @@
 mod cli;
 mod conformance;
 mod fold;
+mod harness;
+mod proxy;
 mod support;
