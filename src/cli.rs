@@ -32,6 +32,28 @@ pub enum Command {
     Serve(ServeArgs),
     /// Explain the verdict for a lease and a target, without network I/O (unless --resolve).
     Check(CheckArgs),
+    /// Run an agent command pointed at its lease (proxy variables set, exit code passed through).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lease the agent runs under.
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: String,
+    /// The proxy to use with the lease id as credentials when the lease has no port of its own.
+    #[arg(long, env = "LEASEGATE_PROXY")]
+    pub proxy: Option<String>,
+    /// The admin API of the running proxy.
+    #[arg(
+        long,
+        env = "LEASEGATE_ADMIN_URL",
+        default_value = "http://127.0.0.1:3129"
+    )]
+    pub admin: String,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -103,6 +125,15 @@ pub struct ServeArgs {
     /// Time allowed for one name resolution.
     #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub dns_timeout: std::time::Duration,
+    /// Admin API address (`off` to disable).
+    #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
+    pub admin: String,
+    /// Give every open lease its own port from this range, e.g. 40000-40999.
+    #[arg(long, env = "LEASEGATE_LEASE_PORTS", value_parser = parse_port_range)]
+    pub lease_ports: Option<std::ops::RangeInclusive<u16>>,
+    /// Address the per-lease ports bind.
+    #[arg(long, env = "LEASEGATE_LEASE_PORT_BIND", default_value = "127.0.0.1")]
+    pub lease_port_bind: std::net::IpAddr,
     /// Time allowed for one upstream connect.
     #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: std::time::Duration,
@@ -223,4 +254,17 @@ pub struct LeasesArgs {
     /// JSON Lines instead of a table.
     #[arg(long, env = "LEASEGATE_JSON")]
     pub json: bool,
+}
+
+/// `A-B` with A <= B.
+fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (a, b) = text
+        .split_once('-')
+        .ok_or("expected A-B, e.g. 40000-40999")?;
+    let a: u16 = a.trim().parse().map_err(|e| format!("{a}: {e}"))?;
+    let b: u16 = b.trim().parse().map_err(|e| format!("{b}: {e}"))?;
+    if a == 0 || a > b {
+        return Err(format!("{text}: expected 1 <= A <= B"));
+    }
+    Ok(a..=b)
 }

@@ -4,7 +4,8 @@
 use crate::contract::Keyring;
 use crate::proxy::ProxyConfig;
 use crate::telemetry::egress::Destination;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 /// Everything `serve` needs.
@@ -17,4 +18,8 @@ pub struct ServeConfig {
     /// `None`: no egress log.
     pub egress: Option<Destination>,
     pub proxy: ProxyConfig,
+    /// The admin API listener; `None`: no admin API.
+    pub admin: Option<SocketAddr>,
+    /// Per-lease ports: the range and the address they bind.
+    pub lease_ports: Option<(RangeInclusive<u16>, IpAddr)>,
 }

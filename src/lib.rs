@@ -1,6 +1,7 @@
 //! leasegate: an egress HTTP proxy for AI-agent processes, governed by signed leases.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod config;
 pub mod contract;
 pub mod inspect;
@@ -8,5 +9,6 @@ pub mod issue;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
+pub mod run;
 pub mod server;
 pub mod telemetry;

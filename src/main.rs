@@ -14,6 +14,7 @@ use leasegate::policy::Guard;
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{Mode, OnRefusal, ProxyConfig};
 use leasegate::registry::{journal, Ledger};
+use leasegate::run;
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;
 use std::io::{Read, Write};
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
         Command::Leases(args) => leases(args),
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
+        Command::Run(args) => return run_agent(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -267,7 +269,7 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
             },
             guard: Guard {
                 allow_private: args.allow_private.clone(),
-                own: vec![],
+                ..Guard::default()
             },
             resolver: Resolver {
                 overrides: parse_resolve(&args.resolve)?,
@@ -278,6 +280,14 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
             dns_timeout: args.dns_timeout,
             connect_timeout: args.connect_timeout,
         },
+        admin: match args.admin.as_str() {
+            "off" => None,
+            addr => Some(addr.parse().with_context(|| format!("--admin {addr:?}"))?),
+        },
+        lease_ports: args
+            .lease_ports
+            .clone()
+            .map(|range| (range, args.lease_port_bind)),
     };
     let server = Server::start(config).await?;
     if let Some(lease) = dev_lease {
@@ -372,4 +382,30 @@ fn check(args: cli::CheckArgs) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// `run`: exit with the child's code (128+signal if killed); 125 if it could not start.
+fn run_agent(args: cli::RunArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("leasegate run: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    match runtime.block_on(run::run(
+        &args.lease,
+        args.proxy.as_deref(),
+        &args.admin,
+        &args.command,
+    )) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("leasegate run: {e}");
+            ExitCode::from(125)
+        }
+    }
 }

@@ -125,19 +125,27 @@ pub struct Guard {
     pub allow_private: Vec<IpNet>,
     /// Socket addresses leasegate listens on; never dialled.
     pub own: Vec<SocketAddr>,
+    /// Port ranges leasegate may listen on (per-lease ports) at an address; never dialled.
+    pub own_ranges: Vec<(IpAddr, std::ops::RangeInclusive<u16>)>,
 }
 
 impl Guard {
     /// Whether dialling `addr` would reach one of our own listeners.
     pub fn is_loop(&self, addr: SocketAddr) -> bool {
         let ip = embedded_ipv4(addr.ip()).map_or(addr.ip(), IpAddr::V4);
-        self.own.iter().any(|own| {
-            own.port() == addr.port()
-                && (own.ip() == ip
-                    // A wildcard listener answers on every local address we can name.
-                    || (own.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
-                    || (ip.is_unspecified() && own.ip().is_loopback()))
-        })
+        // A wildcard listener answers on every local address we can name.
+        let same_host = |own: IpAddr| {
+            own == ip
+                || (own.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+                || (ip.is_unspecified() && own.is_loopback())
+        };
+        self.own
+            .iter()
+            .any(|own| own.port() == addr.port() && same_host(own.ip()))
+            || self
+                .own_ranges
+                .iter()
+                .any(|(own, ports)| ports.contains(&addr.port()) && same_host(*own))
     }
 
     /// Sorts resolved addresses into dialable and blocked. With `enforce` false (report
@@ -244,6 +252,7 @@ mod tests {
         let guard = Guard {
             allow_private: vec!["10.9.0.0/16".parse().unwrap()],
             own: vec![addr("127.0.0.1:3128")],
+            own_ranges: vec![(ip("127.0.0.1"), 40000..=40010)],
         };
         let candidates = [
             addr("127.0.0.1:8080"),
@@ -265,15 +274,19 @@ mod tests {
 
         let everything = Guard {
             allow_private: vec!["0.0.0.0/0".parse().unwrap()],
-            own: guard.own.clone(),
+            ..guard.clone()
         };
-        for looping in ["127.0.0.1:3128", "[::ffff:127.0.0.1]:3128"] {
+        for looping in [
+            "127.0.0.1:3128",
+            "[::ffff:127.0.0.1]:3128",
+            "127.0.0.1:40005",
+        ] {
             let checked = everything.check(&[addr(looping)], Exception::Ip(ip("127.0.0.1")), false);
             assert!(checked.dialable.is_empty(), "{looping}");
         }
         let wildcard = Guard {
-            allow_private: vec![],
             own: vec![addr("0.0.0.0:3128")],
+            ..Guard::default()
         };
         assert!(wildcard.is_loop(addr("127.0.0.9:3128")));
         assert!(!wildcard.is_loop(addr("127.0.0.9:3129")));

@@ -11,6 +11,7 @@ pub mod connect;
 pub mod exchange;
 pub mod forward;
 pub mod identify;
+pub mod lease_ports;
 pub mod refusal;
 pub mod upstream;
 

@@ -1,13 +1,15 @@
 //! The live registry a running proxy reads: an immutable snapshot swapped atomically, the
-//! journal we append revocations to, and one cancellation token per open lease.
+//! journal it follows and appends to, and one cancellation token per lease with traffic.
 //!
 //! Invariant: readers never lock — a request loads the current snapshot and decides on it.
-//! Writers are serialised: a revocation is appended to the journal before the snapshot that
-//! shows it is published, and cancelling a lease's token cancels every descendant's
-//! (child tokens), which closes their tunnels and requests.
+//! Every journal line, ours included, is applied exactly once, by the tail: a revocation is
+//! appended and then read back under the same lock before its snapshot is published.
+//! Cancelling a lease's token cancels every descendant's (child tokens), which closes their
+//! tunnels, requests and connections.
 
 use super::journal;
 use super::ledger::{Ledger, Status};
+use super::tail::{Generation, JournalTail};
 use crate::contract::record::{self, Record, Revocation};
 use crate::contract::{Keyring, RecordError, Timestamp};
 use crate::policy::HostPolicy;
@@ -15,8 +17,14 @@ use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// How often the journal is polled (new lines apply within this, well under 250 ms).
+pub const POLL_EVERY: Duration = Duration::from_millis(50);
 
 /// One published state of the registry.
 #[derive(Debug, Clone)]
@@ -61,38 +69,54 @@ pub enum RevokeError {
 /// The registry of a running proxy.
 pub struct Registry {
     current: ArcSwap<Snapshot>,
-    /// Where revocations are appended; `None` keeps them in memory only.
-    journal: Option<PathBuf>,
+    /// The journal we follow and append to; `None` keeps revocations in memory only.
+    tail: tokio::sync::Mutex<Option<JournalTail>>,
     /// fsync every append.
     fsync: bool,
-    /// Serialises writers (our appends and, later, the tail).
-    writer: tokio::sync::Mutex<()>,
     /// Cancellation tokens of leases that have had traffic, keyed by lease id.
     tokens: Mutex<HashMap<String, CancellationToken>>,
+    /// When (ms since epoch) the next lease with a token reaches a lifetime boundary.
+    next_deadline: AtomicI64,
+    /// Bumped whenever what opens may have changed (new snapshot, a deadline passed).
+    changes: watch::Sender<u64>,
 }
 
 impl Registry {
-    pub fn new(ledger: Ledger, journal: Option<PathBuf>, fsync: bool) -> Registry {
+    /// A registry over an already folded ledger, without a journal.
+    pub fn in_memory(ledger: Ledger) -> Registry {
+        Registry::build(ledger, None, false)
+    }
+
+    fn build(ledger: Ledger, tail: Option<JournalTail>, fsync: bool) -> Registry {
         Registry {
             current: ArcSwap::from_pointee(Snapshot::new(ledger)),
-            journal,
+            tail: tokio::sync::Mutex::new(tail),
             fsync,
-            writer: tokio::sync::Mutex::new(()),
             tokens: Mutex::new(HashMap::new()),
+            next_deadline: AtomicI64::new(i64::MAX),
+            changes: watch::channel(0).0,
         }
     }
 
-    /// Reads and folds the journal file.
+    /// Follows the journal at `path`: reads what is there now (a partial last line waits).
     pub fn load(path: PathBuf, keyring: Keyring, fsync: bool) -> std::io::Result<Registry> {
-        let (ledger, problems) = journal::load(&path, Ledger::new(keyring))?;
-        if !problems.is_empty() {
-            tracing::warn!(skipped = problems.len(), journal = %path.display(), "journal lines skipped");
+        let mut tail = JournalTail::new(path);
+        let mut ledger = Ledger::new(keyring);
+        let (_, lines) = tail.read_new()?;
+        let skipped = apply_lines(&mut ledger, &lines);
+        if skipped > 0 {
+            tracing::warn!(skipped, journal = %tail.path().display(), "journal lines skipped");
         }
-        Ok(Registry::new(ledger, Some(path), fsync))
+        Ok(Registry::build(ledger, Some(tail), fsync))
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// Notified whenever what opens may have changed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// The token of a lease: cancelled when it or any ancestor closes. Checked against the
@@ -101,24 +125,59 @@ impl Registry {
     pub fn token(&self, lease_id: &str, now: Timestamp) -> CancellationToken {
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = self.snapshot();
-        if snapshot.ledger.check_chain(lease_id, now).is_err() {
+        let Ok(chain) = snapshot.ledger.check_chain(lease_id, now) else {
             let token = CancellationToken::new();
             token.cancel();
             return token;
-        }
+        };
+        let deadline = chain
+            .iter()
+            .map(|l| l.expires_at.as_millis())
+            .min()
+            .unwrap_or(i64::MAX);
+        self.next_deadline.fetch_min(deadline, Ordering::SeqCst);
         token_for(&mut tokens, &snapshot.ledger, lease_id, 0)
     }
 
-    /// Appends a signed `revoked` record (`by: "issuer"`, under the lease's own key), publishes
-    /// a snapshot that shows it, and cancels the lease's subtree. Returns `false` without
-    /// writing if the lease is already revoked.
+    /// Applies journal lines appended since the last read, publishes the result and closes
+    /// what no longer opens. Returns how many lines were read.
+    pub async fn refresh(&self) -> std::io::Result<usize> {
+        let mut tail = self.tail.lock().await;
+        self.refresh_locked(&mut tail)
+    }
+
+    fn refresh_locked(&self, tail: &mut Option<JournalTail>) -> std::io::Result<usize> {
+        let Some(tail) = tail.as_mut() else {
+            return Ok(0);
+        };
+        let (generation, lines) = tail.read_new()?;
+        if generation == Generation::Restarted && self.snapshot().ledger.stats().lines > 0 {
+            tracing::info!("journal restarted: applying the new file on top of the folded state");
+        }
+        if lines.is_empty() {
+            return Ok(0);
+        }
+        let mut next = (*self.snapshot()).clone();
+        let skipped = apply_lines(&mut next.ledger, &lines);
+        if skipped > 0 {
+            tracing::warn!(skipped, "journal lines skipped");
+        }
+        next.compile_new();
+        self.current.store(Arc::new(next));
+        self.close_where_not_open(Timestamp::now());
+        Ok(lines.len())
+    }
+
+    /// Appends a signed `revoked` record (`by: "issuer"`, under the lease's own key), reads it
+    /// back through the tail (so it applies once), and closes the lease's subtree. Returns
+    /// `false` without writing if the lease is already revoked.
     pub async fn revoke(
         &self,
         lease_id: &str,
         reason: &str,
         extra: Map<String, Value>,
     ) -> Result<bool, RevokeError> {
-        let _writer = self.writer.lock().await;
+        let mut tail = self.tail.lock().await;
         let now = Timestamp::now();
         let snapshot = self.snapshot();
         let lease = snapshot
@@ -144,33 +203,86 @@ impl Registry {
             key,
             now,
         )?;
-        if let Some(path) = &self.journal {
-            let path = path.clone();
-            let line = value.clone();
-            let fsync = self.fsync;
-            tokio::task::spawn_blocking(move || journal::append(&path, &line, fsync))
-                .await
-                .map_err(std::io::Error::other)??;
+        match tail.as_ref().map(|t| t.path().to_path_buf()) {
+            Some(path) => {
+                let fsync = self.fsync;
+                tokio::task::spawn_blocking(move || journal::append(&path, &value, fsync))
+                    .await
+                    .map_err(std::io::Error::other)??;
+                self.refresh_locked(&mut tail)?;
+            }
+            None => {
+                let mut next = (*snapshot).clone();
+                next.ledger.apply(Record::from_value(value)?).ok();
+                self.current.store(Arc::new(next));
+                self.close_where_not_open(now);
+            }
         }
-        let mut next = (*snapshot).clone();
-        next.ledger.apply(Record::from_value(value)?).ok();
-        self.current.store(Arc::new(next));
-        self.close_where_not_open(now);
         Ok(true)
     }
 
-    /// Cancels the tokens of every lease that opens nothing at `now`.
+    /// Cancels the tokens of every lease that opens nothing at `now`, and notes when the next
+    /// remaining one reaches its end.
     pub fn close_where_not_open(&self, now: Timestamp) {
         let snapshot = self.snapshot();
-        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        tokens.retain(|id, token| {
-            let open = snapshot.ledger.check_chain(id, now).is_ok();
-            if !open {
-                token.cancel();
-            }
-            open
-        });
+        let mut next_deadline = i64::MAX;
+        {
+            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            tokens.retain(|id, token| match snapshot.ledger.check_chain(id, now) {
+                Ok(chain) => {
+                    for lease in &chain {
+                        next_deadline = next_deadline.min(lease.expires_at.as_millis());
+                    }
+                    true
+                }
+                Err(_) => {
+                    token.cancel();
+                    false
+                }
+            });
+        }
+        self.next_deadline.store(next_deadline, Ordering::SeqCst);
+        self.changes.send_modify(|v| *v += 1);
     }
+
+    /// Follows the journal and lease lifetimes until `shutdown`: new lines apply within
+    /// [`POLL_EVERY`], and a lease reaching `expires_at` is closed by this timer, not by the
+    /// next request.
+    pub async fn follow(self: Arc<Registry>, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(POLL_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            match self.refresh().await {
+                Ok(0) => {
+                    let now = Timestamp::now();
+                    if now.as_millis() >= self.next_deadline.load(Ordering::SeqCst) {
+                        self.close_where_not_open(now);
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "reading the journal failed; retrying"),
+            }
+        }
+    }
+}
+
+/// Applies raw lines; returns how many were skipped.
+fn apply_lines(ledger: &mut Ledger, lines: &[Vec<u8>]) -> usize {
+    let mut skipped = 0;
+    for line in lines {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if let Err(error) = ledger.apply_line_bytes(line) {
+            tracing::warn!(%error, "journal line skipped");
+            skipped += 1;
+        }
+    }
+    skipped
 }
 
 fn token_for(

@@ -3,6 +3,7 @@
 pub mod journal;
 pub mod ledger;
 pub mod live;
+pub mod tail;
 
 pub use ledger::{Applied, ChainError, Closure, FoldStats, Ledger, LineError, Status};
 pub use live::{Registry, RevokeError, Snapshot};

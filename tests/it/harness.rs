@@ -290,13 +290,22 @@ impl Harness {
             resolver,
             guard: leasegate::policy::Guard {
                 allow_private: vec!["127.0.0.1/32".parse().unwrap()],
-                own: vec![],
+                ..Default::default()
             },
             ..ProxyConfig::default()
         }
     }
 
     pub async fn start(&self, config: ProxyConfig) -> Server {
+        self.start_with_ports(config, None).await
+    }
+
+    /// Starts the proxy (admin API on port 0), with per-lease ports if given.
+    pub async fn start_with_ports(
+        &self,
+        config: ProxyConfig,
+        ports: Option<std::ops::RangeInclusive<u16>>,
+    ) -> Server {
         let mut keyring = Keyring::new(false);
         keyring.insert(self.key.clone());
         Server::start(ServeConfig {
@@ -305,6 +314,8 @@ impl Harness {
             keyring,
             egress: Some(Destination::File(self.egress.clone())),
             proxy: config,
+            admin: Some("127.0.0.1:0".parse().unwrap()),
+            lease_ports: ports.map(|range| (range, "127.0.0.1".parse().unwrap())),
         })
         .await
         .unwrap()
@@ -467,4 +478,102 @@ pub fn status_of(response: &str) -> u16 {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+/// A range of ports for one test's per-lease listeners (disjoint across tests).
+pub fn port_range(len: u16) -> std::ops::RangeInclusive<u16> {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(42000);
+    let start = NEXT.fetch_add(len, Ordering::SeqCst);
+    start..=start + len - 1
+}
+
+/// `GET path` on the admin API: status and JSON body.
+pub async fn admin_get(server: &Server, path: &str) -> (u16, Value) {
+    let answer = raw(
+        server.admin_addr.unwrap(),
+        format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    (
+        status_of(&answer),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// Polls `f` every 10 ms until it returns `Some`, for at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = f().await {
+            return Some(value);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A CONNECT tunnel to `target` through `proxy`, answered 200, streaming `/slow` from an
+/// HTTP origin behind it. Returns the stream after the first tick arrived.
+pub async fn streaming_tunnel(proxy: SocketAddr, target: &str, lease: Option<&str>) -> TcpStream {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    let credentials = lease
+        .map(|l| format!("X-Lease-Id: {l}\r\n"))
+        .unwrap_or_default();
+    stream
+        .write_all(format!("CONNECT {target} HTTP/1.1\r\n{credentials}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "proxy closed: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    stream
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("tick") {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "tunnel closed before streaming");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    stream
+}
+
+/// Reads until the peer closes; returns how long that took (panics after `limit`).
+pub async fn until_closed(stream: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(
+            limit.saturating_sub(started.elapsed()),
+            stream.read(&mut buf),
+        )
+        .await
+        {
+            Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("the tunnel was still open after {limit:?}"),
+        }
+    }
 }

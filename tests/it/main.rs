@@ -4,5 +4,6 @@ mod cli;
 mod conformance;
 mod fold;
 mod harness;
+mod live;
 mod proxy;
 mod support;

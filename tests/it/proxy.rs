@@ -748,6 +748,8 @@ async fn config_self_loop(h: &Harness, _server: &leasegate::server::Server) {
         keyring,
         egress: None,
         proxy: config,
+        admin: None,
+        lease_ports: None,
     })
     .await
     .unwrap();

@@ -1,0 +1,124 @@
+//! Per-lease ports: every open lease gets its own listening port, so clients that cannot send
+//! credentials still belong to exactly one lease.
+//!
+//! Invariant: a port serves one lease at a time and closes when that lease opens nothing; the
+//! lowest free port is handed out, and a released port rests [`REUSE_AFTER`] before another
+//! lease may have it (a late client of the old lease never lands in a new one).
+
+use super::{serve, Proxy};
+use crate::contract::Timestamp;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How long a released port rests before it is handed to another lease.
+pub const REUSE_AFTER: Duration = Duration::from_secs(60);
+/// Reconciliation also runs this often, for leases that become valid with no journal change.
+const RECONCILE_EVERY: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+struct State {
+    /// Open leases and their port, with the token that stops its listener.
+    by_lease: HashMap<String, (u16, CancellationToken)>,
+    /// Released ports and when.
+    resting: HashMap<u16, Instant>,
+    /// Leases already warned about an exhausted range.
+    warned: HashSet<String>,
+}
+
+/// The per-lease port range and its assignments.
+pub struct LeasePorts {
+    pub range: RangeInclusive<u16>,
+    pub bind: IpAddr,
+    state: Mutex<State>,
+}
+
+impl LeasePorts {
+    pub fn new(range: RangeInclusive<u16>, bind: IpAddr) -> LeasePorts {
+        LeasePorts {
+            range,
+            bind,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The port of a lease, if it has one.
+    pub fn port_of(&self, lease_id: &str) -> Option<u16> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.by_lease.get(lease_id).map(|(port, _)| *port)
+    }
+
+    /// Keeps assignments in step with the registry until `shutdown`.
+    pub async fn run(self: Arc<LeasePorts>, proxy: Arc<Proxy>, shutdown: CancellationToken) {
+        let mut changes = proxy.registry.subscribe();
+        loop {
+            self.reconcile(&proxy, &shutdown);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(RECONCILE_EVERY) => {}
+            }
+        }
+    }
+
+    fn reconcile(&self, proxy: &Arc<Proxy>, shutdown: &CancellationToken) {
+        let snapshot = proxy.registry.snapshot();
+        let now = Timestamp::now();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let State {
+            by_lease,
+            resting,
+            warned,
+        } = &mut *state;
+        by_lease.retain(|lease_id, (port, stop)| {
+            let open = snapshot.ledger.check_chain(lease_id, now).is_ok();
+            if !open {
+                stop.cancel();
+                resting.insert(*port, Instant::now());
+                tracing::info!(lease = %lease_id, port = *port, "lease port closed");
+            }
+            open
+        });
+        resting.retain(|_, since| since.elapsed() < REUSE_AFTER);
+        for lease in snapshot.ledger.leases() {
+            if by_lease.contains_key(&lease.id)
+                || snapshot.ledger.check_chain(&lease.id, now).is_err()
+            {
+                continue;
+            }
+            let used: HashSet<u16> = by_lease.values().map(|(p, _)| *p).collect();
+            let bound = self
+                .range
+                .clone()
+                .filter(|p| !used.contains(p) && !resting.contains_key(p))
+                .find_map(|p| bind(SocketAddr::new(self.bind, p)).map(|l| (p, l)));
+            match bound {
+                Some((port, listener)) => {
+                    let stop = shutdown.child_token();
+                    tokio::spawn(serve(
+                        listener,
+                        proxy.clone(),
+                        Some(lease.id.clone()),
+                        stop.clone(),
+                    ));
+                    tracing::info!(lease = %lease.id, port, "lease port open");
+                    by_lease.insert(lease.id.clone(), (port, stop));
+                }
+                None => {
+                    if warned.insert(lease.id.clone()) {
+                        tracing::warn!(lease = %lease.id, range = ?self.range, "lease-port range exhausted: this lease is reachable by credentials only");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> Option<tokio::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr).ok()?;
+    listener.set_nonblocking(true).ok()?;
+    tokio::net::TcpListener::from_std(listener).ok()
+}

@@ -1,0 +1,178 @@
+//! `leasegate run`: spawn an agent already pointed at its lease.
+//!
+//! Invariant: the child starts only if the admin API says the lease opens now; it sees the
+//! proxy in every variable clients read (upper and lower case), no `NO_PROXY`, and its exit
+//! code (or 128+signal) becomes ours. SIGINT and SIGTERM reach the child.
+
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use std::process::Stdio;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("bad URL {0:?}: {1}")]
+    Url(String, String),
+    #[error("cannot reach the admin API at {url}: {reason} (is `leasegate serve` running?)")]
+    Admin { url: String, reason: String },
+    #[error("lease {0} is not known to the proxy")]
+    UnknownLease(String),
+    #[error("lease {lease} does not open anything now (status {status}); not starting {command}")]
+    NotOpen {
+        lease: String,
+        status: String,
+        command: String,
+    },
+    #[error("cannot start {0}: {1}")]
+    Spawn(String, std::io::Error),
+}
+
+/// Asks the admin API for `GET /leases/{id}`; `None` for 404.
+pub async fn lookup(admin: &str, lease: &str) -> Result<Option<Value>, RunError> {
+    let base =
+        url::Url::parse(admin).map_err(|e| RunError::Url(admin.to_owned(), e.to_string()))?;
+    let admin_error = |reason: String| RunError::Admin {
+        url: admin.to_owned(),
+        reason,
+    };
+    let host = base
+        .host_str()
+        .ok_or_else(|| admin_error("no host".into()))?
+        .to_owned();
+    let port = base.port_or_known_default().unwrap_or(80);
+    let stream =
+        tokio::net::TcpStream::connect((host.trim_matches(|c| c == '[' || c == ']'), port))
+            .await
+            .map_err(|e| admin_error(e.to_string()))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| admin_error(e.to_string()))?;
+    tokio::spawn(connection);
+    let request = http::Request::get(format!("/leases/{lease}"))
+        .header(http::header::HOST, format!("{host}:{port}"))
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| admin_error(e.to_string()))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| admin_error(e.to_string()))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| admin_error(e.to_string()))?
+        .to_bytes();
+    match status {
+        http::StatusCode::NOT_FOUND => Ok(None),
+        http::StatusCode::OK => serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| admin_error(format!("unreadable answer: {e}"))),
+        other => Err(admin_error(format!("answered {other}"))),
+    }
+}
+
+/// The proxy URL for a lease: its own port if it has one, else `proxy` (or the admin's
+/// credential URL) carrying the lease id as the password.
+pub fn proxy_url(view: &Value, lease: &str, proxy: Option<&str>) -> Result<String, RunError> {
+    let admin_url = view["proxy_url"].as_str().unwrap_or_default().to_owned();
+    if !view["port"].is_null() {
+        return Ok(admin_url);
+    }
+    let Some(proxy) = proxy else {
+        return Ok(admin_url);
+    };
+    let mut url =
+        url::Url::parse(proxy).map_err(|e| RunError::Url(proxy.to_owned(), e.to_string()))?;
+    url.set_username("agent")
+        .and_then(|()| url.set_password(Some(lease)))
+        .map_err(|()| RunError::Url(proxy.to_owned(), "cannot carry credentials".into()))?;
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// The environment changes that point a process at `proxy_url`.
+pub fn agent_env(proxy_url: &str, lease: &str) -> (Vec<(&'static str, String)>, [&'static str; 2]) {
+    let mut set = Vec::new();
+    for name in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        set.push((name, proxy_url.to_owned()));
+    }
+    set.push(("NODE_USE_ENV_PROXY", "1".to_owned()));
+    set.push(("LEASEGATE_LEASE_ID", lease.to_owned()));
+    (set, ["NO_PROXY", "no_proxy"])
+}
+
+/// Runs `command` under `lease`; returns the exit code to exit with.
+pub async fn run(
+    lease: &str,
+    proxy: Option<&str>,
+    admin: &str,
+    command: &[String],
+) -> Result<u8, RunError> {
+    let shown = command.join(" ");
+    let view = lookup(admin, lease)
+        .await?
+        .ok_or_else(|| RunError::UnknownLease(lease.to_owned()))?;
+    let status = view["status"].as_str().unwrap_or("unknown");
+    if status != "open" {
+        return Err(RunError::NotOpen {
+            lease: lease.to_owned(),
+            status: status.to_owned(),
+            command: shown,
+        });
+    }
+    let url = proxy_url(&view, lease, proxy)?;
+    let (set, unset) = agent_env(&url, lease);
+    let mut child = tokio::process::Command::new(&command[0]);
+    child
+        .args(&command[1..])
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    for (name, value) in set {
+        child.env(name, value);
+    }
+    for name in unset {
+        child.env_remove(name);
+    }
+    let mut child = child
+        .spawn()
+        .map_err(|e| RunError::Spawn(shown.clone(), e))?;
+    let pid = child.id().map(|id| nix::unistd::Pid::from_raw(id as i32));
+    let mut interrupt =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let status = loop {
+        let forward = tokio::select! {
+            status = child.wait() => break status,
+            _ = recv(&mut interrupt) => nix::sys::signal::Signal::SIGINT,
+            _ = recv(&mut terminate) => nix::sys::signal::Signal::SIGTERM,
+        };
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::kill(pid, forward);
+        }
+    };
+    let status = status.map_err(|e| RunError::Spawn(shown, e))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => (128 + signal) as u8,
+        _ => 1,
+    })
+}
+
+async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,374 @@
+//! Live leases: journal tailing, teardown on revocation and expiry, per-lease ports, `run`.
+
+use crate::harness::{
+    admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, streaming_tunnel,
+    until_closed, Harness,
+};
+use crate::support::bin;
+use leasegate::contract::Timestamp;
+use std::time::{Duration, Instant};
+
+fn leasegate(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "issue",
+        "--journal",
+        h.journal.to_str().unwrap(),
+        "--key-file",
+        h.key_path.to_str().unwrap(),
+        "--allow-host",
+        allow,
+    ];
+    args.extend_from_slice(extra);
+    let out = leasegate(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+fn revoke_cli(h: &Harness, lease: &str) {
+    let out = leasegate(&[
+        "revoke",
+        "--journal",
+        h.journal.to_str().unwrap(),
+        "--key-file",
+        h.key_path.to_str().unwrap(),
+        "--lease",
+        lease,
+        "--reason",
+        "operator revoked",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_issued_while_running_opens_within_the_poll_interval() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    let lease = issue_cli(&h, "origin.test", &[]);
+    let issued = Instant::now();
+    let works = eventually(Duration::from_secs(5), || async {
+        (curl(&["-x", &proxy_url(&server, &lease), &url], &[])
+            .await
+            .status
+            == 200)
+            .then_some(())
+    })
+    .await;
+    assert!(works.is_some(), "the new lease never opened");
+    // Polled every 50 ms; the bound is loose because curl itself is a process start per try.
+    assert!(
+        issued.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        issued.elapsed()
+    );
+    let (status, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(view["status"], "open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_from_another_process_closes_a_streaming_tunnel() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let mut tunnel = streaming_tunnel(server.addr, &target, Some(&lease)).await;
+    revoke_cli(&h, &lease);
+    let closed_after = until_closed(&mut tunnel, Duration::from_secs(5)).await;
+    assert!(
+        closed_after < Duration::from_secs(1),
+        "closed after {closed_after:?}"
+    );
+    let line = h.egress_line(1).await;
+    assert_eq!(line["kind"], "connect");
+    assert!(
+        line["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no longer opens"),
+        "{line}"
+    );
+    assert!(line["bytes_down"].as_u64().unwrap() > 0);
+    let answer = raw(
+        server.addr,
+        format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(
+        answer.contains("x-leasegate-refusal: lease-revoked"),
+        "{answer}"
+    );
+    let revocations = h.revocations();
+    assert_eq!(revocations.len(), 1, "the proxy wrote nothing of its own");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_closes_an_open_tunnel_without_another_request() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease_with(
+        &["origin.test"],
+        &[],
+        None,
+        Timestamp::now(),
+        Duration::from_secs(2),
+    );
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let opened = Instant::now();
+    let mut tunnel = streaming_tunnel(
+        server.addr,
+        &format!("origin.test:{}", origin.addr.port()),
+        Some(&lease),
+    )
+    .await;
+    until_closed(&mut tunnel, Duration::from_secs(6)).await;
+    let lived = opened.elapsed();
+    assert!(
+        lived > Duration::from_millis(1500) && lived < Duration::from_millis(3000),
+        "closed after {lived:?}"
+    );
+    let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["status"], "expired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_parent_closes_a_childs_tunnel_and_keep_alive_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let parent = h.lease(&["*.test"], &[]);
+    let child = h.lease_with(
+        &["origin.test"],
+        &[],
+        Some(&parent),
+        Timestamp::now(),
+        Duration::from_secs(600),
+    );
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let port = origin.addr.port();
+    let mut tunnel =
+        streaming_tunnel(server.addr, &format!("origin.test:{port}"), Some(&child)).await;
+    // An idle keep-alive connection of the child, after one forwarded request.
+    let mut keep_alive = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    keep_alive
+        .write_all(format!("GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {child}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = keep_alive.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    revoke_cli(&h, &parent);
+    assert!(until_closed(&mut tunnel, Duration::from_secs(5)).await < Duration::from_secs(1));
+    assert!(until_closed(&mut keep_alive, Duration::from_secs(5)).await < Duration::from_secs(1));
+    let (_, view) = admin_get(&server, &format!("/leases/{child}")).await;
+    assert_eq!(view["status"], "ancestor-closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_journal_is_read_from_its_start() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let old = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    std::fs::rename(&h.journal, h.dir.path().join("journal.jsonl.1")).unwrap();
+    let new = issue_cli(&h, "origin.test", &[]);
+    let opened = eventually(Duration::from_secs(5), || async {
+        (curl(&["-x", &proxy_url(&server, &new), &url], &[])
+            .await
+            .status
+            == 200)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        opened.is_some(),
+        "a lease in the new journal file never opened"
+    );
+    assert_eq!(
+        curl(&["-x", &proxy_url(&server, &old), &url], &[])
+            .await
+            .status,
+        200,
+        "earlier state is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let other = h.lease(&["origin.test"], &[]);
+    let range = port_range(8);
+    let server = h
+        .start_with_ports(
+            h.config(&[("origin.test", "127.0.0.1")]),
+            Some(range.clone()),
+        )
+        .await;
+    let port_of = |id: String| {
+        let server = &server;
+        async move {
+            let (_, view) = admin_get(server, &format!("/leases/{id}")).await;
+            view["port"].as_u64().map(|p| p as u16)
+        }
+    };
+    let port = eventually(Duration::from_secs(5), || port_of(lease.clone()))
+        .await
+        .expect("a port");
+    assert!(range.contains(&port));
+    let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["proxy_url"], format!("http://127.0.0.1:{port}"));
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    let plain = format!("http://127.0.0.1:{port}");
+    let out = curl(&["-x", &plain, &url], &[]).await;
+    assert_eq!(out.status, 200, "{out:?}");
+    assert_eq!(h.egress_line(1).await["lease_id"], lease.as_str());
+    let out = curl(
+        &[
+            "-x",
+            &format!("http://agent:{other}@127.0.0.1:{port}"),
+            &url,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(
+        out.header("x-leasegate-refusal").as_deref(),
+        Some("lease-conflict")
+    );
+
+    revoke_cli(&h, &lease);
+    let closed = eventually(Duration::from_secs(2), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(closed.is_some(), "the lease's port stayed open");
+    // A lease issued now gets another port: a freed one rests for 60 s.
+    let newer = issue_cli(&h, "origin.test", &[]);
+    let new_port = eventually(Duration::from_secs(5), || port_of(newer.clone()))
+        .await
+        .expect("a port");
+    assert_ne!(new_port, port);
+    let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["port"], serde_json::Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_lookups_answer_json() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[])).await;
+    assert_eq!(
+        admin_get(&server, "/healthz").await,
+        (200, serde_json::json!({"status": "ok"}))
+    );
+    assert_eq!(
+        admin_get(&server, "/readyz").await,
+        (200, serde_json::json!({"ready": true}))
+    );
+    let (status, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(view["lease_id"], lease.as_str());
+    assert_eq!(view["status"], "open");
+    assert_eq!(view["port"], serde_json::Value::Null);
+    assert_eq!(
+        view["proxy_url"],
+        format!("http://agent:{lease}@{}", server.addr)
+    );
+    assert!(view["expires_at"].as_str().unwrap().ends_with('Z'));
+    let (status, body) = admin_get(&server, "/leases/00000000-0000-4000-8000-000000000000").await;
+    assert_eq!(status, 404);
+    assert!(body["error"].as_str().unwrap().contains("no lease"));
+    let (status, body) = admin_get(&server, "/nope").await;
+    assert_eq!(status, 404);
+    assert!(body["error"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &["denied.test"]);
+    let server = h
+        .start(h.config(&[("origin.test", "127.0.0.1"), ("denied.test", "127.0.0.1")]))
+        .await;
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let port = origin.addr.port();
+    let run = |args: Vec<String>| {
+        let admin = admin.clone();
+        let lease = lease.clone();
+        async move {
+            tokio::process::Command::new(bin())
+                .args(["run", "--lease", &lease, "--admin", &admin, "--"])
+                .args(args)
+                .env("NO_PROXY", "*")
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let out = run(vec![
+        "curl".into(),
+        "-sf".into(),
+        format!("http://origin.test:{port}/"),
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from origin\n");
+    let out = run(vec!["sh".into(), "-c".into(), "echo $HTTPS_PROXY $all_proxy $NODE_USE_ENV_PROXY $LEASEGATE_LEASE_ID ${NO_PROXY:-unset}; exit 7".into()]).await;
+    assert_eq!(out.status.code(), Some(7));
+    let expected = format!("http://agent:{lease}@{}", server.addr);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{expected} {expected} 1 {lease} unset")
+    );
+    let out = run(vec!["sh".into(), "-c".into(), "kill -TERM $$".into()]).await;
+    assert_eq!(out.status.code(), Some(128 + 15));
+    let out = run(vec![
+        "curl".into(),
+        "-sf".into(),
+        format!("http://denied.test:{port}/"),
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(22),
+        "curl's exit code for the 403 passes through"
+    );
+    // The denial revoked the lease: run now refuses to start anything.
+    let out = run(vec!["true".into()]).await;
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not open anything now"));
+}
