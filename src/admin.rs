@@ -1,14 +1,23 @@
-//! The admin API: health, readiness and lease lookups (what `leasegate run` asks).
+//! The admin API: health, readiness, metrics, leases with their counters, revocation and
+//! recent refusals.
 //!
-//! Invariant: read-only views of the registry; every answer is JSON, errors included.
+//! Invariant: with a token configured, nothing but `/healthz` answers without it; every answer
+//! but `/metrics` is JSON, errors included.
 
-use crate::contract::Timestamp;
+use crate::contract::{Event, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
+use crate::registry::{RevokeError, Status};
+use crate::telemetry::egress::LoggedVerdict;
+use crate::telemetry::metrics::{self, RegistryFigures};
+use crate::telemetry::refusals;
 use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::Map;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,7 +31,9 @@ pub struct AdminState {
     pub ports: Option<Arc<LeasePorts>>,
     /// The shared proxy listener, for credential proxy URLs.
     pub proxy_addr: SocketAddr,
-    /// Set once the journal is loaded and every listener is bound.
+    /// Bearer token for every route but `/healthz`.
+    pub token: Option<String>,
+    /// Set once the journal is loaded and every listener is bound; cleared by a drain.
     pub ready: AtomicBool,
 }
 
@@ -43,7 +54,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(route(&state, req)) }
+                async move { Ok::<_, std::convert::Infallible>(route(state, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -68,10 +79,52 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     json_response(status, json!({"error": message.into()}))
 }
 
-fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path().trim_end_matches('/');
+/// Whether the request carries the admin token (compared in constant time).
+fn is_authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(token) = &state.token else {
+        return true;
+    };
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| bool::from(given.trim().as_bytes().ct_eq(token.as_bytes())))
+}
+
+/// A lease id in the contract's form (lower-case UUID).
+fn is_lease_id(text: &str) -> bool {
+    text.len() == 36
+        && text.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
+async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().trim_end_matches('/').to_owned();
     let segments: Vec<&str> = path.split('/').skip(1).collect();
-    match (req.method(), segments.as_slice()) {
+    if segments != ["healthz"] && !is_authorized(&state, &req) {
+        let mut response = error(
+            StatusCode::UNAUTHORIZED,
+            "this route needs Authorization: Bearer <admin token>",
+        );
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return response;
+    }
+    if let ["leases", id, ..] = segments.as_slice() {
+        if !is_lease_id(id) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("{id:?} is not a lease id (a lower-case UUID)"),
+            );
+        }
+    }
+    let method = req.method().clone();
+    match (&method, segments.as_slice()) {
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => {
             if state.ready.load(Ordering::SeqCst) {
@@ -80,16 +133,132 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
                 json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"ready": false}))
             }
         }
-        (&Method::GET, ["leases", id]) => lease(state, id),
-        (_, ["healthz" | "readyz"] | ["leases", _]) => {
-            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        (&Method::GET, ["metrics"]) => metrics(&state),
+        (&Method::GET, ["leases"]) => {
+            let now = Timestamp::now();
+            let snapshot = state.proxy.registry.snapshot();
+            let leases: Vec<Value> = snapshot
+                .ledger
+                .leases()
+                .filter_map(|l| lease_view(&state, &l.id, now, 0))
+                .collect();
+            json_response(StatusCode::OK, json!({ "leases": leases }))
         }
+        (&Method::GET, ["leases", id]) => match lease_view(&state, id, Timestamp::now(), TOP_HOSTS)
+        {
+            Some(view) => json_response(StatusCode::OK, view),
+            None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
+        },
+        (&Method::POST, ["leases", id, "revoke"]) => {
+            let id = id.to_string();
+            revoke(&state, &id, req).await
+        }
+        (&Method::GET, ["refusals"]) => {
+            let limit = req
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("limit=")))
+                .map(|n| n.parse::<usize>());
+            match limit {
+                Some(Err(_)) => error(StatusCode::BAD_REQUEST, "limit must be a number"),
+                Some(Ok(n)) => refusals(&state, n),
+                None => refusals(&state, 50),
+            }
+        }
+        (
+            _,
+            ["healthz" | "readyz" | "metrics" | "leases" | "refusals"]
+            | ["leases", _]
+            | ["leases", _, "revoke"],
+        ) => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on {path}"),
+        ),
         _ => error(StatusCode::NOT_FOUND, format!("no route {path}")),
     }
 }
 
-/// One lease as the admin API shows it.
-pub fn lease_view(state: &AdminState, id: &str, now: Timestamp) -> Option<Value> {
+/// Hosts listed per lease in `GET /leases/{id}`.
+const TOP_HOSTS: usize = 50;
+
+fn metrics(state: &AdminState) -> Response<Body> {
+    let now = Timestamp::now();
+    let snapshot = state.proxy.registry.snapshot();
+    let ledger = &snapshot.ledger;
+    let telemetry = &state.proxy.telemetry;
+    telemetry
+        .metrics
+        .prune(|id| ledger.check_chain(id, now).is_ok());
+    let mut by_status: HashMap<&'static str, u64> =
+        Status::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+    for lease in ledger.leases() {
+        if let Some(status) = ledger.status(&lease.id, now) {
+            *by_status.entry(status.as_str()).or_default() += 1;
+        }
+    }
+    let mut leases_by_status: Vec<(&'static str, u64)> = by_status.into_iter().collect();
+    leases_by_status.sort();
+    let stats = ledger.stats();
+    let figures = RegistryFigures {
+        leases_by_status,
+        journal_lines: Event::ALL
+            .iter()
+            .map(|e| (e.as_str(), stats.events[*e as usize]))
+            .collect(),
+        journal_invalid_lines: stats.invalid_lines,
+        egress_dropped: telemetry.egress.dropped(),
+    };
+    let mut response = Response::new(full(metrics::render(&telemetry.metrics, figures)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
+    let recent = state
+        .proxy
+        .telemetry
+        .refusals
+        .recent(limit.min(refusals::CAPACITY));
+    json_response(StatusCode::OK, json!({ "refusals": recent }))
+}
+
+async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Response<Body> {
+    let body = match http_body_util::Limited::new(req.into_body(), 16 * 1024)
+        .collect()
+        .await
+    {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("unreadable body: {e}")),
+    };
+    let reason = if body.is_empty() {
+        None
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(value) => value
+                .get("reason")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
+        }
+    };
+    let Some(reason) = reason.filter(|r| !r.trim().is_empty()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "body must be {\"reason\": \"...\"}",
+        );
+    };
+    match state.proxy.registry.revoke(id, &reason, Map::new()).await {
+        Ok(revoked) => json_response(StatusCode::OK, json!({"lease_id": id, "revoked": revoked})),
+        Err(RevokeError::Unknown(_)) => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// One lease as the admin API shows it, with its counters (and its top hosts if `top` > 0).
+pub fn lease_view(state: &AdminState, id: &str, now: Timestamp, top: usize) -> Option<Value> {
     let snapshot = state.proxy.registry.snapshot();
     let lease = snapshot.ledger.lease(id)?;
     let port = state.ports.as_ref().and_then(|p| p.port_of(id));
@@ -97,7 +266,16 @@ pub fn lease_view(state: &AdminState, id: &str, now: Timestamp) -> Option<Value>
         (Some(port), Some(ports)) => format!("http://{}", SocketAddr::new(ports.bind, port)),
         _ => format!("http://agent:{id}@{}", state.proxy_addr),
     };
-    Some(json!({
+    let counters = state.proxy.telemetry.metrics.lease(id).unwrap_or_default();
+    let count = |verdict: LoggedVerdict| -> u64 {
+        counters
+            .requests
+            .iter()
+            .filter(|((_, v, _), _)| *v == verdict)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let mut view = json!({
         "lease_id": lease.id,
         "parent_lease_id": lease.parent,
         "agent": lease.agent_name,
@@ -108,12 +286,23 @@ pub fn lease_view(state: &AdminState, id: &str, now: Timestamp) -> Option<Value>
         "deny_hosts": lease.deny_hosts,
         "port": port,
         "proxy_url": proxy_url,
-    }))
-}
-
-fn lease(state: &AdminState, id: &str) -> Response<Body> {
-    match lease_view(state, id, Timestamp::now()) {
-        Some(view) => json_response(StatusCode::OK, view),
-        None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
+        "counters": {
+            "requests": counters.total_requests(),
+            "allowed": count(LoggedVerdict::Allow),
+            "refused": count(LoggedVerdict::Refuse),
+            "reported": count(LoggedVerdict::Report),
+            "bytes_up": counters.bytes_up,
+            "bytes_down": counters.bytes_down,
+            "open_tunnels": counters.open_tunnels,
+            "open_connections": counters.open_connections,
+        },
+    });
+    if top > 0 {
+        view["top_hosts"] = counters
+            .top_hosts(top)
+            .into_iter()
+            .map(|(host, c)| json!({"host": host, "requests": c.requests, "bytes_up": c.bytes_up, "bytes_down": c.bytes_down}))
+            .collect();
     }
+    Some(view)
 }

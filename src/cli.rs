@@ -12,8 +12,23 @@ use std::path::PathBuf;
     about = "An egress HTTP proxy for AI agents, governed by signed leases"
 )]
 pub struct Cli {
+    /// Log lines as text or JSON (filter with RUST_LOG, e.g. RUST_LOG=leasegate=debug).
+    #[arg(
+        long,
+        global = true,
+        env = "LEASEGATE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -29,7 +44,7 @@ pub enum Command {
     /// Print the folded status of every lease in a journal.
     Leases(LeasesArgs),
     /// Run the proxy.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Explain the verdict for a lease and a target, without network I/O (unless --resolve).
     Check(CheckArgs),
     /// Run an agent command pointed at its lease (proxy variables set, exit code passed through).
@@ -134,6 +149,31 @@ pub struct ServeArgs {
     /// Address the per-lease ports bind.
     #[arg(long, env = "LEASEGATE_LEASE_PORT_BIND", default_value = "127.0.0.1")]
     pub lease_port_bind: std::net::IpAddr,
+    /// Close a tunnel after this long without a byte either way.
+    #[arg(long, env = "LEASEGATE_TUNNEL_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub tunnel_idle_timeout: std::time::Duration,
+    /// Client connections open at once, in total (beyond: 429 too-many-connections).
+    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Client connections open at once per lease.
+    #[arg(
+        long,
+        env = "LEASEGATE_MAX_CONNECTIONS_PER_LEASE",
+        default_value_t = 1_000
+    )]
+    pub max_connections_per_lease: usize,
+    /// On SIGTERM/SIGINT, how long requests and tunnels may finish before they are closed.
+    #[arg(long, env = "LEASEGATE_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: std::time::Duration,
+    /// Serve the proxy over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "LEASEGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS listener's private key (PEM).
+    #[arg(long, env = "LEASEGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A file holding the bearer token every admin route but /healthz requires.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Time allowed for one upstream connect.
     #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: std::time::Duration,

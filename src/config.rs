@@ -22,4 +22,10 @@ pub struct ServeConfig {
     pub admin: Option<SocketAddr>,
     /// Per-lease ports: the range and the address they bind.
     pub lease_ports: Option<(RangeInclusive<u16>, IpAddr)>,
+    /// Certificate chain and key (PEM) for a TLS proxy listener.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Bearer token every admin route but `/healthz` requires.
+    pub admin_token: Option<String>,
+    /// How long a drain waits for requests and tunnels before closing them.
+    pub drain_timeout: std::time::Duration,
 }

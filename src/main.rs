@@ -22,7 +22,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
     let outcome = match cli.command {
         Command::Keygen(args) => keygen(args),
         Command::Issue(args) => issue_lease(args),
@@ -42,13 +42,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+/// Logs go to stderr; RUST_LOG filters (default: info for `serve`, warn otherwise).
+fn init_logging(format: cli::LogFormat, serving: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if serving { "info" } else { "warn" })
+    });
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        cli::LogFormat::Text => builder.init(),
+        cli::LogFormat::Json => builder.json().init(),
+    }
 }
 
 fn keygen(args: cli::KeygenArgs) -> Result<()> {
@@ -196,11 +201,11 @@ fn leases(args: cli::LeasesArgs) -> Result<()> {
 /// The ./.leasegate/ files of `serve --dev`.
 const DEV_DIR: &str = ".leasegate";
 
-fn serve(args: cli::ServeArgs) -> Result<()> {
+fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve_async(args))
+    runtime.block_on(serve_async(*args))
 }
 
 async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
@@ -276,6 +281,9 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
                 system: true,
             },
             header_read_timeout: args.header_read_timeout,
+            tunnel_idle_timeout: args.tunnel_idle_timeout,
+            max_connections: args.max_connections,
+            max_connections_per_lease: args.max_connections_per_lease,
             max_header_bytes: args.max_header_bytes,
             dns_timeout: args.dns_timeout,
             connect_timeout: args.connect_timeout,
@@ -288,12 +296,27 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
             .lease_ports
             .clone()
             .map(|range| (range, args.lease_port_bind)),
+        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        admin_token: match &args.admin_token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            )
+            .filter(|t| !t.is_empty()),
+            None => None,
+        },
+        drain_timeout: args.drain_timeout,
     };
     let server = Server::start(config).await?;
     if let Some(lease) = dev_lease {
         let url = format!("http://agent:{lease}@{}", server.addr);
         println!("leasegate (dev) on {} with demo lease {lease}", server.addr);
         println!("export HTTPS_PROXY={url} HTTP_PROXY={url}");
+    } else if args.egress_log.as_deref() == Some("-") {
+        // stdout carries the egress log's JSON lines: keep it pure.
+        eprintln!("leasegate listening on {}", server.addr);
     } else {
         println!("leasegate listening on {}", server.addr);
     }

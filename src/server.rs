@@ -1,22 +1,22 @@
-//! Starting and stopping a proxy: load the journal, bind every listener, follow the journal,
-//! keep per-lease ports in step, serve until shut down.
+//! Starting, draining and stopping a proxy: load the journal, bind every listener, follow the
+//! journal, keep per-lease ports in step, serve until told to stop.
 //!
 //! Invariant: the guard knows every address we listen on (proxy, admin, the per-lease range)
 //! before the first connection is accepted, so no request can be routed back into leasegate;
-//! `/readyz` turns 200 only once the journal is loaded and every listener is bound.
+//! `/readyz` is 200 only between "journal loaded and every listener bound" and the start of a
+//! drain.
 
 use crate::admin::{self, AdminState};
 use crate::config::ServeConfig;
 use crate::proxy::lease_ports::LeasePorts;
-use crate::proxy::upstream::Pool;
 use crate::proxy::{self, Proxy};
 use crate::registry::Registry;
-use crate::telemetry::EgressLog;
+use crate::telemetry::{EgressLog, Telemetry};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,8 @@ pub enum StartError {
     },
     #[error("opening the egress log: {0}")]
     Egress(std::io::Error),
+    #[error("TLS listener: {0}")]
+    Tls(String),
 }
 
 /// A running proxy.
@@ -43,8 +45,12 @@ pub struct Server {
     pub admin_addr: Option<SocketAddr>,
     pub proxy: Arc<Proxy>,
     pub ports: Option<Arc<LeasePorts>>,
-    shutdown: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
+    admin: Option<Arc<AdminState>>,
+    drain_timeout: Duration,
+    /// Stops accepting (proxy and lease ports) and starts graceful connection shutdown.
+    accepting: CancellationToken,
+    /// Stops the journal follower, the port manager and the admin API.
+    background: CancellationToken,
 }
 
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -57,6 +63,33 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError>
     Ok((listener, bound))
 }
 
+/// A rustls acceptor from PEM files (HTTP/1.1 only).
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tokio_rustls::TlsAcceptor, StartError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let read_error = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
+        StartError::Tls(format!("{what} {}: {e}", path.display()))
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| read_error("certificate", cert, &e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| read_error("certificate", cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| read_error("key", key, &e))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| StartError::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| StartError::Tls(e.to_string()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
 impl Server {
     /// Loads the journal, binds the listeners and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
@@ -65,6 +98,10 @@ impl Server {
                 path: config.journal.display().to_string(),
                 source,
             })?;
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(tls_acceptor(cert, key)?),
+            None => None,
+        };
         let (listener, addr) = bind(config.listen).await?;
         let admin = match config.admin {
             Some(admin) => Some(bind(admin).await?),
@@ -86,56 +123,86 @@ impl Server {
             proxy_config.guard.own_ranges.push((*ip, range.clone()));
         }
         let registry = Arc::new(registry);
-        let proxy = Arc::new(Proxy {
-            config: proxy_config,
-            registry: registry.clone(),
-            egress,
-            pool: Arc::new(Pool::default()),
-        });
-        let shutdown = CancellationToken::new();
-        tokio::spawn(registry.follow(shutdown.clone()));
+        let mut proxy = Proxy::new(
+            proxy_config,
+            registry.clone(),
+            Arc::new(Telemetry::new(egress)),
+        );
+        proxy.tls = tls;
+        let proxy = Arc::new(proxy);
+        let accepting = CancellationToken::new();
+        let background = CancellationToken::new();
+        tokio::spawn(registry.follow(background.clone()));
         let ports = config
             .lease_ports
             .map(|(range, ip)| Arc::new(LeasePorts::new(range, ip)));
         if let Some(ports) = &ports {
-            tokio::spawn(ports.clone().run(proxy.clone(), shutdown.clone()));
+            tokio::spawn(ports.clone().run(proxy.clone(), accepting.clone()));
         }
-        let task = tokio::spawn(proxy::serve(
+        tokio::spawn(proxy::serve(
             listener,
             proxy.clone(),
             None,
-            shutdown.clone(),
+            accepting.clone(),
         ));
         let admin_addr = admin.as_ref().map(|(_, a)| *a);
-        if let Some((admin_listener, admin_addr)) = admin {
-            let state = Arc::new(AdminState {
-                proxy: proxy.clone(),
-                ports: ports.clone(),
-                proxy_addr: addr,
-                ready: Default::default(),
-            });
-            tokio::spawn(admin::serve(
-                admin_listener,
-                state.clone(),
-                shutdown.clone(),
-            ));
-            state.ready.store(true, Ordering::SeqCst);
-            tracing::info!(%admin_addr, "admin API listening");
+        let admin = match admin {
+            Some((admin_listener, admin_addr)) => {
+                let state = Arc::new(AdminState {
+                    proxy: proxy.clone(),
+                    ports: ports.clone(),
+                    proxy_addr: addr,
+                    token: config.admin_token,
+                    ready: Default::default(),
+                });
+                tokio::spawn(admin::serve(
+                    admin_listener,
+                    state.clone(),
+                    background.clone(),
+                ));
+                tracing::info!(%admin_addr, "admin API listening");
+                Some(state)
+            }
+            None => None,
+        };
+        if let Some(admin) = &admin {
+            admin.ready.store(true, Ordering::SeqCst);
         }
-        tracing::info!(%addr, "leasegate proxy listening");
+        tracing::info!(%addr, tls = proxy.tls.is_some(), "leasegate proxy listening");
         Ok(Server {
             addr,
             admin_addr,
             proxy,
             ports,
-            shutdown,
-            task,
+            admin,
+            drain_timeout: config.drain_timeout,
+            accepting,
+            background,
         })
     }
 
-    /// Stops accepting and waits for the accept loop to end.
+    /// Graceful drain: stop accepting, `/readyz` turns 503, requests in flight and tunnels get
+    /// up to the drain timeout, then whatever is left is closed.
     pub async fn shutdown(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
+        if let Some(admin) = &self.admin {
+            admin.ready.store(false, Ordering::SeqCst);
+        }
+        self.accepting.cancel();
+        self.proxy.tasks.close();
+        let open = self.proxy.tasks.len();
+        tracing::info!(open, timeout = ?self.drain_timeout, "draining");
+        if tokio::time::timeout(self.drain_timeout, self.proxy.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = self.proxy.tasks.len(),
+                "drain timed out: closing what is left"
+            );
+            self.proxy.hard_stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(2), self.proxy.tasks.wait()).await;
+        }
+        self.background.cancel();
+        tracing::info!("stopped");
     }
 }

@@ -30,7 +30,7 @@ pub enum LeaseError {
 }
 
 /// A loaded lease: the facts leasegate acts on, and the JSON they came from.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Lease {
     pub id: String,
     pub parent: Option<String>,
@@ -42,6 +42,22 @@ pub struct Lease {
     pub key_fingerprint: String,
     /// The lease exactly as parsed, signature included.
     pub value: Value,
+}
+
+/// Never shows the signed JSON (and so never the signature) in logs.
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.id)
+            .field("parent", &self.parent)
+            .field("issued_at", &self.issued_at)
+            .field("expires_at", &self.expires_at)
+            .field("agent_name", &self.agent_name)
+            .field("allow_hosts", &self.allow_hosts)
+            .field("deny_hosts", &self.deny_hosts)
+            .field("key_fingerprint", &self.key_fingerprint)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Lease {

@@ -131,3 +131,72 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+/// Why a splice ended, when it was not one side closing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpliceEnd {
+    /// Either side closed (or failed, with the reason).
+    Closed(Option<String>),
+    /// The lease closed (the exchange's token says so in its line).
+    LeaseClosed,
+    /// A drain ran out of time.
+    Drained,
+    /// No byte moved either way for the idle timeout.
+    Idle,
+}
+
+impl SpliceEnd {
+    /// The egress line's `error`, if the end was not a plain close.
+    pub fn describe(self) -> Option<String> {
+        match self {
+            SpliceEnd::Closed(error) => error.map(|e| format!("tunnel: {e}")),
+            SpliceEnd::LeaseClosed => None,
+            SpliceEnd::Drained => Some("closed: shutdown drain timed out".into()),
+            SpliceEnd::Idle => Some("closed: idle timeout".into()),
+        }
+    }
+}
+
+/// Copies bytes both ways, counted into `up` (client → upstream) and `down`, until either
+/// side ends, `lease` or `hard_stop` fires, or nothing moves for `idle`.
+pub async fn splice<C, U>(
+    client: C,
+    upstream: U,
+    up: Counter,
+    down: Counter,
+    lease: &CancellationToken,
+    hard_stop: &CancellationToken,
+    idle: std::time::Duration,
+) -> SpliceEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let moved = || up.load(Ordering::Relaxed) + down.load(Ordering::Relaxed);
+    let watchdog = async {
+        let tick = (idle / 4).max(std::time::Duration::from_millis(10));
+        let (mut seen, mut since) = (moved(), tokio::time::Instant::now());
+        loop {
+            tokio::time::sleep(tick).await;
+            let now = moved();
+            if now != seen {
+                (seen, since) = (now, tokio::time::Instant::now());
+            } else if since.elapsed() >= idle {
+                return;
+            }
+        }
+    };
+    let mut client = Counted::new(client, up.clone());
+    let mut upstream = Counted::new(upstream, down.clone());
+    let end = tokio::select! {
+        result = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            SpliceEnd::Closed(result.err().map(|e| e.to_string()))
+        }
+        _ = lease.cancelled() => SpliceEnd::LeaseClosed,
+        _ = hard_stop.cancelled() => SpliceEnd::Drained,
+        _ = watchdog => SpliceEnd::Idle,
+    };
+    use tokio::io::AsyncWriteExt;
+    let _ = client.inner.shutdown().await;
+    end
+}

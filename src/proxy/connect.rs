@@ -5,10 +5,10 @@
 //! dial failures 502); the client's first bytes reach the upstream untouched unless they are
 //! a ClientHello naming a host the lease may not reach, in which case the tunnel is closed.
 
-use super::body::Counted;
+use super::body::{splice, SpliceEnd};
 use super::exchange::Exchange;
 use super::refusal::{Code, Refusal};
-use super::{empty, upstream, Admitted, Body, ConnInfo, Proxy};
+use super::{empty, Admitted, Body, ConnInfo, Proxy};
 use crate::policy::target::{parse_authority, parse_host};
 use crate::policy::{HostVerdict, Target};
 use crate::telemetry::egress::Kind;
@@ -29,7 +29,7 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let mut ex = Exchange::new(
-        proxy.egress.clone(),
+        proxy.telemetry.clone(),
         Kind::Connect,
         "CONNECT",
         conn.client,
@@ -44,7 +44,15 @@ pub async fn handle(
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
         Ok((stream, admitted, target)) => {
             ex.status = Some(200);
-            tokio::spawn(tunnel(proxy, req, stream, admitted, target, ex));
+            proxy.tasks.spawn(tunnel(
+                proxy.clone(),
+                conn.clone(),
+                req,
+                stream,
+                admitted,
+                target,
+                ex,
+            ));
             let mut response = Response::new(empty());
             *response.status_mut() = StatusCode::OK;
             response
@@ -65,13 +73,14 @@ async fn open(
     ex.target = Some(target.clone());
     proxy.judge_host(&admitted, &target, ex)?;
     let addrs = proxy.route(&admitted, &target, ex).await?;
-    let (stream, dialed) = upstream::dial(&addrs, proxy.config.connect_timeout).await?;
-    ex.dialed = Some(dialed);
+    let (stream, _) = proxy.dial(&addrs, ex).await?;
     Ok((stream, admitted, target))
 }
 
 async fn tunnel(
     proxy: Arc<Proxy>,
+    // Held for the tunnel's life: the client connection stays counted against the lease.
+    _conn: Arc<ConnInfo>,
     req: Request<Incoming>,
     mut upstream: TcpStream,
     admitted: Admitted,
@@ -92,6 +101,14 @@ async fn tunnel(
     let mut first = Vec::with_capacity(4096);
     let sni = tokio::select! {
         _ = token.cancelled() => return,
+        _ = proxy.hard_stop.cancelled() => {
+            ex.error = SpliceEnd::Drained.describe();
+            return;
+        }
+        _ = tokio::time::sleep(proxy.config.tunnel_idle_timeout) => {
+            ex.error = SpliceEnd::Idle.describe();
+            return;
+        }
         sni = read_client_hello(&mut client, &mut first) => sni,
         // Server-speaks-first protocols: nothing to inspect.
         _ = upstream.readable() => None,
@@ -110,17 +127,20 @@ async fn tunnel(
     }
     drop(first);
 
-    let mut client = Counted::new(client, ex.bytes_up.clone());
-    let mut upstream = Counted::new(upstream, ex.bytes_down.clone());
-    tokio::select! {
-        result = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-            if let Err(error) = result {
-                ex.error = Some(format!("tunnel: {error}"));
-            }
-        }
-        _ = token.cancelled() => {}
-    }
-    let _ = client.inner.shutdown().await;
+    let lease = admitted.lease_id.clone();
+    proxy.telemetry.metrics.tunnel_opened(&lease);
+    let end = splice(
+        client,
+        upstream,
+        ex.bytes_up.clone(),
+        ex.bytes_down.clone(),
+        &token,
+        &proxy.hard_stop,
+        proxy.config.tunnel_idle_timeout,
+    )
+    .await;
+    proxy.telemetry.metrics.tunnel_closed(&lease);
+    ex.error = end.describe();
 }
 
 /// Reads from the client until its bytes are known to be a ClientHello (returns its SNI, or

@@ -6,7 +6,8 @@
 use super::refusal::Code;
 use crate::contract::Timestamp;
 use crate::policy::{Target, UpstreamAddr};
-use crate::telemetry::egress::{EgressEvent, EgressLog, Kind, LoggedVerdict};
+use crate::telemetry::egress::{EgressEvent, Kind, LoggedVerdict};
+use crate::telemetry::Telemetry;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +19,11 @@ pub type Counter = Arc<AtomicU64>;
 
 /// Everything the egress line of one request or tunnel says.
 pub struct Exchange {
-    log: EgressLog,
+    telemetry: Arc<Telemetry>,
+    /// The lease id names a lease the registry knows (metrics keep series only for those).
+    pub lease_known: bool,
+    /// The decision latency has been observed.
+    pub decided: bool,
     started: Instant,
     time: Timestamp,
     pub kind: Kind,
@@ -42,14 +47,16 @@ pub struct Exchange {
 
 impl Exchange {
     pub fn new(
-        log: EgressLog,
+        telemetry: Arc<Telemetry>,
         kind: Kind,
         method: &str,
         client: SocketAddr,
         listener: SocketAddr,
     ) -> Exchange {
         Exchange {
-            log,
+            telemetry,
+            lease_known: false,
+            decided: false,
             started: Instant::now(),
             time: Timestamp::now(),
             kind,
@@ -71,6 +78,11 @@ impl Exchange {
         }
     }
 
+    /// Time since the request arrived.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
     /// The target as the refusal line names it.
     pub fn target_text(&self, fallback: &str) -> String {
         self.target
@@ -88,7 +100,7 @@ impl Drop for Exchange {
         if self.error.is_none() && self.verdict != LoggedVerdict::Refuse && closed_by_lease {
             self.error = Some("closed: the lease no longer opens anything".into());
         }
-        self.log.record(EgressEvent {
+        let event = EgressEvent {
             time: self.time,
             lease_id: self.lease_id.take(),
             label: self.label.take(),
@@ -107,6 +119,7 @@ impl Drop for Exchange {
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             error: self.error.take(),
             revoked: self.revoked,
-        });
+        };
+        self.telemetry.record(event, self.lease_known);
     }
 }

@@ -5,11 +5,11 @@
 //! Invariant: what reaches the upstream names the same host the decision was made for — the
 //! `Host` header must agree with the absolute URI, and the connection is to a checked address.
 
-use super::body::{Counted, Metered};
+use super::body::{splice, Metered};
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
 use super::refusal::{Code, Refusal};
-use super::{empty, upstream, Admitted, Body, ConnInfo, Proxy, UpBody};
+use super::{empty, Admitted, Body, ConnInfo, Proxy, UpBody};
 use crate::policy::target::parse_authority;
 use crate::policy::{Target, UpstreamAddr};
 use crate::telemetry::egress::Kind;
@@ -27,7 +27,7 @@ pub async fn handle(
     mut req: Request<Incoming>,
 ) -> Response<Body> {
     let mut ex = Exchange::new(
-        proxy.egress.clone(),
+        proxy.telemetry.clone(),
         Kind::Http,
         req.method().as_str(),
         conn.client,
@@ -38,7 +38,7 @@ pub async fn handle(
         Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
         Ok((admitted, target, addrs)) => {
             match send(&proxy, req, admitted, &target, &addrs, &mut ex).await {
-                Ok(response) => response.map_exchange(ex),
+                Ok(response) => response.map_exchange(&proxy, &conn, ex),
                 Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
             }
         }
@@ -163,8 +163,7 @@ async fn sender_for(
             }
         }
     }
-    let (stream, addr) = upstream::dial(addrs, proxy.config.connect_timeout).await?;
-    ex.dialed = Some(addr);
+    let (stream, addr) = proxy.dial(addrs, ex).await?;
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, UpBody>(TokioIo::new(stream))
         .await
@@ -192,7 +191,12 @@ struct Forwarded {
 impl Forwarded {
     /// The client's response: the upstream's, with a metered body that owns the exchange
     /// (or, for a WebSocket, a spliced upgrade that does).
-    fn map_exchange(mut self, mut ex: Exchange) -> Response<Body> {
+    fn map_exchange(
+        mut self,
+        proxy: &Arc<Proxy>,
+        conn: &Arc<ConnInfo>,
+        mut ex: Exchange,
+    ) -> Response<Body> {
         let upstream_upgrade = (self.response.status() == StatusCode::SWITCHING_PROTOCOLS
             && self.upgrade.is_some())
         .then(|| hyper::upgrade::on(&mut self.response));
@@ -200,7 +204,14 @@ impl Forwarded {
         ex.status = Some(parts.status.as_u16());
         if let (Some(upstream_upgrade), Some(client_upgrade)) = (upstream_upgrade, self.upgrade) {
             strip_hop_by_hop(&mut parts.headers, true);
-            tokio::spawn(splice(client_upgrade, upstream_upgrade, self.token, ex));
+            proxy.tasks.spawn(splice_upgrade(
+                proxy.clone(),
+                conn.clone(),
+                client_upgrade,
+                upstream_upgrade,
+                self.token,
+                ex,
+            ));
             return Response::from_parts(parts, empty());
         }
         strip_hop_by_hop(&mut parts.headers, false);
@@ -274,9 +285,12 @@ fn host_header(target: &Target) -> String {
     }
 }
 
-/// Copies an upgraded (WebSocket) connection both ways until either side ends or the lease
-/// closes.
-async fn splice(
+/// Copies an upgraded (WebSocket) connection both ways until either side ends, the lease
+/// closes, a drain runs out or it idles.
+async fn splice_upgrade(
+    proxy: Arc<Proxy>,
+    // Held for the splice's life: the client connection stays counted against the lease.
+    _conn: Arc<ConnInfo>,
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
     token: tokio_util::sync::CancellationToken,
@@ -289,14 +303,18 @@ async fn splice(
             return;
         }
     };
-    let mut client = Counted::new(TokioIo::new(client), ex.bytes_up.clone());
-    let mut upstream = Counted::new(TokioIo::new(upstream), ex.bytes_down.clone());
-    tokio::select! {
-        result = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-            if let Err(error) = result {
-                ex.error = Some(format!("upgraded connection: {error}"));
-            }
-        }
-        _ = token.cancelled() => {}
-    }
+    let lease = ex.lease_id.clone().unwrap_or_default();
+    proxy.telemetry.metrics.tunnel_opened(&lease);
+    let end = splice(
+        TokioIo::new(client),
+        TokioIo::new(upstream),
+        ex.bytes_up.clone(),
+        ex.bytes_down.clone(),
+        &token,
+        &proxy.hard_stop,
+        proxy.config.tunnel_idle_timeout,
+    )
+    .await;
+    proxy.telemetry.metrics.tunnel_closed(&lease);
+    ex.error = end.describe();
 }

@@ -21,7 +21,8 @@ use crate::policy::target::TargetHost;
 use crate::policy::verdict::{decide, HostVerdict};
 use crate::policy::{Guard, HostPolicy, Target, UpstreamAddr};
 use crate::registry::{Registry, Snapshot};
-use crate::telemetry::egress::{EgressLog, LoggedVerdict};
+use crate::telemetry::egress::LoggedVerdict;
+use crate::telemetry::Telemetry;
 use bytes::Bytes;
 use exchange::Exchange;
 use http::{Request, Response};
@@ -80,6 +81,11 @@ pub struct ProxyConfig {
     pub guard: Guard,
     pub resolver: Resolver,
     pub header_read_timeout: Duration,
+    /// A tunnel (or upgraded connection) with no bytes either way for this long is closed.
+    pub tunnel_idle_timeout: Duration,
+    /// Client connections at once, in total and per lease (`too-many-connections`).
+    pub max_connections: usize,
+    pub max_connections_per_lease: usize,
     pub max_header_bytes: usize,
     pub dns_timeout: Duration,
     pub connect_timeout: Duration,
@@ -93,6 +99,9 @@ impl Default for ProxyConfig {
             guard: Guard::default(),
             resolver: Resolver::system(),
             header_read_timeout: Duration::from_secs(10),
+            tunnel_idle_timeout: Duration::from_secs(3600),
+            max_connections: 10_000,
+            max_connections_per_lease: 1_000,
             max_header_bytes: 64 * 1024,
             dns_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
@@ -104,8 +113,31 @@ impl Default for ProxyConfig {
 pub struct Proxy {
     pub config: ProxyConfig,
     pub registry: Arc<Registry>,
-    pub egress: EgressLog,
+    pub telemetry: Arc<Telemetry>,
     pub pool: Arc<Pool>,
+    /// One permit per open client connection (`max_connections`).
+    pub connections: Arc<tokio::sync::Semaphore>,
+    /// Cancelled when a drain's time is up: open tunnels and upgraded connections close.
+    pub hard_stop: CancellationToken,
+    /// Every connection and tunnel task, so a drain can wait for them.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Set: the proxy listeners speak TLS (`--tls-cert`, `--tls-key`).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Proxy {
+    pub fn new(config: ProxyConfig, registry: Arc<Registry>, telemetry: Arc<Telemetry>) -> Proxy {
+        Proxy {
+            connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+            config,
+            registry,
+            telemetry,
+            pool: Arc::new(Pool::default()),
+            hard_stop: CancellationToken::new(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            tls: None,
+        }
+    }
 }
 
 /// One client connection.
@@ -116,22 +148,55 @@ pub struct ConnInfo {
     pub port_lease: Option<String>,
     /// Cancelled to drop the connection (a lease used on it closed) and when it ends.
     closer: CancellationToken,
-    /// Leases whose closing already closes this connection.
+    /// Leases whose closing already closes this connection (each counted once against its
+    /// per-lease connection limit until this connection, and any tunnel it became, ends).
     linked: Mutex<HashSet<String>>,
+    telemetry: Arc<Telemetry>,
+    /// This connection's place under `max_connections`, held as long as the connection (or
+    /// the tunnel it became) lives.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl ConnInfo {
-    /// Closes this connection when `token` (a lease's) fires.
-    fn link(&self, lease_id: &str, token: &CancellationToken) {
+    /// Ties this connection to a lease: counted against the lease's connection limit, and
+    /// closed when the lease's token fires.
+    fn link(
+        &self,
+        proxy: &Proxy,
+        lease_id: &str,
+        token: &CancellationToken,
+    ) -> Result<(), Refusal> {
         let mut linked = self.linked.lock().unwrap_or_else(|e| e.into_inner());
-        if linked.insert(lease_id.to_owned()) {
-            let (token, closer) = (token.clone(), self.closer.clone());
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = token.cancelled() => closer.cancel(),
-                    _ = closer.cancelled() => {}
-                }
-            });
+        if linked.contains(lease_id) {
+            return Ok(());
+        }
+        let limit = proxy.config.max_connections_per_lease;
+        if !proxy
+            .telemetry
+            .metrics
+            .connection_opened_within(lease_id, limit)
+        {
+            return Err(Refusal::new(
+                Code::TooManyConnections,
+                format!("lease {lease_id} already has {limit} open connections"),
+            ));
+        }
+        linked.insert(lease_id.to_owned());
+        let (token, closer) = (token.clone(), self.closer.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = token.cancelled() => closer.cancel(),
+                _ = closer.cancelled() => {}
+            }
+        });
+        Ok(())
+    }
+
+    /// Un-counts the connection from every lease it was tied to.
+    fn release(&self) {
+        let linked = std::mem::take(&mut *self.linked.lock().unwrap_or_else(|e| e.into_inner()));
+        for lease in linked {
+            self.telemetry.metrics.connection_closed(&lease);
         }
     }
 }
@@ -157,20 +222,43 @@ pub async fn serve(
                 }
             },
         };
+        let Ok(permit) = proxy.connections.clone().try_acquire_owned() else {
+            proxy
+                .tasks
+                .spawn(refuse_connection(stream, proxy.config.max_connections));
+            continue;
+        };
         let conn = Arc::new(ConnInfo {
             client,
             listener: local,
             port_lease: port_lease.clone(),
             closer: CancellationToken::new(),
             linked: Mutex::new(HashSet::new()),
+            telemetry: proxy.telemetry.clone(),
+            _permit: permit,
         });
-        tokio::spawn(handle_connection(
-            proxy.clone(),
-            stream,
-            conn,
-            shutdown.clone(),
-        ));
+        let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
+        proxy.tasks.clone().spawn(async move {
+            handle_connection(proxy, stream, conn, shutdown).await;
+        });
     }
+}
+
+/// Answers a connection over the total limit with 429 and closes it.
+async fn refuse_connection(mut stream: TcpStream, limit: usize) {
+    use tokio::io::AsyncWriteExt;
+    let body =
+        format!("leasegate refused the connection: too-many-connections (all {limit} in use)\n");
+    let response = format!(
+        "HTTP/1.1 429 Too Many Requests\r\nx-leasegate-refusal: too-many-connections\r\n\
+         content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        stream.write_all(response.as_bytes()),
+    )
+    .await;
 }
 
 async fn handle_connection(
@@ -180,6 +268,39 @@ async fn handle_connection(
     shutdown: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
+    match proxy.tls.clone() {
+        None => serve_io(&proxy, TokioIo::new(stream), &conn, &shutdown).await,
+        Some(acceptor) => {
+            // The handshake counts against the header-read timeout: a silent client goes.
+            match tokio::time::timeout(proxy.config.header_read_timeout, acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(tls)) => serve_io(&proxy, TokioIo::new(tls), &conn, &shutdown).await,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, client = %conn.client, "TLS handshake failed")
+                }
+                Err(_) => tracing::debug!(client = %conn.client, "TLS handshake timed out"),
+            }
+        }
+    }
+    conn.closer.cancel();
+}
+
+impl Drop for ConnInfo {
+    /// The last holder (the connection task, or the tunnel it became) is gone.
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+async fn serve_io<I>(
+    proxy: &Arc<Proxy>,
+    io: TokioIo<I>,
+    conn: &Arc<ConnInfo>,
+    shutdown: &CancellationToken,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service_conn = conn.clone();
     let service_proxy = proxy.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -192,9 +313,7 @@ async fn handle_connection(
         .header_read_timeout(proxy.config.header_read_timeout)
         .max_buf_size(proxy.config.max_header_bytes.max(8192))
         .keep_alive(true);
-    let connection = builder
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
+    let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
@@ -206,11 +325,15 @@ async fn handle_connection(
             tracing::debug!(client = %conn.client, "connection closed: its lease closed");
         }
         _ = shutdown.cancelled() => {
+            // Drain: finish the request in flight (until the drain's time is up), then close.
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = proxy.hard_stop.cancelled() => {}
+                _ = conn.closer.cancelled() => {}
+            }
         }
     }
-    conn.closer.cancel();
 }
 
 async fn dispatch(
@@ -269,13 +392,14 @@ impl Proxy {
         ex.lease_id = Some(identity.lease_id.clone());
         ex.label = identity.label;
         let snapshot = self.registry.snapshot();
+        ex.lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
         let now = Timestamp::now();
         let chain = snapshot
             .ledger
             .check_chain(&identity.lease_id, now)
             .map_err(Refusal::from)?;
         let token = self.registry.token(&identity.lease_id, now);
-        conn.link(&identity.lease_id, &token);
+        conn.link(self, &identity.lease_id, &token)?;
         ex.token = Some(token.clone());
         Ok(Admitted {
             lease_id: identity.lease_id,
@@ -350,6 +474,7 @@ impl Proxy {
                 format!("{} resolves to {}, {}", target.host, b.addr.ip(), b.why),
             )
         });
+        self.observe_decision(ex);
         match (checked.dialable.is_empty(), blocked) {
             (true, Some(refusal)) => Err(refusal),
             (true, None) => Err(Refusal::new(
@@ -362,6 +487,32 @@ impl Proxy {
             }
             (false, _) => Ok(checked.dialable),
         }
+    }
+
+    /// Observes the decision latency of an exchange, once.
+    fn observe_decision(&self, ex: &mut Exchange) {
+        if !std::mem::replace(&mut ex.decided, true) {
+            self.telemetry
+                .metrics
+                .decision
+                .observe(ex.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Phase 6: connects to the first checked address that answers (timed).
+    pub async fn dial(
+        &self,
+        addrs: &[UpstreamAddr],
+        ex: &mut Exchange,
+    ) -> Result<(TcpStream, UpstreamAddr), Refusal> {
+        let started = std::time::Instant::now();
+        let (stream, dialed) = upstream::dial(addrs, self.config.connect_timeout).await?;
+        self.telemetry
+            .metrics
+            .upstream_connect
+            .observe(started.elapsed().as_secs_f64());
+        ex.dialed = Some(dialed);
+        Ok((stream, dialed))
     }
 
     /// Records a refusal on the exchange and, for a revoking code under `--on-refusal
@@ -412,6 +563,7 @@ impl Proxy {
         refusal: Refusal,
         target_fallback: &str,
     ) -> Response<Body> {
+        self.observe_decision(ex);
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
         tracing::info!(code = %refusal.code, lease = ?ex.lease_id, method = %ex.method, target = %ex.target_text(target_fallback), "refused");

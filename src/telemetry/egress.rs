@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 /// CONNECT tunnel or forwarded request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Connect,
@@ -21,7 +21,7 @@ pub enum Kind {
 }
 
 /// The verdict as logged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LoggedVerdict {
     Allow,

@@ -69,6 +69,11 @@ async fn origin_service(req: Request<Incoming>) -> Result<Response<OriginBody>, 
             text(format!("{len} {}", hex::encode(hasher.finalize())))
         }
         "/ws" => websocket_echo(req),
+        p if p.starts_with("/delay/") => {
+            let ms: u64 = p[7..].parse().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            text("delayed\n")
+        }
         p if p.starts_with("/big/") => {
             let total: u64 = p[5..].parse().unwrap_or(0);
             let stream = futures_util::stream::unfold(0u64, move |sent| async move {
@@ -306,9 +311,20 @@ impl Harness {
         config: ProxyConfig,
         ports: Option<std::ops::RangeInclusive<u16>>,
     ) -> Server {
+        Server::start(self.serve_config(config, ports))
+            .await
+            .unwrap()
+    }
+
+    /// The full serve configuration the harness uses (admin API on port 0).
+    pub fn serve_config(
+        &self,
+        config: ProxyConfig,
+        ports: Option<std::ops::RangeInclusive<u16>>,
+    ) -> ServeConfig {
         let mut keyring = Keyring::new(false);
         keyring.insert(self.key.clone());
-        Server::start(ServeConfig {
+        ServeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             journal: self.journal.clone(),
             keyring,
@@ -316,9 +332,10 @@ impl Harness {
             proxy: config,
             admin: Some("127.0.0.1:0".parse().unwrap()),
             lease_ports: ports.map(|range| (range, "127.0.0.1".parse().unwrap())),
-        })
-        .await
-        .unwrap()
+            tls: None,
+            admin_token: None,
+            drain_timeout: Duration::from_secs(30),
+        }
     }
 
     /// Waits (up to 10 s) until the egress log has at least `n` lines, and returns them.

@@ -5,5 +5,6 @@ mod conformance;
 mod fold;
 mod harness;
 mod live;
+mod operate;
 mod proxy;
 mod support;

@@ -750,6 +750,9 @@ async fn config_self_loop(h: &Harness, _server: &leasegate::server::Server) {
         proxy: config,
         admin: None,
         lease_ports: None,
+        tls: None,
+        admin_token: None,
+        drain_timeout: Duration::from_secs(1),
     })
     .await
     .unwrap();
