@@ -162,6 +162,9 @@ pub struct ServeArgs {
         default_value_t = 1_000
     )]
     pub max_connections_per_lease: usize,
+    /// How long the metric series of a closed lease stay on /metrics.
+    #[arg(long, env = "LEASEGATE_METRICS_GRACE", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub metrics_grace: std::time::Duration,
     /// On SIGTERM/SIGINT, how long requests and tunnels may finish before they are closed.
     #[arg(long, env = "LEASEGATE_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_timeout: std::time::Duration,

@@ -284,6 +284,7 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
             tunnel_idle_timeout: args.tunnel_idle_timeout,
             max_connections: args.max_connections,
             max_connections_per_lease: args.max_connections_per_lease,
+            series_grace: args.metrics_grace,
             max_header_bytes: args.max_header_bytes,
             dns_timeout: args.dns_timeout,
             connect_timeout: args.connect_timeout,

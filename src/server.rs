@@ -123,11 +123,8 @@ impl Server {
             proxy_config.guard.own_ranges.push((*ip, range.clone()));
         }
         let registry = Arc::new(registry);
-        let mut proxy = Proxy::new(
-            proxy_config,
-            registry.clone(),
-            Arc::new(Telemetry::new(egress)),
-        );
+        let telemetry = Arc::new(Telemetry::new(egress, proxy_config.series_grace));
+        let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
         proxy.tls = tls;
         let proxy = Arc::new(proxy);
         let accepting = CancellationToken::new();

@@ -86,6 +86,8 @@ pub struct ProxyConfig {
     /// Client connections at once, in total and per lease (`too-many-connections`).
     pub max_connections: usize,
     pub max_connections_per_lease: usize,
+    /// How long the metric series of a closed lease stay visible.
+    pub series_grace: Duration,
     pub max_header_bytes: usize,
     pub dns_timeout: Duration,
     pub connect_timeout: Duration,
@@ -102,6 +104,7 @@ impl Default for ProxyConfig {
             tunnel_idle_timeout: Duration::from_secs(3600),
             max_connections: 10_000,
             max_connections_per_lease: 1_000,
+            series_grace: crate::telemetry::metrics::GRACE,
             max_header_bytes: 64 * 1024,
             dns_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),

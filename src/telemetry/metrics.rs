@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long the series of a closed lease stay visible.
+/// How long the series of a closed lease stay visible, by default.
 pub const GRACE: Duration = Duration::from_secs(300);
 /// Distinct hosts remembered per lease (further hosts are counted under "(other)").
 const MAX_HOSTS: usize = 1000;
@@ -70,6 +70,8 @@ pub const NO_LEASE: &str = "-";
 #[derive(Debug)]
 pub struct Metrics {
     leases: Mutex<HashMap<String, LeaseCounters>>,
+    /// How long the series of a closed lease stay after it closed.
+    grace: Duration,
     /// Time from a request's arrival to its verdict (before any dial).
     pub decision: Histogram,
     /// Time to connect to an upstream.
@@ -78,8 +80,15 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Metrics {
+        Metrics::with_grace(GRACE)
+    }
+}
+
+impl Metrics {
+    pub fn with_grace(grace: Duration) -> Metrics {
         Metrics {
             leases: Mutex::new(HashMap::new()),
+            grace,
             decision: Histogram::new(exponential_buckets(0.000_01, 4.0, 10)),
             upstream_connect: Histogram::new(exponential_buckets(0.000_1, 4.0, 10)),
         }
@@ -150,7 +159,7 @@ impl Metrics {
         leases.get(lease).cloned()
     }
 
-    /// Forgets leases closed for longer than [`GRACE`]; `is_open` says which are open now.
+    /// Forgets leases closed for longer than the grace period; `is_open` says which are open.
     pub fn prune(&self, is_open: impl Fn(&str) -> bool) {
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         leases.retain(|id, c| {
@@ -159,7 +168,7 @@ impl Metrics {
                 return true;
             }
             let since = *c.closed_at.get_or_insert_with(Instant::now);
-            since.elapsed() < GRACE || c.open_tunnels > 0 || c.open_connections > 0
+            since.elapsed() < self.grace || c.open_tunnels > 0 || c.open_connections > 0
         });
     }
 }

@@ -21,10 +21,11 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    pub fn new(egress: EgressLog) -> Telemetry {
+    /// `series_grace`: how long a closed lease's metric series stay.
+    pub fn new(egress: EgressLog, series_grace: std::time::Duration) -> Telemetry {
         Telemetry {
             egress,
-            metrics: Arc::default(),
+            metrics: Arc::new(Metrics::with_grace(series_grace)),
             refusals: refusals::RefusalRing::default(),
         }
     }

@@ -321,6 +321,22 @@ async fn connection_limits_answer_too_many_connections() {
     let server = h.start(config).await;
     let target = format!("origin.test:{}", origin.addr.port());
     let _first = streaming_tunnel(server.addr, &target, Some(&lease)).await;
+    let (_, metrics) = admin(&server, "GET", "/metrics", None, "").await;
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("leasegate_open_tunnels{{lease_id=\"{lease}\"}}")
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("leasegate_open_connections{{lease_id=\"{lease}\"}}")
+        ),
+        Some(1.0)
+    );
     // The same lease on a second connection.
     let answer = raw(
         server.addr,
@@ -641,4 +657,58 @@ async fn the_tls_listener_works_with_curl() {
         out.exit, 0,
         "an untrusted proxy certificate is refused by curl"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_leases_series_go_after_the_grace_period() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    config.series_grace = Duration::from_millis(200);
+    let server = h.start(config).await;
+    assert_eq!(
+        curl(
+            &[
+                "-x",
+                &proxy_url(&server, &lease),
+                &format!("http://origin.test:{}/", origin.addr.port())
+            ],
+            &[]
+        )
+        .await
+        .status,
+        200
+    );
+    h.egress_lines(1).await;
+    let series = format!("leasegate_bytes_total{{lease_id=\"{lease}\",direction=\"down\"}}");
+    assert_eq!(
+        sample(
+            &admin(&server, "GET", "/metrics", None, "").await.1,
+            &series
+        ),
+        Some(18.0)
+    );
+    assert_eq!(
+        admin(
+            &server,
+            "POST",
+            &format!("/leases/{lease}/revoke"),
+            None,
+            r#"{"reason":"done"}"#
+        )
+        .await
+        .0,
+        200
+    );
+    // Seen closed by one scrape, still there within the grace period, gone after it.
+    let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
+    assert_eq!(sample(&text, &series), Some(18.0));
+    assert_eq!(
+        sample(&text, "leasegate_leases{status=\"revoked\"}"),
+        Some(1.0)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
+    assert!(!text.contains(&lease), "{text}");
 }
