@@ -202,7 +202,9 @@ pub fn explain(ledger: &Ledger, lease_id: &str, target: &str, now: Timestamp) ->
             refusal: None,
             reason: format!(
                 "{target} is allowed by {} in lease {} (and by every ancestor)",
-                by.pattern.map(|p| p.to_string()).unwrap_or_default(),
+                by.pattern(&target.host)
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
                 by.lease_id
             ),
         },

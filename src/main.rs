@@ -110,8 +110,10 @@ fn issue_lease(args: cli::IssueArgs) -> Result<()> {
             now: Timestamp::now(),
         },
     )?;
-    println!("{}", issued.lease_id);
-    println!("expires_at {}", issued.expires_at);
+    // `leasegate issue ... | head -1` closes the pipe after the first line: not an error.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", issued.lease_id)
+        .and_then(|()| writeln!(out, "expires_at {}", issued.expires_at));
     Ok(())
 }
 

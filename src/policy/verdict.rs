@@ -7,15 +7,48 @@
 use super::pattern::HostPattern;
 use super::target::{parse_host, TargetHost};
 use std::collections::HashSet;
+use std::net::IpAddr;
+
+/// The hash sets' hasher: foldhash, randomly seeded per process (hash flooding stays off the
+/// table), several times faster than SipHash on host-sized keys.
+type Hasher = foldhash::fast::RandomState;
 
 /// One lease's allow or deny list, compiled.
 #[derive(Debug, Clone, Default)]
 pub struct HostSet {
     any: bool,
-    /// Exact names and IP literals, normalised like targets.
-    exact: HashSet<String>,
+    /// Exact names, normalised like targets.
+    names: HashSet<Box<str>, Hasher>,
+    /// Exact IP literals.
+    ips: HashSet<IpAddr, Hasher>,
     /// Suffixes of `*.suffix` patterns.
-    subdomains: HashSet<String>,
+    subdomains: HashSet<Box<str>, Hasher>,
+    /// Bit `n` set: some suffix is `n` bytes long (bit 127: 127 or more). Most of a host's
+    /// suffixes have a length no pattern has, and skip the hash lookup.
+    suffix_lengths: u128,
+}
+
+fn length_bit(len: usize) -> u128 {
+    1u128 << len.min(127)
+}
+
+/// A pattern that matched, borrowed from its set (no allocation on the hot path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matched<'a> {
+    Any,
+    Subdomains(&'a str),
+    Exact,
+}
+
+impl Matched<'_> {
+    /// The pattern as written in the lease (`host` is the target that matched).
+    pub fn to_pattern(self, host: &TargetHost) -> HostPattern {
+        match self {
+            Matched::Any => HostPattern::Any,
+            Matched::Subdomains(suffix) => HostPattern::Subdomains(suffix.to_owned()),
+            Matched::Exact => HostPattern::Exact(host.as_text()),
+        }
+    }
 }
 
 impl HostSet {
@@ -25,41 +58,59 @@ impl HostSet {
             match HostPattern::parse(pattern.as_ref()) {
                 HostPattern::Any => set.any = true,
                 HostPattern::Subdomains(suffix) => {
-                    set.subdomains.insert(suffix);
+                    set.suffix_lengths |= length_bit(suffix.len());
+                    set.subdomains.insert(suffix.into());
                 }
-                HostPattern::Exact(name) => {
-                    // `0177.0.0.1` in a lease names the same host as `127.0.0.1` in a target.
-                    let normal = parse_host(&name).map_or(name, |h| h.as_text());
-                    set.exact.insert(normal);
-                }
+                // `0177.0.0.1` in a lease names the same host as `127.0.0.1` in a target.
+                HostPattern::Exact(name) => match parse_host(&name) {
+                    Ok(TargetHost::Ip(ip)) => {
+                        set.ips.insert(ip);
+                    }
+                    Ok(TargetHost::Name(normal)) => {
+                        set.names.insert(normal.into());
+                    }
+                    Err(_) => {
+                        set.names.insert(name.into());
+                    }
+                },
             }
         }
         set
     }
 
     /// The pattern of this set that matches `host`, if any (exact first, then the nearest
-    /// wildcard, then `*`).
-    pub fn find(&self, host: &TargetHost) -> Option<HostPattern> {
-        let text = host.as_text();
-        if self.exact.contains(&text) {
-            return Some(HostPattern::Exact(text));
-        }
-        if let TargetHost::Name(name) = host {
-            // Every strict suffix at a label boundary: "b.example.com", "example.com", "com".
-            let mut rest = name.as_str();
-            while let Some((_, suffix)) = rest.split_once('.') {
-                if self.subdomains.contains(suffix) {
-                    return Some(HostPattern::Subdomains(suffix.to_owned()));
+    /// wildcard, then `*`): one lookup per label of the host.
+    pub fn find(&self, host: &TargetHost) -> Option<Matched<'_>> {
+        match host {
+            TargetHost::Ip(ip) => {
+                if self.ips.contains(ip) {
+                    return Some(Matched::Exact);
                 }
-                rest = suffix;
+            }
+            TargetHost::Name(name) => {
+                if self.names.contains(name.as_str()) {
+                    return Some(Matched::Exact);
+                }
+                // Every strict suffix at a label boundary: "b.example.com", "example.com", "com".
+                // (A plain byte scan: `split_once('.')` was half the cost of a verdict.)
+                if self.suffix_lengths != 0 {
+                    for (dot, _) in name.bytes().enumerate().filter(|&(_, b)| b == b'.') {
+                        let suffix = &name[dot + 1..];
+                        if self.suffix_lengths & length_bit(suffix.len()) != 0 {
+                            if let Some(found) = self.subdomains.get(suffix) {
+                                return Some(Matched::Subdomains(found));
+                            }
+                        }
+                    }
+                }
             }
         }
-        self.any.then_some(HostPattern::Any)
+        self.any.then_some(Matched::Any)
     }
 
     /// Whether `host` is listed exactly (not through a wildcard).
     pub fn lists_exactly(&self, host: &TargetHost) -> bool {
-        self.exact.contains(&host.as_text())
+        self.find(host) == Some(Matched::Exact)
     }
 }
 
@@ -79,61 +130,68 @@ impl HostPolicy {
     }
 }
 
-/// What decided a verdict: which pattern of which lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decider {
-    pub lease_id: String,
+/// What decided a verdict: which pattern of which lease (borrowed: no allocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decider<'a> {
+    pub lease_id: &'a str,
     /// `None` when the lease has no matching pattern (host-not-allowed).
-    pub pattern: Option<HostPattern>,
+    pub matched: Option<Matched<'a>>,
+}
+
+impl Decider<'_> {
+    /// The deciding pattern as written in the lease, if one matched `host`.
+    pub fn pattern(&self, host: &TargetHost) -> Option<HostPattern> {
+        self.matched.map(|m| m.to_pattern(host))
+    }
 }
 
 /// The outcome of matching a host against a chain.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostVerdict {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostVerdict<'a> {
     /// Allowed; the lease's own matching allow pattern.
-    Allowed(Decider),
+    Allowed(Decider<'a>),
     /// A lease of the chain denies the host.
-    Denied(Decider),
+    Denied(Decider<'a>),
     /// Some lease of the chain (the nearest such) has no allow pattern for the host.
-    NotAllowed(Decider),
+    NotAllowed(Decider<'a>),
 }
 
 /// Matches `host` against a chain, the lease itself first, then its ancestors.
 pub fn decide<'a>(
     chain: impl IntoIterator<Item = (&'a str, &'a HostPolicy)> + Clone,
     host: &TargetHost,
-) -> HostVerdict {
+) -> HostVerdict<'a> {
     for (lease_id, policy) in chain.clone() {
-        if let Some(pattern) = policy.deny.find(host) {
+        if let Some(matched) = policy.deny.find(host) {
             return HostVerdict::Denied(Decider {
-                lease_id: lease_id.to_owned(),
-                pattern: Some(pattern),
+                lease_id,
+                matched: Some(matched),
             });
         }
     }
     let mut own = None;
     for (lease_id, policy) in chain {
         match policy.allow.find(host) {
-            Some(pattern) => {
+            Some(matched) => {
                 own.get_or_insert(Decider {
-                    lease_id: lease_id.to_owned(),
-                    pattern: Some(pattern),
+                    lease_id,
+                    matched: Some(matched),
                 });
             }
             None => {
                 return HostVerdict::NotAllowed(Decider {
-                    lease_id: lease_id.to_owned(),
-                    pattern: None,
+                    lease_id,
+                    matched: None,
                 })
             }
         }
     }
+    // An empty chain allows nothing.
     match own {
         Some(decider) => HostVerdict::Allowed(decider),
-        // An empty chain allows nothing.
         None => HostVerdict::NotAllowed(Decider {
-            lease_id: String::new(),
-            pattern: None,
+            lease_id: "",
+            matched: None,
         }),
     }
 }
@@ -147,7 +205,7 @@ mod tests {
         parse_host(h).unwrap()
     }
 
-    fn verdict(chain: &[(&str, &HostPolicy)], h: &str) -> HostVerdict {
+    fn verdict<'a>(chain: &[(&'a str, &'a HostPolicy)], h: &str) -> HostVerdict<'a> {
         decide(chain.iter().copied(), &host(h))
     }
 
@@ -203,8 +261,8 @@ mod tests {
         assert_eq!(
             verdict(&chain, "x.evil.example"),
             HostVerdict::Denied(Decider {
-                lease_id: "parent".into(),
-                pattern: Some(HostPattern::Subdomains("evil.example".into()))
+                lease_id: "parent",
+                matched: Some(Matched::Subdomains("evil.example"))
             })
         );
     }
@@ -217,15 +275,15 @@ mod tests {
         assert_eq!(
             verdict(&chain, "other.org"),
             HostVerdict::NotAllowed(Decider {
-                lease_id: "parent".into(),
-                pattern: None
+                lease_id: "parent",
+                matched: None
             })
         );
         assert_eq!(
             verdict(&chain, "a.example.com"),
             HostVerdict::Allowed(Decider {
-                lease_id: "child".into(),
-                pattern: Some(HostPattern::Any)
+                lease_id: "child",
+                matched: Some(Matched::Any)
             })
         );
     }

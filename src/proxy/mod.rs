@@ -31,7 +31,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use refusal::{Code, Refusal};
 use serde_json::{json, Map};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -153,7 +153,7 @@ pub struct ConnInfo {
     closer: CancellationToken,
     /// Leases whose closing already closes this connection (each counted once against its
     /// per-lease connection limit until this connection, and any tunnel it became, ends).
-    linked: Mutex<HashSet<String>>,
+    linked: Mutex<HashMap<String, CancellationToken>>,
     telemetry: Arc<Telemetry>,
     /// This connection's place under `max_connections`, held as long as the connection (or
     /// the tunnel it became) lives.
@@ -167,11 +167,16 @@ impl ConnInfo {
         &self,
         proxy: &Proxy,
         lease_id: &str,
-        token: &CancellationToken,
-    ) -> Result<(), Refusal> {
+        now: Timestamp,
+    ) -> Result<CancellationToken, Refusal> {
         let mut linked = self.linked.lock().unwrap_or_else(|e| e.into_inner());
-        if linked.contains(lease_id) {
-            return Ok(());
+        // Keep-alive requests of a lease already tied to this connection reuse its token.
+        if let Some(token) = linked.get(lease_id).filter(|t| !t.is_cancelled()) {
+            return Ok(token.clone());
+        }
+        let token = proxy.registry.token(lease_id, now);
+        if linked.contains_key(lease_id) {
+            return Ok(token);
         }
         let limit = proxy.config.max_connections_per_lease;
         if !proxy
@@ -184,21 +189,21 @@ impl ConnInfo {
                 format!("lease {lease_id} already has {limit} open connections"),
             ));
         }
-        linked.insert(lease_id.to_owned());
-        let (token, closer) = (token.clone(), self.closer.clone());
+        linked.insert(lease_id.to_owned(), token.clone());
+        let (watched, closer) = (token.clone(), self.closer.clone());
         tokio::spawn(async move {
             tokio::select! {
-                _ = token.cancelled() => closer.cancel(),
+                _ = watched.cancelled() => closer.cancel(),
                 _ = closer.cancelled() => {}
             }
         });
-        Ok(())
+        Ok(token)
     }
 
     /// Un-counts the connection from every lease it was tied to.
     fn release(&self) {
         let linked = std::mem::take(&mut *self.linked.lock().unwrap_or_else(|e| e.into_inner()));
-        for lease in linked {
+        for lease in linked.into_keys() {
             self.telemetry.metrics.connection_closed(&lease);
         }
     }
@@ -236,7 +241,7 @@ pub async fn serve(
             listener: local,
             port_lease: port_lease.clone(),
             closer: CancellationToken::new(),
-            linked: Mutex::new(HashSet::new()),
+            linked: Mutex::new(HashMap::new()),
             telemetry: proxy.telemetry.clone(),
             _permit: permit,
         });
@@ -375,7 +380,7 @@ impl Admitted {
     }
 
     /// The host verdict of `host` for this chain.
-    pub fn verdict(&self, host: &TargetHost) -> HostVerdict {
+    pub fn verdict(&self, host: &TargetHost) -> HostVerdict<'_> {
         decide(self.policies(), host)
     }
 }
@@ -401,8 +406,7 @@ impl Proxy {
             .ledger
             .check_chain(&identity.lease_id, now)
             .map_err(Refusal::from)?;
-        let token = self.registry.token(&identity.lease_id, now);
-        conn.link(self, &identity.lease_id, &token)?;
+        let token = conn.link(self, &identity.lease_id, now)?;
         ex.token = Some(token.clone());
         Ok(Admitted {
             lease_id: identity.lease_id,

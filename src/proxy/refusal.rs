@@ -159,17 +159,17 @@ impl From<ChainError> for Refusal {
 
 /// A host verdict as a result: the allowing decider, or the refusal naming the pattern and
 /// lease that decided it.
-pub fn host_refusal(verdict: HostVerdict, host: &TargetHost) -> Result<Decider, Refusal> {
+pub fn host_refusal<'a>(
+    verdict: HostVerdict<'a>,
+    host: &TargetHost,
+) -> Result<Decider<'a>, Refusal> {
     match verdict {
         HostVerdict::Allowed(by) => Ok(by),
         HostVerdict::Denied(by) => Err(Refusal::new(
             Code::HostDenied,
             format!(
                 "{host} is denied by {} in lease {}",
-                by.pattern
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
+                by.pattern(host).map(|p| p.to_string()).unwrap_or_default(),
                 by.lease_id
             ),
         )),

@@ -1,0 +1,640 @@
+//! Harness for `benches/compare/run.sh`: a local origin server and the CONNECT clients that
+//! the HTTP load tool (oha) cannot play.
+//!
+//! ```text
+//! compare-harness origin       --http ADDR --https ADDR --cert-dir DIR [--big-bytes N] [--threads N]
+//! compare-harness connect-rate --proxy ADDR|direct --target HOST:PORT [--auth 'Basic xxx'|none]
+//!                              --concurrency N --duration S [--threads N]
+//! compare-harness bulk         --proxy ADDR|direct --target HOST:PORT [--auth ...] --bytes N
+//!                              [--repeat K] [--threads N]
+//! compare-harness idle-tunnels --proxy ADDR --target HOST:PORT [--auth ...] --count N --pid PID
+//!                              [--settle S] [--threads N]
+//! compare-harness report       --runs DIR --out-md FILE --out-json FILE [metadata flags]
+//! ```
+//!
+//! Every client subcommand prints one JSON object on stdout. Traffic goes only where the
+//! addresses given point (the script passes loopback addresses only).
+
+mod report;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+const USAGE: &str =
+    "usage: compare-harness origin|connect-rate|bulk|idle-tunnels|report --flag value ... \
+(see the comment at the top of src/main.rs)";
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let Some(cmd) = args.next() else {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    };
+    let result = Opts::parse(args.collect()).and_then(|opts| match cmd.as_str() {
+        "origin" => origin(&opts),
+        "connect-rate" => client(&opts, connect_rate),
+        "bulk" => client(&opts, bulk),
+        "idle-tunnels" => client(&opts, idle_tunnels),
+        "report" => report::report(&opts),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown subcommand {other:?}\n{USAGE}").into()),
+    });
+    if let Err(e) = result {
+        eprintln!("compare-harness {cmd}: {e}");
+        std::process::exit(1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options: `--name value` pairs.
+
+struct Opts(HashMap<String, String>);
+
+impl Opts {
+    fn parse(args: Vec<String>) -> Result<Opts> {
+        let mut map = HashMap::new();
+        let mut it = args.into_iter();
+        while let Some(flag) = it.next() {
+            let name = flag
+                .strip_prefix("--")
+                .ok_or_else(|| format!("expected --flag, got {flag:?}"))?;
+            let value = it.next().ok_or_else(|| format!("--{name} needs a value"))?;
+            map.insert(name.to_owned(), value);
+        }
+        Ok(Opts(map))
+    }
+
+    fn req(&self, name: &str) -> Result<&str> {
+        self.0
+            .get(name)
+            .map(String::as_str)
+            .ok_or_else(|| format!("--{name} is required").into())
+    }
+
+    fn opt(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
+        match self.0.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("--{name} {v:?}: not a number").into()),
+        }
+    }
+
+    /// `--proxy ADDR` or `--proxy direct`.
+    fn proxy(&self) -> Result<Option<SocketAddr>> {
+        match self.req("proxy")? {
+            "direct" => Ok(None),
+            addr => Ok(Some(
+                addr.parse()
+                    .map_err(|_| format!("--proxy {addr:?}: not IP:PORT"))?,
+            )),
+        }
+    }
+
+    /// `--auth 'Basic xxx'` → the Proxy-Authorization header line; `none` or absent → nothing.
+    fn auth_line(&self) -> String {
+        match self.opt("auth") {
+            None | Some("none") | Some("") => String::new(),
+            Some(v) => format!("Proxy-Authorization: {v}\r\n"),
+        }
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit; returns the new soft limit.
+fn raise_nofile() -> u64 {
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                return lim.rlim_max;
+            }
+        }
+        lim.rlim_cur
+    }
+}
+
+fn runtime(opts: &Opts, default_threads: usize) -> Result<tokio::runtime::Runtime> {
+    let threads: usize = opts.num("threads", default_threads)?;
+    let rt = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    };
+    Ok(rt)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Origin.
+
+/// A body served as slices of one shared buffer (no copies): `chunk` bytes per frame.
+struct Chunked {
+    data: Bytes,
+    chunk: usize,
+}
+
+impl Body for Chunked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.data.is_empty() {
+            return Poll::Ready(None);
+        }
+        let n = self.chunk.min(self.data.len());
+        let frame = self.data.split_to(n);
+        Poll::Ready(Some(Ok(Frame::data(frame))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.len() as u64)
+    }
+}
+
+const CHUNK: usize = 256 * 1024;
+
+struct Bodies {
+    small: Bytes,
+    big: Bytes,
+}
+
+fn route(bodies: &Bodies, req: &Request<Incoming>) -> Response<Chunked> {
+    let data = match req.uri().path() {
+        "/small" => Some(bodies.small.clone()),
+        "/big" => {
+            // `/big?n=BYTES` serves a prefix of the big body.
+            let n = req
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("n=")))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(bodies.big.len())
+                .min(bodies.big.len());
+            Some(bodies.big.slice(..n))
+        }
+        _ => None,
+    };
+    let (status, data) = match data {
+        Some(d) => (StatusCode::OK, d),
+        None => (StatusCode::NOT_FOUND, Bytes::from_static(b"not found\n")),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/octet-stream")
+        .body(Chunked { data, chunk: CHUNK })
+        .expect("static response parts")
+}
+
+fn origin(opts: &Opts) -> Result<()> {
+    let http: SocketAddr = opts.req("http")?.parse()?;
+    let https: SocketAddr = opts.req("https")?.parse()?;
+    let cert_dir = PathBuf::from(opts.req("cert-dir")?);
+    let big_bytes: usize = opts.num("big-bytes", 100 << 20)?;
+    let nofile = raise_nofile();
+
+    // Certificate for origin.test (self-signed: ca.pem is the certificate itself).
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["origin.test".to_string()])?;
+    std::fs::create_dir_all(&cert_dir)?;
+    std::fs::write(cert_dir.join("ca.pem"), cert.pem())?;
+    std::fs::write(cert_dir.join("key.pem"), key_pair.serialize_pem())?;
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key_pair.serialize_der().into());
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.der().clone()], key)?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+
+    // The big body: generated once, served as `Bytes` slices.
+    let big: Vec<u8> = (0..big_bytes).map(|i| (i % 251) as u8).collect();
+    let bodies = Arc::new(Bodies {
+        small: Bytes::from(vec![b'x'; 64]),
+        big: Bytes::from(big),
+    });
+
+    runtime(opts, 2)?.block_on(async move {
+        let http_l = TcpListener::bind(http).await?;
+        let https_l = TcpListener::bind(https).await?;
+        println!(
+            "{}",
+            json!({"origin": "ready", "http": http.to_string(), "https": https.to_string(),
+                   "big_bytes": big_bytes, "nofile": nofile})
+        );
+        tokio::spawn(accept_loop(http_l, bodies.clone(), None));
+        tokio::spawn(accept_loop(https_l, bodies, Some(acceptor)));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        Ok(())
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    bodies: Arc<Bodies>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                eprintln!("origin: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let bodies = bodies.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let resp = route(&bodies, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            let _ = match tls {
+                None => {
+                    builder
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await
+                }
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(s) => {
+                        builder
+                            .keep_alive(true)
+                            .serve_connection(TokioIo::new(s), service)
+                            .await
+                    }
+                    Err(_) => return,
+                },
+            };
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients.
+
+fn client<F, Fut>(opts: &Opts, f: F) -> Result<()>
+where
+    F: FnOnce(Arc<Opts>) -> Fut,
+    Fut: std::future::Future<Output = Result<Value>>,
+{
+    raise_nofile();
+    let rt = runtime(opts, 1)?;
+    let opts = Arc::new(Opts(opts.0.clone()));
+    let out = rt.block_on(f(opts))?;
+    println!("{out}");
+    Ok(())
+}
+
+/// Reads a response head; returns its status code and the bytes read past it.
+async fn read_head(s: &mut TcpStream) -> Result<(u16, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut tmp = [0u8; 4096];
+    loop {
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Err(format!(
+                "connection closed before a full response head ({} bytes: {:?})",
+                buf.len(),
+                String::from_utf8_lossy(&buf)
+            )
+            .into());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = &buf[..end];
+            let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+            let status = std::str::from_utf8(line)
+                .ok()
+                .and_then(|l| l.split(' ').nth(1))
+                .and_then(|c| c.parse::<u16>().ok())
+                .ok_or_else(|| format!("bad status line {:?}", String::from_utf8_lossy(line)))?;
+            return Ok((status, buf[end + 4..].to_vec()));
+        }
+        if buf.len() > 64 * 1024 {
+            return Err("response head over 64 KiB".into());
+        }
+    }
+}
+
+/// Opens a CONNECT tunnel to `target` through `proxy` (or a plain TCP connection to `target`
+/// when there is no proxy).
+async fn open(proxy: Option<SocketAddr>, target: &str, auth_line: &str) -> Result<TcpStream> {
+    match proxy {
+        None => {
+            let s = TcpStream::connect(target).await?;
+            s.set_nodelay(true)?;
+            Ok(s)
+        }
+        Some(p) => {
+            let mut s = TcpStream::connect(p).await?;
+            s.set_nodelay(true)?;
+            let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth_line}\r\n");
+            s.write_all(req.as_bytes()).await?;
+            let (status, rest) = read_head(&mut s).await?;
+            if status != 200 {
+                return Err(format!("CONNECT {target}: status {status}").into());
+            }
+            if !rest.is_empty() {
+                return Err(format!("CONNECT {target}: {} unexpected bytes", rest.len()).into());
+            }
+            Ok(s)
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Loops CONNECT → 200 → close on `--concurrency` connections for `--duration` seconds.
+/// With `--proxy direct` each iteration is a plain TCP connect + close to the target.
+async fn connect_rate(opts: Arc<Opts>) -> Result<Value> {
+    let proxy = opts.proxy()?;
+    let target = opts.req("target")?.to_owned();
+    let auth = opts.auth_line();
+    let concurrency: usize = opts.num("concurrency", 32)?;
+    let duration: f64 = opts.num("duration", 10.0)?;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(duration);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let target = target.clone();
+        let auth = auth.clone();
+        tasks.spawn(async move {
+            let mut lat_us: Vec<u64> = Vec::new();
+            let mut errors = 0u64;
+            let mut first_error: Option<String> = None;
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                match open(proxy, &target, &auth).await {
+                    Ok(s) => {
+                        lat_us.push(t0.elapsed().as_micros() as u64);
+                        drop(s);
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| e.to_string());
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
+            (lat_us, errors, first_error)
+        });
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    let mut first_error = None;
+    while let Some(r) = tasks.join_next().await {
+        let (l, e, f) = r?;
+        all.extend(l);
+        errors += e;
+        if first_error.is_none() {
+            first_error = f;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    Ok(json!({
+        "mode": "connect-rate",
+        "proxy": opts.req("proxy")?,
+        "target": target,
+        "concurrency": concurrency,
+        "seconds": secs,
+        "tunnels": all.len(),
+        "errors": errors,
+        "first_error": first_error,
+        "per_s": all.len() as f64 / secs,
+        "p50_us": percentile(&all, 50.0),
+        "p99_us": percentile(&all, 99.0),
+    }))
+}
+
+/// One GET /big over a fresh tunnel; returns (body bytes read, seconds from request to last byte).
+async fn bulk_once(
+    proxy: Option<SocketAddr>,
+    target: &str,
+    auth: &str,
+    bytes: u64,
+) -> Result<(u64, f64)> {
+    let mut s = open(proxy, target, auth).await?;
+    let host = target;
+    let t0 = Instant::now();
+    let req = format!("GET /big?n={bytes} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let (status, rest) = read_head(&mut s).await?;
+    if status != 200 {
+        return Err(format!("GET /big: status {status}").into());
+    }
+    let mut got = rest.len() as u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    while got < bytes {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            return Err(format!("GET /big: closed after {got} of {bytes} bytes").into());
+        }
+        got += n as u64;
+    }
+    Ok((got, t0.elapsed().as_secs_f64()))
+}
+
+/// `--repeat K` downloads of `--bytes N` (default 100 MiB), each on a new tunnel; MB/s = 10^6 B/s.
+async fn bulk(opts: Arc<Opts>) -> Result<Value> {
+    let proxy = opts.proxy()?;
+    let target = opts.req("target")?.to_owned();
+    let auth = opts.auth_line();
+    let bytes: u64 = opts.num("bytes", 100 << 20)?;
+    let repeat: usize = opts.num("repeat", 3)?;
+    let mut rates = Vec::new();
+    for _ in 0..repeat {
+        let (got, secs) = bulk_once(proxy, &target, &auth, bytes).await?;
+        rates.push(got as f64 / secs / 1e6);
+    }
+    let runs = rates.clone();
+    Ok(json!({
+        "mode": "bulk",
+        "proxy": opts.req("proxy")?,
+        "target": target,
+        "bytes": bytes,
+        "repeat": repeat,
+        "mb_per_s": median(&mut rates),
+        "runs_mb_per_s": runs,
+    }))
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("/proc/{pid}/status has no {field}").into())
+}
+
+fn fd_count(pid: u32) -> Option<usize> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(|d| d.count())
+}
+
+/// Opens `--count` tunnels, holds them idle, and reports the proxy's RSS growth per tunnel.
+async fn idle_tunnels(opts: Arc<Opts>) -> Result<Value> {
+    let proxy = opts.proxy()?.ok_or("idle-tunnels needs a proxy address")?;
+    let target = opts.req("target")?.to_owned();
+    let auth = opts.auth_line();
+    let count: usize = opts.num("count", 10_000)?;
+    let pid: u32 = opts.req("pid")?.parse()?;
+    let settle: f64 = opts.num("settle", 2.0)?;
+    let parallel: usize = opts.num("parallel", 64)?;
+    let nofile = raise_nofile();
+    if (nofile as usize) < count + 64 {
+        return Err(format!(
+            "RLIMIT_NOFILE is {nofile}: too low for {count} tunnels (raise the hard limit)"
+        )
+        .into());
+    }
+
+    let rss_before = proc_status_kib(pid, "VmRSS")?;
+    let fds_before = fd_count(pid);
+    let t0 = Instant::now();
+    let sem = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let permit = sem.clone().acquire_owned().await?;
+        let target = target.clone();
+        let auth = auth.clone();
+        tasks.spawn(async move {
+            let r = open(Some(proxy), &target, &auth).await;
+            drop(permit);
+            r
+        });
+    }
+    let mut tunnels = Vec::with_capacity(count);
+    let mut errors = 0usize;
+    let mut first_error = None;
+    while let Some(r) = tasks.join_next().await {
+        match r? {
+            Ok(s) => tunnels.push(s),
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    let open_secs = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs_f64(settle)).await;
+    let rss_after = proc_status_kib(pid, "VmRSS")?;
+    let hwm = proc_status_kib(pid, "VmHWM")?;
+    let fds_after = fd_count(pid);
+
+    // Prove a sample of the held tunnels still carries traffic after the measurement.
+    let mut sample_ok = 0;
+    let sample = tunnels.len().min(10);
+    for s in tunnels.iter_mut().take(sample) {
+        let ok = async {
+            s.write_all(b"GET /small HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+                .await?;
+            let (status, _) = read_head(s).await?;
+            Ok::<_, Error>(status == 200)
+        };
+        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(5), ok).await {
+            sample_ok += 1;
+        }
+    }
+    let opened = tunnels.len();
+    drop(tunnels);
+    let per_tunnel = if opened > 0 {
+        (rss_after.saturating_sub(rss_before) * 1024) as f64 / opened as f64
+    } else {
+        0.0
+    };
+    Ok(json!({
+        "mode": "idle-tunnels",
+        "proxy": proxy.to_string(),
+        "target": target,
+        "pid": pid,
+        "requested": count,
+        "opened": opened,
+        "errors": errors,
+        "first_error": first_error,
+        "open_seconds": open_secs,
+        "rss_before_kib": rss_before,
+        "rss_after_kib": rss_after,
+        "hwm_kib": hwm,
+        "fds_before": fds_before,
+        "fds_after": fds_after,
+        "bytes_per_tunnel": per_tunnel,
+        "sample_checked": sample,
+        "sample_ok": sample_ok,
+    }))
+}

@@ -1,0 +1,467 @@
+#!/usr/bin/env bash
+# End-to-end comparison: direct vs leasegate (credentials, lease port) vs Squid vs tinyproxy,
+# on one local origin. Writes benches/compare/RESULTS.md and results.json. See README.md here.
+#
+#   benches/compare/run.sh                 # full run (ROUNDS=3, DURATION=10, 10,000 idle tunnels)
+#   QUICK=1 benches/compare/run.sh         # smoke test: 1 round, 2 s runs, 1,000 tunnels, 10 MiB bulk
+#
+# Knobs (environment): ROUNDS, DURATION (s per load run), QUICK=1, CONC (32), IDLE_TUNNELS,
+# BULK_BYTES, BULK_REPEAT (3), LOAD_TOOL (auto|oha|wrk), TINYPROXY_LOGLEVEL (Warning),
+# SKIP_BUILD=1, KEEP_TMP=1, OUT_MD, OUT_JSON.
+#
+# Every address used is on 127.0.0.1. Runs as root (apt-get, mount namespace for tinyproxy).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+COMMAND_LINE="$(env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|IDLE_TUNNELS|BULK_BYTES|BULK_REPEAT|LOAD_TOOL|TINYPROXY_LOGLEVEL)=' | sort | tr '\n' ' ')benches/compare/run.sh"
+
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+  ROUNDS=${ROUNDS:-1}
+  DURATION=${DURATION:-2}
+  IDLE_TUNNELS=${IDLE_TUNNELS:-1000}
+  BULK_BYTES=${BULK_BYTES:-$((10 * 1024 * 1024))}
+else
+  ROUNDS=${ROUNDS:-3}
+  DURATION=${DURATION:-10}
+  IDLE_TUNNELS=${IDLE_TUNNELS:-10000}
+  BULK_BYTES=${BULK_BYTES:-$((100 * 1024 * 1024))}
+fi
+BULK_REPEAT=${BULK_REPEAT:-3}
+CONC=${CONC:-32}
+LOAD_TOOL=${LOAD_TOOL:-auto}
+TINYPROXY_LOGLEVEL=${TINYPROXY_LOGLEVEL:-Warning}
+OUT_MD=${OUT_MD:-$HERE/RESULTS.md}
+OUT_JSON=${OUT_JSON:-$HERE/results.json}
+
+ORIGIN_HTTP=18080
+ORIGIN_HTTPS=18443
+LG_PORT=13128
+LG_ADMIN=13129
+SQUID_PORT=13130
+TP_PORT=13131
+LEASE_PORTS=14000-14010
+VARIANTS=(direct leasegate-credentials leasegate-lease-port squid tinyproxy)
+FIGURES=(ka1 ka32 close32 connect bulk)
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ $(id -u) == 0 ]] || die "run as root (apt-get, squid's cache_effective_user, a mount namespace for tinyproxy)"
+
+START_EPOCH=$(date +%s)
+TMP=$(mktemp -d /tmp/leasegate-compare.XXXXXX)
+chmod 755 "$TMP" # squid drops to the proxy user and writes its logs here
+RUNS="$TMP/runs"
+mkdir -p "$RUNS"
+
+# ------------------------------------------------------------------------------------------
+# Process bookkeeping: everything started here is stopped by its pid on exit.
+declare -A PID=()
+HOSTS_EDITED=0
+HOSTS_MARK="# leasegate-compare $$"
+
+stop_pid() { # stop_pid NAME: SIGTERM, then SIGKILL after 10 s
+  local name=$1 pid=${PID[$1]:-}
+  [[ -n $pid ]] || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "$name ($pid) did not stop on SIGTERM; SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  wait "$pid" 2>/dev/null || true
+  unset "PID[$name]"
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for name in "${!PID[@]}"; do stop_pid "$name"; done
+  if [[ $HOSTS_EDITED == 1 ]]; then
+    sed -i "/$HOSTS_MARK\$/d" /etc/hosts || true
+  fi
+  if [[ $rc == 0 && ${KEEP_TMP:-0} != 1 ]]; then
+    rm -rf "$TMP"
+  else
+    log "logs and raw runs kept in $TMP"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_busy() { ss -Hltn "( sport = :$1 )" 2>/dev/null | grep -q .; }
+
+wait_port() { # wait_port PORT NAME: until something accepts on 127.0.0.1:PORT
+  for _ in $(seq 200); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    if [[ -n ${PID[$2]:-} ]] && ! kill -0 "${PID[$2]}" 2>/dev/null; then die "$2 exited; see $TMP/$2.err"; fi
+    sleep 0.1
+  done
+  die "$2 is not listening on 127.0.0.1:$1 after 20 s; see $TMP/$2.err"
+}
+
+proc_kib() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
+
+# Highest fd limit we may have (children inherit it).
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+NOFILE=$(ulimit -n)
+
+# ------------------------------------------------------------------------------------------
+# 1. Install what is missing.
+INSTALLED_NOW=()
+apt_install() {
+  [[ $# -gt 0 ]] || return 0
+  log "apt-get install $*"
+  if [[ ! -f $TMP/.apt-updated ]]; then
+    apt-get update -qq
+    touch "$TMP/.apt-updated"
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >"$TMP/apt.log" 2>&1 ||
+    { cat "$TMP/apt.log" >&2; die "apt-get install $* failed"; }
+}
+missing=()
+command -v squid >/dev/null || { missing+=(squid); INSTALLED_NOW+=(squid); }
+command -v tinyproxy >/dev/null || { missing+=(tinyproxy); INSTALLED_NOW+=(tinyproxy); }
+for tool in curl ss unshare; do
+  command -v $tool >/dev/null || case $tool in
+    curl) missing+=(curl) ;;
+    ss) missing+=(iproute2) ;;
+    unshare) missing+=(util-linux) ;;
+  esac
+done
+apt_install "${missing[@]}"
+# Packages may start their service on install; ours run on other ports with our own configs,
+# but a service we just installed would share the CPU, so stop it.
+for svc in "${INSTALLED_NOW[@]}"; do
+  if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
+    systemctl stop "$svc" || true
+  elif command -v service >/dev/null; then
+    service "$svc" stop >/dev/null 2>&1 || true
+  fi
+done
+
+# The load tool: oha (cargo install), else wrk (apt) with an absolute-form Lua script.
+OHA=$(command -v oha || true)
+if [[ -z $OHA && -x $HOME/.cargo/bin/oha ]]; then OHA=$HOME/.cargo/bin/oha; fi
+case $LOAD_TOOL in
+  auto | oha)
+    if [[ -z $OHA ]]; then
+      log "installing oha (cargo install oha --locked; several minutes)"
+      if cargo install oha --locked >"$TMP/oha-install.log" 2>&1; then
+        OHA=$HOME/.cargo/bin/oha
+      elif [[ $LOAD_TOOL == oha ]]; then
+        tail -20 "$TMP/oha-install.log" >&2
+        die "cargo install oha failed"
+      else
+        log "cargo install oha failed (see $TMP/oha-install.log); falling back to wrk"
+      fi
+    fi
+    if [[ -n $OHA ]]; then LOAD_TOOL=oha; else LOAD_TOOL=wrk; fi
+    ;;
+  wrk) ;;
+  *) die "LOAD_TOOL must be auto, oha or wrk" ;;
+esac
+if [[ $LOAD_TOOL == wrk ]]; then
+  command -v wrk >/dev/null || apt_install wrk
+  LOAD_VERSION="wrk $({ wrk -v 2>&1 || true; } | awk 'NR == 1 { print $2 }') (Lua script, absolute-form requests)"
+else
+  LOAD_VERSION=$("$OHA" --version | head -1)
+fi
+
+# ------------------------------------------------------------------------------------------
+# 2. Build leasegate and the harness (release).
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  log "cargo build --release (leasegate)"
+  (cd "$REPO" && cargo build --release --quiet)
+  log "cargo build --release (harness)"
+  CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
+fi
+LG="$REPO/target/release/leasegate"
+H="$HERE/target/release/compare-harness"
+[[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
+
+for p in $ORIGIN_HTTP $ORIGIN_HTTPS $LG_PORT $LG_ADMIN $SQUID_PORT $TP_PORT $(seq ${LEASE_PORTS%-*} ${LEASE_PORTS#*-}); do
+  if port_busy "$p"; then die "127.0.0.1:$p is already in use"; fi
+done
+
+# ------------------------------------------------------------------------------------------
+# 3. Start the origin, leasegate, Squid and tinyproxy.
+printf '127.0.0.1 localhost\n127.0.0.1 origin.test\n' >"$TMP/hosts"
+
+start_origin() {
+  "$H" origin --http 127.0.0.1:$ORIGIN_HTTP --https 127.0.0.1:$ORIGIN_HTTPS --cert-dir "$TMP/certs" \
+    >"$TMP/origin.out" 2>"$TMP/origin.err" &
+  PID[origin]=$!
+  wait_port $ORIGIN_HTTP origin
+  wait_port $ORIGIN_HTTPS origin
+}
+
+"$LG" keygen --out "$TMP/lease.key" >/dev/null
+# (not `| head -1`: leasegate panics on the broken pipe when head exits, and pipefail stops us)
+ISSUED=$("$LG" issue --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
+  --allow-host origin.test --ttl 4h --name compare)
+LEASE_ID=${ISSUED%%$'\n'*}
+LG_AUTH="Basic $(printf 'agent:%s' "$LEASE_ID" | base64 -w0)"
+
+start_leasegate() {
+  # Connection limits are raised for the idle-tunnel test (defaults: 10,000 total, 1,000 per lease).
+  RUST_LOG=warn "$LG" serve --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
+    --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
+    --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 --lease-ports $LEASE_PORTS \
+    --egress-log "$TMP/leasegate-egress.jsonl" --drain-timeout 2s \
+    --max-connections 100000 --max-connections-per-lease 100000 \
+    >"$TMP/leasegate.out" 2>>"$TMP/leasegate.err" &
+  PID[leasegate]=$!
+  for _ in $(seq 200); do
+    curl -sf "http://127.0.0.1:$LG_ADMIN/healthz" >/dev/null 2>&1 && break
+    kill -0 "${PID[leasegate]}" 2>/dev/null || die "leasegate exited; see $TMP/leasegate.err"
+    sleep 0.1
+  done
+  LEASE_PORT=
+  for _ in $(seq 100); do
+    LEASE_PORT=$(curl -sf "http://127.0.0.1:$LG_ADMIN/leases/$LEASE_ID" | grep -o '"port":[0-9]*' | cut -d: -f2 || true)
+    [[ -n $LEASE_PORT ]] && break
+    sleep 0.1
+  done
+  [[ -n $LEASE_PORT ]] || die "no lease port for $LEASE_ID (GET /leases/$LEASE_ID)"
+  wait_port "$LEASE_PORT" leasegate
+}
+
+start_squid() {
+  cat >"$TMP/squid.conf" <<EOF
+http_port 127.0.0.1:$SQUID_PORT
+workers 1
+pid_filename $TMP/squid.pid
+coredump_dir $TMP
+cache_effective_user proxy
+hosts_file $TMP/hosts
+# The same allow list as the lease: origin.test only, CONNECT to any port.
+acl allowed dstdomain origin.test
+http_access allow allowed
+http_access deny all
+cache deny all
+# One line per request or tunnel, like leasegate's egress log.
+access_log stdio:$TMP/squid-access.log
+cache_log $TMP/squid-cache.log
+cache_store_log none
+logfile_rotate 0
+pinger_enable off
+max_filedescriptors $NOFILE
+shutdown_lifetime 1 second
+EOF
+  touch "$TMP/squid-access.log" "$TMP/squid-cache.log"
+  chown proxy "$TMP/squid-access.log" "$TMP/squid-cache.log" 2>/dev/null || true
+  squid -N -f "$TMP/squid.conf" >"$TMP/squid.out" 2>>"$TMP/squid.err" &
+  PID[squid]=$!
+  wait_port $SQUID_PORT squid
+}
+
+# tinyproxy resolves origin.test with the system resolver; rather than edit /etc/hosts it runs
+# in its own mount namespace with our hosts file bind-mounted over /etc/hosts.
+start_tinyproxy() {
+  printf '^origin\\.test$\n' >"$TMP/tinyproxy.filter"
+  cat >"$TMP/tinyproxy.conf" <<EOF
+Port $TP_PORT
+Listen 127.0.0.1
+Timeout 600
+MaxClients 1000
+LogFile "$TMP/tinyproxy.log"
+LogLevel $TINYPROXY_LOGLEVEL
+PidFile "$TMP/tinyproxy.pid"
+Filter "$TMP/tinyproxy.filter"
+FilterType ere
+FilterURLs Off
+FilterDefaultDeny Yes
+EOF
+  if unshare --mount --propagation private -- true 2>/dev/null; then
+    unshare --mount --propagation private -- sh -c \
+      "mount --bind '$TMP/hosts' /etc/hosts && exec tinyproxy -d -c '$TMP/tinyproxy.conf'" \
+      >"$TMP/tinyproxy.out" 2>>"$TMP/tinyproxy.err" &
+  else
+    log "no mount namespace here: adding origin.test to /etc/hosts for the run"
+    grep -q "$HOSTS_MARK\$" /etc/hosts || { printf '127.0.0.1 origin.test %s\n' "$HOSTS_MARK" >>/etc/hosts; HOSTS_EDITED=1; }
+    tinyproxy -d -c "$TMP/tinyproxy.conf" >"$TMP/tinyproxy.out" 2>>"$TMP/tinyproxy.err" &
+  fi
+  PID[tinyproxy]=$!
+  wait_port $TP_PORT tinyproxy
+}
+
+log "starting origin, leasegate, squid, tinyproxy (logs in $TMP)"
+start_origin
+start_leasegate
+start_squid
+start_tinyproxy
+
+# Sanity: every variant answers /small with 64 bytes before anything is timed.
+check() {
+  local n
+  n=$(curl -sf "$@" | wc -c) || true
+  [[ $n == 64 ]] || die "sanity check failed: curl $* gave $n bytes"
+}
+check http://127.0.0.1:$ORIGIN_HTTP/small
+check -x http://127.0.0.1:$LG_PORT -H "Proxy-Authorization: $LG_AUTH" http://origin.test:$ORIGIN_HTTP/small
+check -x "http://127.0.0.1:$LEASE_PORT" http://origin.test:$ORIGIN_HTTP/small
+check -x http://127.0.0.1:$SQUID_PORT http://origin.test:$ORIGIN_HTTP/small
+check -x http://127.0.0.1:$TP_PORT http://origin.test:$ORIGIN_HTTP/small
+
+# ------------------------------------------------------------------------------------------
+# 4. The runs.
+proxy_of() {
+  case $1 in
+    direct) echo "" ;;
+    leasegate-credentials) echo 127.0.0.1:$LG_PORT ;;
+    leasegate-lease-port) echo "127.0.0.1:$LEASE_PORT" ;;
+    squid) echo 127.0.0.1:$SQUID_PORT ;;
+    tinyproxy) echo 127.0.0.1:$TP_PORT ;;
+  esac
+}
+auth_of() { if [[ $1 == leasegate-credentials ]]; then echo "$LG_AUTH"; else echo none; fi; }
+
+cat >"$TMP/wrk.lua" <<'EOF'
+-- Absolute-form requests through a proxy (or origin-form direct), optional Proxy-Authorization.
+wrk.path = os.getenv("WRK_PATH")
+wrk.headers["Host"] = os.getenv("WRK_HOST")
+local auth = os.getenv("WRK_AUTH")
+if auth and auth ~= "" and auth ~= "none" then wrk.headers["Proxy-Authorization"] = auth end
+if os.getenv("WRK_CLOSE") == "1" then wrk.headers["Connection"] = "close" end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '{"tool":"wrk","seconds":%f,"requests":%d,"errors":%d,"non2xx":%d,"p50_us":%f,"p99_us":%f}\n',
+    summary.duration / 1e6, summary.requests, e.connect + e.read + e.write + e.timeout, e.status,
+    latency:percentile(50), latency:percentile(99)))
+end
+EOF
+
+# load VARIANT CONNECTIONS KEEPALIVE(1|0) OUT
+load() {
+  local variant=$1 c=$2 ka=$3 out=$4 proxy url host
+  proxy=$(proxy_of "$variant")
+  if [[ -z $proxy ]]; then
+    url=http://127.0.0.1:$ORIGIN_HTTP/small host=127.0.0.1:$ORIGIN_HTTP
+  else
+    url=http://origin.test:$ORIGIN_HTTP/small host=origin.test:$ORIGIN_HTTP
+  fi
+  if [[ $LOAD_TOOL == oha ]]; then
+    local args=(--no-tui --output-format json -z "${DURATION}s" -c "$c")
+    if [[ $ka == 0 ]]; then args+=(--disable-keepalive); fi
+    if [[ -n $proxy ]]; then
+      args+=(-x "http://$proxy" --no-pre-lookup)
+      if [[ $(auth_of "$variant") != none ]]; then
+        args+=(--proxy-header "Proxy-Authorization: $(auth_of "$variant")")
+      fi
+    fi
+    "$OHA" "${args[@]}" "$url" >"$out" 2>"$out.err" || log "oha exited $? ($variant)"
+  else
+    local threads=$((c < 2 ? 1 : 2)) path=/small target=http://127.0.0.1:$ORIGIN_HTTP
+    if [[ -n $proxy ]]; then path=$url target=http://$proxy; fi
+    WRK_PATH=$path WRK_HOST=$host WRK_AUTH=$(auth_of "$variant") WRK_CLOSE=$((1 - ka)) \
+      wrk -t "$threads" -c "$c" -d "${DURATION}s" -s "$TMP/wrk.lua" "$target" >"$out.txt" 2>"$out.err" ||
+      log "wrk exited $? ($variant)"
+    tail -1 "$out.txt" >"$out"
+  fi
+}
+
+run_figure() { # run_figure ROUND FIGURE VARIANT
+  local r=$1 fig=$2 v=$3 out proxy target
+  out="$RUNS/r${r}_${fig}_${v}.json"
+  proxy=$(proxy_of "$v")
+  case $fig in
+    ka1) load "$v" 1 1 "$out" ;;
+    ka32) load "$v" "$CONC" 1 "$out" ;;
+    close32) load "$v" "$CONC" 0 "$out" ;;
+    connect)
+      if [[ -z $proxy ]]; then proxy=direct target=127.0.0.1:$ORIGIN_HTTPS; else target=origin.test:$ORIGIN_HTTPS; fi
+      "$H" connect-rate --proxy "$proxy" --target "$target" --auth "$(auth_of "$v")" \
+        --concurrency "$CONC" --duration "$DURATION" >"$out" 2>"$out.err" || log "connect-rate failed ($v): $(cat "$out.err")"
+      ;;
+    bulk)
+      if [[ -z $proxy ]]; then proxy=direct target=127.0.0.1:$ORIGIN_HTTP; else target=origin.test:$ORIGIN_HTTP; fi
+      "$H" bulk --proxy "$proxy" --target "$target" --auth "$(auth_of "$v")" \
+        --bytes "$BULK_BYTES" --repeat "$BULK_REPEAT" >"$out" 2>"$out.err" || log "bulk failed ($v): $(cat "$out.err")"
+      ;;
+  esac
+  # Every proxy process must survive every run.
+  for name in leasegate squid tinyproxy origin; do
+    kill -0 "${PID[$name]}" 2>/dev/null || die "$name died during $fig/$v (round $r); see $TMP/$name.err"
+  done
+  sleep 1 # let sockets settle between runs
+}
+
+log "$ROUNDS round(s) of ${FIGURES[*]} × ${VARIANTS[*]} (${DURATION} s per run, $CONC connections, load tool: $LOAD_VERSION)"
+for r in $(seq "$ROUNDS"); do
+  # Rotate the variant order every round; within a figure the variants alternate.
+  order=()
+  for i in "${!VARIANTS[@]}"; do order+=("${VARIANTS[$(((i + r - 1) % ${#VARIANTS[@]}))]}"); done
+  for fig in "${FIGURES[@]}"; do
+    for v in "${order[@]}"; do
+      log "round $r/$ROUNDS: $fig $v"
+      run_figure "$r" "$fig" "$v"
+    done
+  done
+done
+
+# Peak RSS after all rounds.
+write_rss() { # write_rss VARIANT PID
+  printf '{"pid": %s, "vmhwm_kib": %s, "vmrss_kib": %s}\n' "$2" "$(proc_kib "$2" VmHWM)" "$(proc_kib "$2" VmRSS)" >"$RUNS/rss_$1.json"
+}
+write_rss leasegate-credentials "${PID[leasegate]}"
+write_rss leasegate-lease-port "${PID[leasegate]}"
+write_rss squid "${PID[squid]}"
+write_rss tinyproxy "${PID[tinyproxy]}"
+
+LG_DROPPED=$(curl -sf "http://127.0.0.1:$LG_ADMIN/metrics" | awk '$1 == "leasegate_egress_log_dropped_total" { print $2 }' || true)
+LEASE_STATUS=$(curl -sf "http://127.0.0.1:$LG_ADMIN/leases/$LEASE_ID" | grep -o '"status":"[a-z-]*"' | cut -d'"' -f4 || true)
+LG_ERRLINES=$(grep -c . "$TMP/leasegate.err" || true)
+
+# ------------------------------------------------------------------------------------------
+# 5. Idle tunnels, last, on freshly started leasegate and Squid (so freed buffers of the load
+#    runs are not counted as tunnel memory). Each tunnel holds 2 fds in the proxy.
+IDLE_COUNT=$IDLE_TUNNELS
+max_by_fds=$(((NOFILE - 200) / 2))
+if ((IDLE_COUNT > max_by_fds)); then
+  log "RLIMIT_NOFILE is $NOFILE (hard $(ulimit -Hn)): $IDLE_TUNNELS tunnels need $((2 * IDLE_TUNNELS + 200)) fds in the proxy; using $max_by_fds"
+  IDLE_COUNT=$max_by_fds
+fi
+idle() { # idle VARIANT NAME PORT AUTH
+  log "idle tunnels: $IDLE_COUNT through $1"
+  "$H" idle-tunnels --proxy "127.0.0.1:$3" --target origin.test:$ORIGIN_HTTP --auth "$4" \
+    --count "$IDLE_COUNT" --pid "${PID[$2]}" >"$RUNS/idle_$1.json" 2>"$TMP/idle_$1.err" ||
+    log "idle-tunnels failed ($1): $(cat "$TMP/idle_$1.err")"
+}
+stop_pid leasegate
+start_leasegate
+idle leasegate-credentials leasegate $LG_PORT "$LG_AUTH"
+stop_pid squid
+start_squid
+idle squid squid $SQUID_PORT none
+check -x http://127.0.0.1:$LG_PORT -H "Proxy-Authorization: $LG_AUTH" http://origin.test:$ORIGIN_HTTP/small
+
+# ------------------------------------------------------------------------------------------
+# 6. The report.
+ELAPSED=$(($(date +%s) - START_EPOCH))
+REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null) ]]; then
+  REV="$REV (with uncommitted changes to src/ or Cargo.*)"
+fi
+IDLE_NOTE=""
+if ((IDLE_COUNT < IDLE_TUNNELS)); then
+  IDLE_NOTE=" of the $IDLE_TUNNELS asked for (2 fds each in the proxy; RLIMIT_NOFILE is capped at $NOFILE here)"
+fi
+NOTES="Notes: leasegate ran with RUST_LOG=warn and its egress log to a file ($LG_DROPPED lines dropped; lease status at the end: ${LEASE_STATUS:-?}; ${LG_ERRLINES:-0} stderr lines); Squid with access_log to a file; tinyproxy with LogLevel $TINYPROXY_LOGLEVEL (tinyproxy fsyncs every log line, so its per-connection Info/Connect logging would cap it at a few hundred connections/s; it writes no request log here, which favours it). tinyproxy closes the client connection after each response, so its keep-alive figures are new-connection figures. Idle tunnels: $IDLE_COUNT$IDLE_NOTE, opened on freshly restarted processes; tinyproxy (a thread per connection, MaxClients 1000) is not measured there."
+"$H" report --runs "$RUNS" --out-md "$OUT_MD" --out-json "$OUT_JSON" \
+  --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --elapsed "$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \
+  --leasegate-rev "$REV" \
+  --squid-version "$(squid -v | head -1)" \
+  --tinyproxy-version "$(tinyproxy -v 2>&1 | head -1)" \
+  --load-tool "$LOAD_VERSION" \
+  --rounds "$ROUNDS" --duration "$DURATION" --concurrency "$CONC" --quick "$QUICK" \
+  --bulk-bytes "$BULK_BYTES" --bulk-repeat "$BULK_REPEAT" \
+  --command "$COMMAND_LINE" --notes "$NOTES" >/dev/null
+log "wrote $OUT_MD and $OUT_JSON"
+cat "$OUT_MD"
