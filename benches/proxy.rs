@@ -3,7 +3,6 @@
 //! Targets (DESIGN.md): verdict ≤ 200 ns at 10,000 patterns and flat in the pattern count.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use std::hint::black_box;
 use http::{HeaderMap, HeaderValue};
 use leasegate::contract::lease::sign;
 use leasegate::contract::{Key, Keyring, Timestamp};
@@ -12,6 +11,7 @@ use leasegate::policy::verdict::{decide, HostPolicy};
 use leasegate::proxy::identify::identify;
 use leasegate::registry::Ledger;
 use serde_json::json;
+use std::hint::black_box;
 
 /// `n` allow patterns, half exact names and half wildcards, plus a deny list of `n / 10`.
 fn policy(n: usize) -> HostPolicy {

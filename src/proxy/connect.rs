@@ -5,7 +5,7 @@
 //! dial failures 502); the client's first bytes reach the upstream untouched unless they are
 //! a ClientHello naming a host the lease may not reach, in which case the tunnel is closed.
 
-use super::body::{splice, SpliceEnd};
+use super::body::SpliceEnd;
 use super::exchange::Exchange;
 use super::refusal::{Code, Refusal};
 use super::{empty, Admitted, Body, ConnInfo, Proxy};
@@ -127,20 +127,7 @@ async fn tunnel(
     }
     drop(first);
 
-    let lease = admitted.lease_id.clone();
-    proxy.telemetry.metrics.tunnel_opened(&lease);
-    let end = splice(
-        client,
-        upstream,
-        ex.bytes_up.clone(),
-        ex.bytes_down.clone(),
-        &token,
-        &proxy.hard_stop,
-        proxy.config.tunnel_idle_timeout,
-    )
-    .await;
-    proxy.telemetry.metrics.tunnel_closed(&lease);
-    ex.error = end.describe();
+    proxy.splice(client, upstream, &token, &mut ex).await;
 }
 
 /// Reads from the client until its bytes are known to be a ClientHello (returns its SNI, or

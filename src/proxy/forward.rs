@@ -5,7 +5,7 @@
 //! Invariant: what reaches the upstream names the same host the decision was made for — the
 //! `Host` header must agree with the absolute URI, and the connection is to a checked address.
 
-use super::body::{splice, Metered};
+use super::body::Metered;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
 use super::refusal::{Code, Refusal};
@@ -303,18 +303,12 @@ async fn splice_upgrade(
             return;
         }
     };
-    let lease = ex.lease_id.clone().unwrap_or_default();
-    proxy.telemetry.metrics.tunnel_opened(&lease);
-    let end = splice(
-        TokioIo::new(client),
-        TokioIo::new(upstream),
-        ex.bytes_up.clone(),
-        ex.bytes_down.clone(),
-        &token,
-        &proxy.hard_stop,
-        proxy.config.tunnel_idle_timeout,
-    )
-    .await;
-    proxy.telemetry.metrics.tunnel_closed(&lease);
-    ex.error = end.describe();
+    proxy
+        .splice(
+            TokioIo::new(client),
+            TokioIo::new(upstream),
+            &token,
+            &mut ex,
+        )
+        .await;
 }

@@ -522,6 +522,35 @@ impl Proxy {
         Ok((stream, dialed))
     }
 
+    /// Phase 7 for tunnels and upgraded connections: copies bytes both ways until either side
+    /// ends, the lease closes, a drain runs out or the tunnel idles; counted as an open tunnel
+    /// meanwhile, and the way it ended goes on the exchange's line.
+    pub async fn splice<C, U>(
+        &self,
+        client: C,
+        upstream: U,
+        token: &CancellationToken,
+        ex: &mut Exchange,
+    ) where
+        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let lease = ex.lease_id.clone().unwrap_or_default();
+        self.telemetry.metrics.tunnel_opened(&lease);
+        let end = body::splice(
+            client,
+            upstream,
+            ex.bytes_up.clone(),
+            ex.bytes_down.clone(),
+            token,
+            &self.hard_stop,
+            self.config.tunnel_idle_timeout,
+        )
+        .await;
+        self.telemetry.metrics.tunnel_closed(&lease);
+        ex.error = end.describe();
+    }
+
     /// Records a refusal on the exchange and, for a revoking code under `--on-refusal
     /// revoke`, revokes the lease before answering — so the next request already sees it.
     pub async fn record_refusal(&self, ex: &mut Exchange, refusal: &Refusal) {
