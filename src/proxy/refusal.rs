@@ -219,7 +219,7 @@ pub fn response(
     }
     if matches!(
         refusal.code,
-        Code::BadTarget | Code::NotAProxyRequest | Code::LeaseConflict
+        Code::BadTarget | Code::NotAProxyRequest | Code::LeaseConflict | Code::TooManyConnections
     ) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
