@@ -184,17 +184,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    #[arg(long, env = "LEASEGATE_JOURNAL")]
-    pub journal: PathBuf,
-    #[arg(
-        long = "key-file",
-        env = "LEASEGATE_KEY_FILE",
-        value_delimiter = ',',
-        required = true
-    )]
-    pub key_files: Vec<PathBuf>,
-    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
-    pub allow_test_key: bool,
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
     /// The lease to check.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: String,
@@ -281,6 +272,17 @@ pub struct VerifyArgs {
 
 #[derive(Debug, Args)]
 pub struct LeasesArgs {
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
+    /// JSON Lines instead of a table.
+    #[arg(long, env = "LEASEGATE_JSON")]
+    pub json: bool,
+}
+
+/// A journal and the keys its leases are signed with (`leases`, `check`).
+#[derive(Debug, Args)]
+pub struct LedgerArgs {
+    /// The lease journal (JSON Lines).
     #[arg(long, env = "LEASEGATE_JOURNAL")]
     pub journal: PathBuf,
     /// Keys the leases are signed with (repeatable).
@@ -294,9 +296,6 @@ pub struct LeasesArgs {
     /// Accept leases signed with the published test key.
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
-    /// JSON Lines instead of a table.
-    #[arg(long, env = "LEASEGATE_JSON")]
-    pub json: bool,
 }
 
 /// `A-B` with A <= B.

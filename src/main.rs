@@ -183,10 +183,16 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
     }
 }
 
-fn leases(args: cli::LeasesArgs) -> Result<()> {
+/// Folds a journal under its keys.
+fn load_ledger(args: &cli::LedgerArgs) -> Result<Ledger> {
     let keyring = Keyring::load(&args.key_files, args.allow_test_key)?;
     let (ledger, _) = journal::load(&args.journal, Ledger::new(keyring))
         .with_context(|| format!("reading {}", args.journal.display()))?;
+    Ok(ledger)
+}
+
+fn leases(args: cli::LeasesArgs) -> Result<()> {
+    let ledger = load_ledger(&args.ledger)?;
     let rows = inspect::lease_rows(&ledger, Timestamp::now());
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -356,9 +362,7 @@ async fn shutdown_signal() {
 }
 
 fn check(args: cli::CheckArgs) -> Result<()> {
-    let keyring = Keyring::load(&args.key_files, args.allow_test_key)?;
-    let (ledger, _) = journal::load(&args.journal, Ledger::new(keyring))
-        .with_context(|| format!("reading {}", args.journal.display()))?;
+    let ledger = load_ledger(&args.ledger)?;
     let now = Timestamp::now();
     let explanation = inspect::explain(&ledger, &args.lease, &args.target, now);
     let mut refusal = explanation.refusal.clone();
