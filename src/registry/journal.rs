@@ -67,8 +67,17 @@ pub struct LineProblem {
 /// not a live tail); blank lines are ignored. Skipped lines are returned and logged.
 pub fn fold_bytes(ledger: &mut Ledger, bytes: &[u8]) -> Vec<LineProblem> {
     let (lines, rest) = split_lines(bytes);
+    apply_lines(ledger, lines.chain((!rest.is_empty()).then_some(rest)))
+}
+
+/// Applies complete lines in order (blank ones ignored); the skipped ones are returned, with
+/// their 1-based number among `lines`, and logged.
+pub fn apply_lines<'a>(
+    ledger: &mut Ledger,
+    lines: impl Iterator<Item = &'a [u8]>,
+) -> Vec<LineProblem> {
     let mut problems = Vec::new();
-    for (i, raw) in lines.chain((!rest.is_empty()).then_some(rest)).enumerate() {
+    for (i, raw) in lines.enumerate() {
         if raw.iter().all(u8::is_ascii_whitespace) {
             continue;
         }

@@ -103,7 +103,7 @@ impl Registry {
         let mut tail = JournalTail::new(path);
         let mut ledger = Ledger::new(keyring);
         let (_, lines) = tail.read_new()?;
-        let skipped = apply_lines(&mut ledger, &lines);
+        let skipped = journal::apply_lines(&mut ledger, lines.iter().map(Vec::as_slice)).len();
         if skipped > 0 {
             tracing::warn!(skipped, journal = %tail.path().display(), "journal lines skipped");
         }
@@ -158,10 +158,7 @@ impl Registry {
             return Ok(0);
         }
         let mut next = (*self.snapshot()).clone();
-        let skipped = apply_lines(&mut next.ledger, &lines);
-        if skipped > 0 {
-            tracing::warn!(skipped, "journal lines skipped");
-        }
+        journal::apply_lines(&mut next.ledger, lines.iter().map(Vec::as_slice));
         next.compile_new();
         self.current.store(Arc::new(next));
         self.close_where_not_open(Timestamp::now());
@@ -268,21 +265,6 @@ impl Registry {
             }
         }
     }
-}
-
-/// Applies raw lines; returns how many were skipped.
-fn apply_lines(ledger: &mut Ledger, lines: &[Vec<u8>]) -> usize {
-    let mut skipped = 0;
-    for line in lines {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        if let Err(error) = ledger.apply_line_bytes(line) {
-            tracing::warn!(%error, "journal line skipped");
-            skipped += 1;
-        }
-    }
-    skipped
 }
 
 fn token_for(
