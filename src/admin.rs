@@ -4,6 +4,7 @@
 //! Invariant: with a token configured, nothing but `/healthz` answers without it; every answer
 //! but `/metrics` is JSON, errors included.
 
+use crate::contract::lease::is_lease_id;
 use crate::contract::{Event, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
@@ -90,15 +91,6 @@ fn is_authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|given| bool::from(given.trim().as_bytes().ct_eq(token.as_bytes())))
-}
-
-/// A lease id in the contract's form (lower-case UUID).
-fn is_lease_id(text: &str) -> bool {
-    text.len() == 36
-        && text.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
-        })
 }
 
 async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {

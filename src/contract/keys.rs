@@ -163,14 +163,6 @@ impl Keyring {
     pub fn allows_test_key(&self) -> bool {
         self.allows_test_key
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    pub fn fingerprints(&self) -> impl Iterator<Item = &str> {
-        self.keys.iter().map(|k| k.fingerprint())
-    }
 }
 
 #[cfg(test)]

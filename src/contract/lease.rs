@@ -144,6 +144,15 @@ impl Lease {
     }
 }
 
+/// Whether `text` has the contract's lease id form (a lower-case UUID).
+pub fn is_lease_id(text: &str) -> bool {
+    text.len() == 36
+        && text.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
 /// Refuses a readable `schema_version` whose major this reader does not know; an unreadable
 /// one is left for the schema to explain.
 pub fn check_major(value: &Value) -> Result<(), u64> {

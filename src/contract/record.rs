@@ -131,11 +131,6 @@ impl Record {
         }
         Ok(record)
     }
-
-    /// The lease a `granted` record carries.
-    pub fn lease(&self) -> Option<&Value> {
-        self.value.get("lease")
-    }
 }
 
 /// Builds a `granted` record for a signed lease and the manifest it was declared from.

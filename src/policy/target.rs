@@ -24,10 +24,6 @@ impl TargetHost {
             TargetHost::Ip(ip) => ip.to_string(),
         }
     }
-
-    pub fn is_ip(&self) -> bool {
-        matches!(self, TargetHost::Ip(_))
-    }
 }
 
 impl fmt::Display for TargetHost {

@@ -4,6 +4,7 @@
 //! malformed credential is `lease-unknown`, no credential at all `lease-missing`.
 
 use super::refusal::{Code, Refusal};
+use crate::contract::lease::is_lease_id;
 use base64::Engine;
 use http::HeaderMap;
 
@@ -102,12 +103,7 @@ fn parse_authorization(text: &str) -> Result<Identity, Refusal> {
 
 /// A lease id has the contract's form (lower-case UUID).
 fn checked_id(text: &str) -> Result<String, Refusal> {
-    let well_formed = text.len() == 36
-        && text.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
-        });
-    if well_formed {
+    if is_lease_id(text) {
         Ok(text.to_owned())
     } else {
         Err(unknown("the lease id is not a lower-case UUID"))

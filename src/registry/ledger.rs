@@ -239,10 +239,6 @@ impl Ledger {
         self.leases.get(id)
     }
 
-    pub fn closure(&self, id: &str) -> Option<&Closure> {
-        self.closures.get(id)
-    }
-
     /// Every loaded lease, in grant order.
     pub fn leases(&self) -> impl Iterator<Item = &Arc<Lease>> {
         self.order.iter().filter_map(|id| self.leases.get(id))
@@ -261,11 +257,6 @@ impl Ledger {
             next = lease.parent.clone();
             Some(lease)
         })
-    }
-
-    /// Whether `id` is `ancestor` or descends from it.
-    pub fn is_in_subtree(&self, id: &str, ancestor: &str) -> bool {
-        id == ancestor || self.ancestors(id).any(|l| l.id == ancestor)
     }
 
     /// The lease's own status at `now`, before its ancestors are considered.

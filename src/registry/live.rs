@@ -10,7 +10,7 @@
 use super::journal;
 use super::ledger::{Ledger, Status};
 use super::tail::{Generation, JournalTail};
-use crate::contract::record::{self, Record, Revocation};
+use crate::contract::record::{self, Revocation};
 use crate::contract::{Keyring, RecordError, Timestamp};
 use crate::policy::HostPolicy;
 use arc_swap::ArcSwap;
@@ -69,8 +69,8 @@ pub enum RevokeError {
 /// The registry of a running proxy.
 pub struct Registry {
     current: ArcSwap<Snapshot>,
-    /// The journal we follow and append to; `None` keeps revocations in memory only.
-    tail: tokio::sync::Mutex<Option<JournalTail>>,
+    /// The journal we follow and append to.
+    tail: tokio::sync::Mutex<JournalTail>,
     /// fsync every append.
     fsync: bool,
     /// Cancellation tokens of leases that have had traffic, keyed by lease id.
@@ -82,22 +82,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry over an already folded ledger, without a journal.
-    pub fn in_memory(ledger: Ledger) -> Registry {
-        Registry::build(ledger, None, false)
-    }
-
-    fn build(ledger: Ledger, tail: Option<JournalTail>, fsync: bool) -> Registry {
-        Registry {
-            current: ArcSwap::from_pointee(Snapshot::new(ledger)),
-            tail: tokio::sync::Mutex::new(tail),
-            fsync,
-            tokens: Mutex::new(HashMap::new()),
-            next_deadline: AtomicI64::new(i64::MAX),
-            changes: watch::channel(0).0,
-        }
-    }
-
     /// Follows the journal at `path`: reads what is there now (a partial last line waits).
     pub fn load(path: PathBuf, keyring: Keyring, fsync: bool) -> std::io::Result<Registry> {
         let mut tail = JournalTail::new(path);
@@ -107,7 +91,14 @@ impl Registry {
         if skipped > 0 {
             tracing::warn!(skipped, journal = %tail.path().display(), "journal lines skipped");
         }
-        Ok(Registry::build(ledger, Some(tail), fsync))
+        Ok(Registry {
+            current: ArcSwap::from_pointee(Snapshot::new(ledger)),
+            tail: tokio::sync::Mutex::new(tail),
+            fsync,
+            tokens: Mutex::new(HashMap::new()),
+            next_deadline: AtomicI64::new(i64::MAX),
+            changes: watch::channel(0).0,
+        })
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -146,10 +137,7 @@ impl Registry {
         self.refresh_locked(&mut tail)
     }
 
-    fn refresh_locked(&self, tail: &mut Option<JournalTail>) -> std::io::Result<usize> {
-        let Some(tail) = tail.as_mut() else {
-            return Ok(0);
-        };
+    fn refresh_locked(&self, tail: &mut JournalTail) -> std::io::Result<usize> {
         let (generation, lines) = tail.read_new()?;
         if generation == Generation::Restarted && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!("journal restarted: applying the new file on top of the folded state");
@@ -200,21 +188,11 @@ impl Registry {
             key,
             now,
         )?;
-        match tail.as_ref().map(|t| t.path().to_path_buf()) {
-            Some(path) => {
-                let fsync = self.fsync;
-                tokio::task::spawn_blocking(move || journal::append(&path, &value, fsync))
-                    .await
-                    .map_err(std::io::Error::other)??;
-                self.refresh_locked(&mut tail)?;
-            }
-            None => {
-                let mut next = (*snapshot).clone();
-                next.ledger.apply(Record::from_value(value)?).ok();
-                self.current.store(Arc::new(next));
-                self.close_where_not_open(now);
-            }
-        }
+        let (path, fsync) = (tail.path().to_path_buf(), self.fsync);
+        tokio::task::spawn_blocking(move || journal::append(&path, &value, fsync))
+            .await
+            .map_err(std::io::Error::other)??;
+        self.refresh_locked(&mut tail)?;
         Ok(true)
     }
 

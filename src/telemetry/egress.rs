@@ -70,7 +70,6 @@ const CAPACITY: usize = 8192;
 pub struct EgressLog {
     tx: Option<mpsc::Sender<EgressEvent>>,
     dropped: Arc<AtomicU64>,
-    written: Arc<AtomicU64>,
 }
 
 impl EgressLog {
@@ -79,7 +78,6 @@ impl EgressLog {
         EgressLog {
             tx: None,
             dropped: Arc::default(),
-            written: Arc::default(),
         }
     }
 
@@ -96,8 +94,6 @@ impl EgressLog {
             ),
         };
         let (tx, mut rx) = mpsc::channel::<EgressEvent>(CAPACITY);
-        let written = Arc::new(AtomicU64::new(0));
-        let counter = written.clone();
         tokio::spawn(async move {
             let mut batch = Vec::with_capacity(64);
             let mut buf = Vec::with_capacity(64 * 1024);
@@ -108,23 +104,18 @@ impl EgressLog {
                         buf.push(b'\n');
                     }
                 }
-                let lines = buf.iter().filter(|&&b| b == b'\n').count() as u64;
-                if let Err(error) = async {
+                let written = async {
                     sink.write_all(&buf).await?;
                     sink.flush().await
-                }
-                .await
-                {
+                };
+                if let Err(error) = written.await {
                     tracing::error!(%error, "egress log write failed");
-                } else {
-                    counter.fetch_add(lines, Ordering::Relaxed);
                 }
             }
         });
         Ok(EgressLog {
             tx: Some(tx),
             dropped: Arc::default(),
-            written,
         })
     }
 
@@ -140,10 +131,5 @@ impl EgressLog {
     /// Lines dropped because the writer was behind.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Lines written so far.
-    pub fn written(&self) -> u64 {
-        self.written.load(Ordering::Relaxed)
     }
 }

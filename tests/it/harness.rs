@@ -144,8 +144,12 @@ pub struct Origin {
     pub connections: Arc<AtomicUsize>,
 }
 
-/// A plain-HTTP origin (with WebSocket echo on /ws).
-pub async fn http_origin() -> Origin {
+/// Accepts connections on a loopback port, counting them, and serves each with `serve`.
+async fn spawn_origin<F, Fut>(serve: F) -> Origin
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let connections = Arc::new(AtomicUsize::new(0));
@@ -153,18 +157,24 @@ pub async fn http_origin() -> Origin {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(
-                        TokioIo::new(stream),
-                        hyper::service::service_fn(origin_service),
-                    )
-                    .with_upgrades()
-                    .await;
-            });
+            tokio::spawn(serve(stream));
         }
     });
     Origin { addr, connections }
+}
+
+/// A plain-HTTP origin (with WebSocket echo on /ws).
+pub async fn http_origin() -> Origin {
+    spawn_origin(|stream| async move {
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(
+                TokioIo::new(stream),
+                hyper::service::service_fn(origin_service),
+            )
+            .with_upgrades()
+            .await;
+    })
+    .await
 }
 
 /// An HTTPS origin for `name`, with a certificate made now; returns it and the CA file.
@@ -183,28 +193,22 @@ pub async fn https_origin(name: &str, dir: &Path) -> (Origin, PathBuf) {
     .with_single_cert(certs, key)
     .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let count = connections.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(
-                        TokioIo::new(tls),
-                        hyper::service::service_fn(origin_service),
-                    )
-                    .await;
-            });
+    let origin = spawn_origin(move |stream| {
+        let acceptor = acceptor.clone();
+        async move {
+            let Ok(tls) = acceptor.accept(stream).await else {
+                return;
+            };
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(
+                    TokioIo::new(tls),
+                    hyper::service::service_fn(origin_service),
+                )
+                .await;
         }
-    });
-    (Origin { addr, connections }, ca_path)
+    })
+    .await;
+    (origin, ca_path)
 }
 
 /// A temp journal, key and egress log, and the proxy built on them.
