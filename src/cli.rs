@@ -1,6 +1,6 @@
 //! Command-line flags, as clap reads them. Every flag also reads a `LEASEGATE_*` variable.
 //!
-//! Invariant: raw arguments only; validation and loading happen in `main` and `config`.
+//! Invariant: raw arguments only; validation and loading happen in `config`.
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -85,6 +85,8 @@ pub enum ModeArg {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Where the proxy listens.
     #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128")]
     pub listen: std::net::SocketAddr,
@@ -97,13 +99,6 @@ pub struct ServeArgs {
     /// Egress log destination: a file, or `-` for stdout.
     #[arg(long, env = "LEASEGATE_EGRESS_LOG")]
     pub egress_log: Option<String>,
-    /// An address range exempt from the address guard (repeatable), e.g. 10.20.0.0/16.
-    #[arg(
-        long = "allow-private",
-        env = "LEASEGATE_ALLOW_PRIVATE",
-        value_delimiter = ','
-    )]
-    pub allow_private: Vec<ipnet::IpNet>,
     /// What a revoking refusal does: revoke the lease, or only log.
     #[arg(
         long,
@@ -112,15 +107,9 @@ pub struct ServeArgs {
         default_value = "revoke"
     )]
     pub on_refusal: OnRefusalArg,
-    /// `report` lets policy refusals through and logs them (for rolling out allow lists).
-    #[arg(long, env = "LEASEGATE_MODE", value_enum, default_value = "enforce")]
-    pub mode: ModeArg,
     /// Accept leases signed with the published test key (conformance runs only).
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
-    /// Fixed name resolution, NAME=ADDR (repeatable; other names use the system resolver).
-    #[arg(long = "resolve", env = "LEASEGATE_RESOLVE", value_delimiter = ',')]
-    pub resolve: Vec<String>,
     /// Development mode: key and journal under ./.leasegate/, a demo lease, the export line.
     #[arg(long, env = "LEASEGATE_DEV")]
     pub dev: bool,
@@ -137,9 +126,6 @@ pub struct ServeArgs {
     /// Largest request head accepted, in bytes.
     #[arg(long, env = "LEASEGATE_MAX_HEADER_BYTES", default_value_t = 65536)]
     pub max_header_bytes: usize,
-    /// Time allowed for one name resolution.
-    #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub dns_timeout: std::time::Duration,
     /// Admin API address (`off` to disable).
     #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
     pub admin: String,
@@ -180,6 +166,30 @@ pub struct ServeArgs {
     /// Time allowed for one upstream connect.
     #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: std::time::Duration,
+    /// Time a forwarded request's upstream has to send its response head (then 504).
+    #[arg(long, env = "LEASEGATE_UPSTREAM_RESPONSE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub upstream_response_timeout: std::time::Duration,
+}
+
+/// The flags that shape a decision, shared by `serve` and `check` so both decide alike.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// An address range exempt from the address guard (repeatable), e.g. 10.20.0.0/16.
+    #[arg(
+        long = "allow-private",
+        env = "LEASEGATE_ALLOW_PRIVATE",
+        value_delimiter = ','
+    )]
+    pub allow_private: Vec<ipnet::IpNet>,
+    /// `report` lets policy refusals through and logs them (for rolling out allow lists).
+    #[arg(long, env = "LEASEGATE_MODE", value_enum, default_value = "enforce")]
+    pub mode: ModeArg,
+    /// Fixed name resolution, NAME=ADDR (repeatable; other names use the system resolver).
+    #[arg(long = "resolve", env = "LEASEGATE_RESOLVE", value_delimiter = ',')]
+    pub resolve: Vec<String>,
+    /// Time allowed for one name resolution.
+    #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub dns_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -189,9 +199,11 @@ pub struct CheckArgs {
     /// The lease to check.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: String,
-    /// Also resolve the host and apply the address guard.
-    #[arg(long)]
-    pub resolve: bool,
+    /// Also resolve a host name (IP literals are always guarded).
+    #[arg(long = "resolve-names")]
+    pub resolve_names: bool,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// HOST or HOST:PORT (port 443 if absent).
     pub target: String,
 }

@@ -1,12 +1,85 @@
-//! Resolved, validated configuration for `serve`: parsed addresses, loaded keys, compiled
-//! options. Built from the raw flags in `cli.rs` by `main`.
+//! Resolved, validated configuration: the raw flags of `cli.rs` become parsed addresses, loaded
+//! keys and compiled options here (ripgrep's low-level args → high-level config).
+//!
+//! Invariant: a `ServeConfig` or `ProxyConfig` that exists is valid; nothing downstream parses
+//! a flag again.
 
+use crate::cli;
+use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
-use crate::proxy::ProxyConfig;
+use crate::policy::Guard;
+use crate::proxy::upstream::Resolver;
 use crate::telemetry::egress::Destination;
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Refuse what policy refuses.
+    Enforce,
+    /// Let policy refusals through, logged as `report` (for rolling out allow lists).
+    Report,
+}
+
+/// `--on-refusal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRefusal {
+    /// The first revoking refusal appends a signed `revoked` record.
+    Revoke,
+    /// Refusals are only logged.
+    Log,
+}
+
+/// What the proxy needs to decide and connect, validated.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub mode: Mode,
+    pub on_refusal: OnRefusal,
+    pub guard: Guard,
+    pub resolver: Resolver,
+    /// Phase 5 resolves names. False only for `check` without `--resolve`: names are judged
+    /// but not resolved (IP literals are still guarded).
+    pub resolve_names: bool,
+    pub header_read_timeout: Duration,
+    /// A tunnel (or upgraded connection) with no bytes either way for this long is closed.
+    pub tunnel_idle_timeout: Duration,
+    /// Client connections at once, in total and per lease (`too-many-connections`).
+    pub max_connections: usize,
+    pub max_connections_per_lease: usize,
+    /// How long the metric series of a closed lease stay visible.
+    pub series_grace: Duration,
+    pub max_header_bytes: usize,
+    pub dns_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// A forwarded request's upstream must send its response head within this
+    /// (`upstream-timeout`, 504).
+    pub upstream_response_timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> ProxyConfig {
+        ProxyConfig {
+            mode: Mode::Enforce,
+            on_refusal: OnRefusal::Revoke,
+            guard: Guard::default(),
+            resolver: Resolver::system(),
+            resolve_names: true,
+            header_read_timeout: Duration::from_secs(10),
+            tunnel_idle_timeout: Duration::from_secs(3600),
+            max_connections: 10_000,
+            max_connections_per_lease: 1_000,
+            series_grace: crate::telemetry::metrics::GRACE,
+            max_header_bytes: 64 * 1024,
+            dns_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+            upstream_response_timeout: Duration::from_secs(60),
+        }
+    }
+}
 
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
@@ -27,5 +100,120 @@ pub struct ServeConfig {
     /// Bearer token every admin route but `/healthz` requires.
     pub admin_token: Option<String>,
     /// How long a drain waits for requests and tunnels before closing them.
-    pub drain_timeout: std::time::Duration,
+    pub drain_timeout: Duration,
+}
+
+/// A flag that does not make a valid configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("no --key-file given: leases cannot be verified without a key")]
+    NoKey,
+    #[error("--journal is required")]
+    NoJournal,
+    #[error(transparent)]
+    Keys(#[from] KeyError),
+    #[error("--admin {0:?}: expected ADDR:PORT or `off`")]
+    Admin(String),
+    #[error("--resolve {0:?}: expected NAME=ADDR with an IP address")]
+    Resolve(String),
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
+    type Error = ConfigError;
+
+    /// The decision-relevant flags `serve` and `check` share, over the defaults.
+    fn try_from(args: &cli::PolicyArgs) -> Result<ProxyConfig, ConfigError> {
+        Ok(ProxyConfig {
+            mode: match args.mode {
+                cli::ModeArg::Enforce => Mode::Enforce,
+                cli::ModeArg::Report => Mode::Report,
+            },
+            guard: Guard {
+                allow_private: args.allow_private.clone(),
+                ..Guard::default()
+            },
+            resolver: Resolver {
+                overrides: parse_resolve(&args.resolve)?,
+                ..Resolver::system()
+            },
+            dns_timeout: args.dns_timeout,
+            ..ProxyConfig::default()
+        })
+    }
+}
+
+impl TryFrom<cli::ServeArgs> for ServeConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: cli::ServeArgs) -> Result<ServeConfig, ConfigError> {
+        if args.key_files.is_empty() {
+            return Err(ConfigError::NoKey);
+        }
+        let proxy = ProxyConfig {
+            on_refusal: match args.on_refusal {
+                cli::OnRefusalArg::Revoke => OnRefusal::Revoke,
+                cli::OnRefusalArg::Log => OnRefusal::Log,
+            },
+            header_read_timeout: args.header_read_timeout,
+            tunnel_idle_timeout: args.tunnel_idle_timeout,
+            max_connections: args.max_connections,
+            max_connections_per_lease: args.max_connections_per_lease,
+            series_grace: args.metrics_grace,
+            max_header_bytes: args.max_header_bytes,
+            connect_timeout: args.connect_timeout,
+            upstream_response_timeout: args.upstream_response_timeout,
+            ..ProxyConfig::try_from(&args.policy)?
+        };
+        let admin_token = match &args.admin_token_file {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?
+                .trim()
+                .to_owned(),
+            None => String::new(),
+        };
+        Ok(ServeConfig {
+            listen: args.listen,
+            journal: args.journal.ok_or(ConfigError::NoJournal)?,
+            keyring: Keyring::load(&args.key_files, args.allow_test_key)?,
+            egress: args.egress_log.as_deref().map(|d| match d {
+                "-" => Destination::Stdout,
+                path => Destination::File(path.into()),
+            }),
+            proxy,
+            admin: match args.admin.as_str() {
+                "off" => None,
+                addr => Some(
+                    addr.parse()
+                        .map_err(|_| ConfigError::Admin(addr.to_owned()))?,
+                ),
+            },
+            lease_ports: args.lease_ports.map(|range| (range, args.lease_port_bind)),
+            tls: args.tls_cert.zip(args.tls_key),
+            admin_token: Some(admin_token).filter(|t| !t.is_empty()),
+            drain_timeout: args.drain_timeout,
+        })
+    }
+}
+
+/// `NAME=ADDR` pairs of `--resolve` (IPv6 with or without brackets).
+pub fn parse_resolve(pairs: &[String]) -> Result<HashMap<String, Vec<IpAddr>>, ConfigError> {
+    let mut map: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    for pair in pairs {
+        let bad = || ConfigError::Resolve(pair.clone());
+        let (name, addr) = pair.split_once('=').ok_or_else(bad)?;
+        let addr = addr
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse()
+            .map_err(|_| bad())?;
+        map.entry(name.to_ascii_lowercase()).or_default().push(addr);
+    }
+    Ok(map)
 }

@@ -1,16 +1,23 @@
-//! `verify` and `leases`: reading a lease or journal and reporting on it.
+//! `verify`, `leases` and `check`: reading a lease or journal and reporting on it.
 //!
-//! Invariant: read-only; every problem found is reported with where it is and why.
+//! Invariant: read-only; every problem found is reported with where it is and why, and
+//! `check` decides through the proxy's own pipeline, never a copy of it.
 
+use crate::config::ProxyConfig;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
-use crate::policy::target::parse_authority;
-use crate::policy::verdict::decide;
-use crate::policy::HostPolicy;
-use crate::proxy::refusal::{host_refusal, Code, Refusal};
-use crate::registry::{journal, Ledger};
+use crate::policy::refusal::Refusal;
+use crate::policy::{HostVerdict, TargetHost};
+use crate::proxy::exchange::Exchange;
+use crate::proxy::{ClientConn, Proxy};
+use crate::registry::{journal, Ledger, Registry};
+use crate::telemetry::egress::{Kind, LoggedVerdict};
+use crate::telemetry::{EgressLog, Telemetry};
+use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
 
 /// One problem `verify` found.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,53 +167,79 @@ fn join_or_dash(hosts: &[String]) -> String {
     }
 }
 
-/// What `check` found: the refusal, if any, and what decided the verdict.
+/// What `check` found: the refusal, if any, what decided the verdict, and what phase 5 saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Explanation {
     pub refusal: Option<Refusal>,
     /// Which pattern of which lease decided (or why nothing could be decided).
     pub reason: String,
+    /// Further lines: the addresses that may be dialled, what report mode would refuse.
+    pub notes: Vec<String>,
 }
 
-/// Explains the decision for `lease_id` and `target` at `now` (steps 2 to 4 of the proxy's
-/// pipeline; the address guard needs resolution and is the caller's).
-pub fn explain(ledger: &Ledger, lease_id: &str, target: &str, now: Timestamp) -> Explanation {
-    let refused = |refusal: Refusal| Explanation {
-        reason: refusal.detail.clone(),
-        refusal: Some(refusal),
-    };
-    let chain = match ledger.check_chain(lease_id, now) {
-        Ok(chain) => chain,
-        Err(error) => return refused(error.into()),
-    };
-    let target = match parse_authority(target, Some(443)) {
-        Ok(target) => target,
-        Err(error) => return refused(Refusal::new(Code::BadTarget, error.0)),
-    };
-    let policies: Vec<(String, HostPolicy)> = chain
-        .iter()
-        .map(|l| {
-            (
-                l.id.clone(),
-                HostPolicy::compile(&l.allow_hosts, &l.deny_hosts),
-            )
-        })
-        .collect();
-    let verdict = decide(
-        policies.iter().map(|(id, p)| (id.as_str(), p)),
-        &target.host,
+/// Explains the decision for `lease_id` and `target` (port 443 if absent) by running the
+/// proxy's own pipeline ([`Proxy::decide`]) with `config`'s guard, exceptions and resolver,
+/// as if the request arrived on the lease's own port. Names are resolved only with
+/// `config.resolve_names`; nothing is dialled and nothing is written.
+pub async fn check(
+    journal: &Path,
+    keyring: Keyring,
+    config: ProxyConfig,
+    lease_id: &str,
+    target: &str,
+) -> std::io::Result<Explanation> {
+    let registry = Arc::new(Registry::load(journal.to_path_buf(), keyring, false)?);
+    let telemetry = Arc::new(Telemetry::new(EgressLog::disabled(), config.series_grace));
+    let proxy = Proxy::new(config, registry, telemetry.clone());
+    let conn = ClientConn::detached(&proxy, Some(lease_id));
+    let mut ex = Exchange::new(
+        telemetry,
+        Kind::Connect,
+        "CONNECT",
+        conn.client,
+        conn.listener,
     );
-    match host_refusal(verdict, &target.host) {
-        Err(refusal) => refused(refusal),
-        Ok(by) => Explanation {
-            refusal: None,
-            reason: format!(
-                "{target} is allowed by {} in lease {} (and by every ancestor)",
-                by.pattern(&target.host)
-                    .map(|p| p.to_string())
-                    .unwrap_or_default(),
-                by.lease_id
-            ),
-        },
+    let decision = proxy
+        .decide(&conn, &HeaderMap::new(), target, Some(443), &mut ex)
+        .await;
+    let decision = match decision {
+        Ok(decision) => decision,
+        Err(refusal) => {
+            return Ok(Explanation {
+                reason: refusal.detail.clone(),
+                refusal: Some(refusal),
+                notes: Vec::new(),
+            })
+        }
+    };
+    let host = &decision.target.host;
+    let reason = match decision.verdict(host) {
+        HostVerdict::Allowed(by) => format!(
+            "{} is allowed by {} in lease {} (and by every ancestor)",
+            decision.target,
+            by.pattern(host).map(|p| p.to_string()).unwrap_or_default(),
+            by.lease_id
+        ),
+        _ => format!("{} is let through by report mode", decision.target),
+    };
+    let mut notes = Vec::new();
+    if let (LoggedVerdict::Report, Some(code)) = (ex.verdict, ex.code) {
+        notes.push(format!(
+            "report mode: enforce mode would refuse it ({code})"
+        ));
     }
+    match (&decision.target.host, decision.addrs.is_empty()) {
+        (TargetHost::Name(_), true) => {
+            notes.push("names not resolved: pass --resolve-names to check the addresses".into())
+        }
+        _ => {
+            let addrs: Vec<String> = decision.addrs.iter().map(|a| a.to_string()).collect();
+            notes.push(format!("may dial {}", addrs.join(", ")));
+        }
+    }
+    Ok(Explanation {
+        refusal: None,
+        reason,
+        notes,
+    })
 }

@@ -1,22 +1,16 @@
 //! The `leasegate` binary: CLI dispatch and exit codes (the only place anyhow is used).
 #![forbid(unsafe_code)]
 
-mod cli;
-
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
-use cli::{Cli, Command};
-use leasegate::config;
+use leasegate::cli::{self, Cli, Command};
+use leasegate::config::{ProxyConfig, ServeConfig};
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
-use leasegate::policy::Guard;
-use leasegate::proxy::upstream::Resolver;
-use leasegate::proxy::{Mode, OnRefusal, ProxyConfig};
 use leasegate::registry::{journal, Ledger};
 use leasegate::run;
 use leasegate::server::Server;
-use leasegate::telemetry::egress::Destination;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
@@ -217,113 +211,18 @@ fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
 }
 
 async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
-    let mut dev_lease = None;
-    if args.dev {
-        let dir = std::path::Path::new(DEV_DIR);
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {DEV_DIR}/"))?;
-        let key_path = dir.join("dev.key");
-        if !key_path.exists() {
-            write_secret(&key_path, Key::generate().to_file_text().as_bytes())?;
-        }
-        let journal = args
-            .journal
-            .get_or_insert_with(|| dir.join("journal.jsonl"))
-            .clone();
-        if args.key_files.is_empty() {
-            args.key_files.push(key_path.clone());
-        }
-        if args.egress_log.is_none() {
-            args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
-        }
-        let hosts = if args.allow_hosts.is_empty() {
-            vec!["*".to_owned()]
-        } else {
-            args.allow_hosts.clone()
-        };
-        let issued = issue::issue(
-            &journal,
-            &load_key(&key_path)?,
-            &IssueRequest {
-                allow_hosts: hosts,
-                deny_hosts: vec![],
-                parent: None,
-                ttl: std::time::Duration::from_secs(24 * 3600),
-                name: "dev-agent".into(),
-                purpose: "demo lease issued by leasegate serve --dev".into(),
-                now: Timestamp::now(),
-            },
-        )?;
-        dev_lease = Some(issued.lease_id);
-    }
-    if args.key_files.is_empty() {
-        return Err(anyhow!(
-            "no --key-file given: leases cannot be verified without a key"
-        ));
-    }
-    let config = config::ServeConfig {
-        listen: args.listen,
-        journal: args
-            .journal
-            .clone()
-            .ok_or_else(|| anyhow!("--journal is required"))?,
-        keyring: Keyring::load(&args.key_files, args.allow_test_key)?,
-        egress: args.egress_log.as_deref().map(|d| match d {
-            "-" => Destination::Stdout,
-            path => Destination::File(path.into()),
-        }),
-        proxy: ProxyConfig {
-            mode: match args.mode {
-                cli::ModeArg::Enforce => Mode::Enforce,
-                cli::ModeArg::Report => Mode::Report,
-            },
-            on_refusal: match args.on_refusal {
-                cli::OnRefusalArg::Revoke => OnRefusal::Revoke,
-                cli::OnRefusalArg::Log => OnRefusal::Log,
-            },
-            guard: Guard {
-                allow_private: args.allow_private.clone(),
-                ..Guard::default()
-            },
-            resolver: Resolver {
-                overrides: parse_resolve(&args.resolve)?,
-                system: true,
-            },
-            header_read_timeout: args.header_read_timeout,
-            tunnel_idle_timeout: args.tunnel_idle_timeout,
-            max_connections: args.max_connections,
-            max_connections_per_lease: args.max_connections_per_lease,
-            series_grace: args.metrics_grace,
-            max_header_bytes: args.max_header_bytes,
-            dns_timeout: args.dns_timeout,
-            connect_timeout: args.connect_timeout,
-        },
-        admin: match args.admin.as_str() {
-            "off" => None,
-            addr => Some(addr.parse().with_context(|| format!("--admin {addr:?}"))?),
-        },
-        lease_ports: args
-            .lease_ports
-            .clone()
-            .map(|range| (range, args.lease_port_bind)),
-        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
-        admin_token: match &args.admin_token_file {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?
-                    .trim()
-                    .to_owned(),
-            )
-            .filter(|t| !t.is_empty()),
-            None => None,
-        },
-        drain_timeout: args.drain_timeout,
+    let dev_lease = if args.dev {
+        Some(prepare_dev(&mut args)?)
+    } else {
+        None
     };
-    let server = Server::start(config).await?;
+    let egress_on_stdout = args.egress_log.as_deref() == Some("-");
+    let server = Server::start(ServeConfig::try_from(args)?).await?;
     if let Some(lease) = dev_lease {
         let url = format!("http://agent:{lease}@{}", server.addr);
         println!("leasegate (dev) on {} with demo lease {lease}", server.addr);
         println!("export HTTPS_PROXY={url} HTTP_PROXY={url}");
-    } else if args.egress_log.as_deref() == Some("-") {
+    } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.
         eprintln!("leasegate listening on {}", server.addr);
     } else {
@@ -334,23 +233,44 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// `NAME=ADDR` pairs of `--resolve`.
-fn parse_resolve(
-    pairs: &[String],
-) -> Result<std::collections::HashMap<String, Vec<std::net::IpAddr>>> {
-    let mut map: std::collections::HashMap<String, Vec<std::net::IpAddr>> =
-        std::collections::HashMap::new();
-    for pair in pairs {
-        let (name, addr) = pair
-            .split_once('=')
-            .ok_or_else(|| anyhow!("--resolve {pair:?}: expected NAME=ADDR"))?;
-        let addr = addr
-            .trim_matches(|c| c == '[' || c == ']')
-            .parse()
-            .with_context(|| format!("--resolve {pair:?}: not an IP address"))?;
-        map.entry(name.to_ascii_lowercase()).or_default().push(addr);
+/// `serve --dev`: a key, journal and egress log under ./.leasegate/ (made if missing) and a
+/// demo lease; returns the lease id.
+fn prepare_dev(args: &mut cli::ServeArgs) -> Result<String> {
+    let dir = std::path::Path::new(DEV_DIR);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {DEV_DIR}/"))?;
+    let key_path = dir.join("dev.key");
+    if !key_path.exists() {
+        write_secret(&key_path, Key::generate().to_file_text().as_bytes())?;
     }
-    Ok(map)
+    let journal = args
+        .journal
+        .get_or_insert_with(|| dir.join("journal.jsonl"))
+        .clone();
+    if args.key_files.is_empty() {
+        args.key_files.push(key_path.clone());
+    }
+    if args.egress_log.is_none() {
+        args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
+    }
+    let hosts = if args.allow_hosts.is_empty() {
+        vec!["*".to_owned()]
+    } else {
+        args.allow_hosts.clone()
+    };
+    let issued = issue::issue(
+        &journal,
+        &load_key(&key_path)?,
+        &IssueRequest {
+            allow_hosts: hosts,
+            deny_hosts: vec![],
+            parent: None,
+            ttl: std::time::Duration::from_secs(24 * 3600),
+            name: "dev-agent".into(),
+            purpose: "demo lease issued by leasegate serve --dev".into(),
+            now: Timestamp::now(),
+        },
+    )?;
+    Ok(issued.lease_id)
 }
 
 async fn shutdown_signal() {
@@ -362,53 +282,31 @@ async fn shutdown_signal() {
 }
 
 fn check(args: cli::CheckArgs) -> Result<()> {
-    let ledger = load_ledger(&args.ledger)?;
-    let now = Timestamp::now();
-    let explanation = inspect::explain(&ledger, &args.lease, &args.target, now);
-    let mut refusal = explanation.refusal.clone();
-    let mut notes = vec![explanation.reason];
-    if args.resolve && refusal.is_none() {
-        let target = leasegate::policy::target::parse_authority(&args.target, Some(443))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let host = target.host.as_text();
-        let resolved: Vec<std::net::SocketAddr> = match &target.host {
-            leasegate::policy::TargetHost::Ip(ip) => {
-                vec![std::net::SocketAddr::new(*ip, target.port)]
-            }
-            leasegate::policy::TargetHost::Name(name) => runtime
-                .block_on(Resolver::system().resolve(
-                    name,
-                    target.port,
-                    std::time::Duration::from_secs(5),
-                ))
-                .unwrap_or_default(),
-        };
-        let checked =
-            Guard::default().check(&resolved, leasegate::policy::guard::Exception::None, true);
-        for blocked in &checked.blocked {
-            notes.push(format!(
-                "address {} is guarded: {}",
-                blocked.addr, blocked.why
-            ));
-        }
-        notes.push(format!("{host} resolves to {:?}", resolved));
-        if checked.dialable.is_empty() {
-            refusal = Some(leasegate::proxy::refusal::Refusal::new(
-                leasegate::proxy::refusal::Code::AddressNotAllowed,
-                "no resolved address survives the guard",
-            ));
-        }
-    }
-    match &refusal {
+    let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?;
+    let config = ProxyConfig {
+        resolve_names: args.resolve_names,
+        ..ProxyConfig::try_from(&args.policy)?
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let explanation = runtime
+        .block_on(inspect::check(
+            &args.ledger.journal,
+            keyring,
+            config,
+            &args.lease,
+            &args.target,
+        ))
+        .with_context(|| format!("reading {}", args.ledger.journal.display()))?;
+    match &explanation.refusal {
         None => println!("allow"),
         Some(r) => println!("refuse {} {}", r.code, r.code.status().as_u16()),
     }
-    for note in notes {
+    for note in std::iter::once(&explanation.reason).chain(&explanation.notes) {
         println!("  {note}");
     }
-    if refusal.is_some() {
+    if explanation.refusal.is_some() {
         std::process::exit(1);
     }
     Ok(())

@@ -4,6 +4,8 @@
 //! dial an address the guard has not seen; and no exception or mode ever yields a socket
 //! address leasegate itself listens on.
 
+use super::target::TargetHost;
+use super::verdict::HostPolicy;
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::LazyLock;
@@ -92,14 +94,33 @@ fn embedded_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
     None
 }
 
-/// An exception the chain's allow lists grant for one target.
+/// An exception the chain's allow lists grant for one target (most targets have none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exception {
-    None,
     /// The target is an IP literal every lease of the chain lists exactly.
     Ip(IpAddr),
     /// The target is `localhost`, listed exactly by every lease of the chain: loopback is fine.
     Localhost,
+}
+
+impl Exception {
+    /// The exception `host` earns when every lease of the chain lists it exactly: an IP
+    /// literal, or `localhost` (then loopback is fine). A wildcard or `*` never earns one.
+    pub fn for_target<'a>(
+        chain: impl IntoIterator<Item = &'a HostPolicy>,
+        host: &TargetHost,
+    ) -> Option<Exception> {
+        let exception = match host {
+            TargetHost::Ip(ip) => Exception::Ip(*ip),
+            TargetHost::Name(name) if name == "localhost" => Exception::Localhost,
+            TargetHost::Name(_) => return None,
+        };
+        let mut chain = chain.into_iter().peekable();
+        chain.peek()?;
+        chain
+            .all(|policy| policy.allow.lists_exactly(host))
+            .then_some(exception)
+    }
 }
 
 /// A resolved address the guard refused, and why.
@@ -150,7 +171,12 @@ impl Guard {
 
     /// Sorts resolved addresses into dialable and blocked. With `enforce` false (report
     /// mode), guarded addresses are reported but stay dialable; loops never are.
-    pub fn check(&self, resolved: &[SocketAddr], exception: Exception, enforce: bool) -> Checked {
+    pub fn check(
+        &self,
+        resolved: &[SocketAddr],
+        exception: Option<Exception>,
+        enforce: bool,
+    ) -> Checked {
         let mut out = Checked::default();
         for &addr in resolved {
             if self.is_loop(addr) {
@@ -171,13 +197,13 @@ impl Guard {
         out
     }
 
-    fn why_blocked(&self, ip: IpAddr, exception: Exception) -> Option<&'static str> {
+    fn why_blocked(&self, ip: IpAddr, exception: Option<Exception>) -> Option<&'static str> {
         let why = guarded_reason(ip)?;
         let plain = embedded_ipv4(ip).map_or(ip, IpAddr::V4);
         let excepted = match exception {
-            Exception::None => false,
-            Exception::Ip(listed) => listed == plain,
-            Exception::Localhost => plain.is_loopback(),
+            None => false,
+            Some(Exception::Ip(listed)) => listed == plain,
+            Some(Exception::Localhost) => plain.is_loopback(),
         };
         if excepted
             || self
@@ -260,14 +286,14 @@ mod tests {
             addr("10.9.1.1:80"),
             addr("10.8.1.1:80"),
         ];
-        let checked = guard.check(&candidates, Exception::Ip(ip("127.0.0.1")), true);
+        let checked = guard.check(&candidates, Some(Exception::Ip(ip("127.0.0.1"))), true);
         let dialable: Vec<_> = checked.dialable.iter().map(|a| a.socket_addr()).collect();
         assert_eq!(dialable, [addr("127.0.0.1:8080"), addr("10.9.1.1:80")]);
         assert_eq!(checked.blocked.len(), 2);
 
         let localhost = guard.check(
             &[addr("127.0.0.5:80"), addr("[::1]:80"), addr("10.0.0.1:80")],
-            Exception::Localhost,
+            Some(Exception::Localhost),
             true,
         );
         assert_eq!(localhost.dialable.len(), 2);
@@ -281,7 +307,11 @@ mod tests {
             "[::ffff:127.0.0.1]:3128",
             "127.0.0.1:40005",
         ] {
-            let checked = everything.check(&[addr(looping)], Exception::Ip(ip("127.0.0.1")), false);
+            let checked = everything.check(
+                &[addr(looping)],
+                Some(Exception::Ip(ip("127.0.0.1"))),
+                false,
+            );
             assert!(checked.dialable.is_empty(), "{looping}");
         }
         let wildcard = Guard {
@@ -295,7 +325,7 @@ mod tests {
     #[test]
     fn report_mode_keeps_guarded_addresses_dialable_but_reported() {
         let guard = Guard::default();
-        let checked = guard.check(&[addr("169.254.169.254:80")], Exception::None, false);
+        let checked = guard.check(&[addr("169.254.169.254:80")], None, false);
         assert_eq!(checked.dialable.len(), 1);
         assert_eq!(checked.blocked[0].why, "link-local (cloud metadata)");
     }

@@ -1,13 +1,15 @@
-//! Policy: target normalisation, host patterns, verdicts and the address guard.
+//! Policy: target normalisation, host patterns, verdicts, the address guard and refusal codes.
 //!
 //! Invariant: pure. Data and `now` come in as arguments; nothing here does I/O.
 
 pub mod guard;
 pub mod pattern;
+pub mod refusal;
 pub mod target;
 pub mod verdict;
 
 pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
+pub use refusal::{Code, Refusal};
 pub use target::{Target, TargetHost};
 pub use verdict::{HostPolicy, HostVerdict};

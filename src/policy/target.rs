@@ -52,29 +52,53 @@ impl fmt::Display for Target {
 }
 
 /// Why a target is refused as `bad-target`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TargetError(pub &'static str);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("empty host")]
+    EmptyHost,
+    #[error("whitespace or control character in target")]
+    Whitespace,
+    #[error("percent-escape or zone id in target")]
+    PercentOrZone,
+    #[error("userinfo in target")]
+    Userinfo,
+    #[error("target has no port")]
+    NoPort,
+    #[error("unclosed '['")]
+    UnclosedBracket,
+    #[error("junk after ']'")]
+    JunkAfterBracket,
+    #[error("IPv6 address without brackets")]
+    UnbracketedIpv6,
+    #[error("port out of range")]
+    BadPort,
+    #[error("more than one trailing dot")]
+    TrailingDots,
+    #[error("unparseable host")]
+    Unparseable,
+    #[error("host is not a DNS name")]
+    NotDnsName,
+}
 
 /// Normalises an authority (`host`, `host:port`, `[v6]:port`). `default_port` applies when
 /// the authority has none; without one a missing port is an error.
 pub fn parse_authority(authority: &str, default_port: Option<u16>) -> Result<Target, TargetError> {
     if authority.is_empty() {
-        return Err(TargetError("empty host"));
+        return Err(TargetError::EmptyHost);
     }
     if authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(TargetError("whitespace or control character in target"));
+        return Err(TargetError::Whitespace);
     }
     if authority.contains('%') {
-        return Err(TargetError("percent-escape or zone id in target"));
+        return Err(TargetError::PercentOrZone);
     }
     if authority.contains('@') {
-        return Err(TargetError("userinfo in target"));
+        return Err(TargetError::Userinfo);
     }
     let (host, port) = split_port(authority)?;
     let port = match port {
         Some(text) => parse_port(text)?,
-        None => default_port.ok_or(TargetError("target has no port"))?,
+        None => default_port.ok_or(TargetError::NoPort)?,
     };
     Ok(Target {
         host: parse_host(host)?,
@@ -84,20 +108,20 @@ pub fn parse_authority(authority: &str, default_port: Option<u16>) -> Result<Tar
 
 fn split_port(authority: &str) -> Result<(&str, Option<&str>), TargetError> {
     if let Some(rest) = authority.strip_prefix('[') {
-        let (inner, after) = rest.split_once(']').ok_or(TargetError("unclosed '['"))?;
+        let (inner, after) = rest.split_once(']').ok_or(TargetError::UnclosedBracket)?;
         if inner.is_empty() {
-            return Err(TargetError("empty host"));
+            return Err(TargetError::EmptyHost);
         }
         return match after {
             "" => Ok((&authority[..inner.len() + 2], None)),
             _ => match after.strip_prefix(':') {
                 Some(port) => Ok((&authority[..inner.len() + 2], Some(port))),
-                None => Err(TargetError("junk after ']'")),
+                None => Err(TargetError::JunkAfterBracket),
             },
         };
     }
     match authority.split_once(':') {
-        Some((_, port)) if port.contains(':') => Err(TargetError("IPv6 address without brackets")),
+        Some((_, port)) if port.contains(':') => Err(TargetError::UnbracketedIpv6),
         Some((host, port)) => Ok((host, Some(port))),
         None => Ok((authority, None)),
     }
@@ -105,11 +129,11 @@ fn split_port(authority: &str) -> Result<(&str, Option<&str>), TargetError> {
 
 fn parse_port(text: &str) -> Result<u16, TargetError> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) || text.len() > 5 {
-        return Err(TargetError("port out of range"));
+        return Err(TargetError::BadPort);
     }
     match text.parse::<u32>() {
         Ok(port @ 1..=65535) => Ok(port as u16),
-        _ => Err(TargetError("port out of range")),
+        _ => Err(TargetError::BadPort),
     }
 }
 
@@ -117,12 +141,12 @@ fn parse_port(text: &str) -> Result<u16, TargetError> {
 pub fn parse_host(host: &str) -> Result<TargetHost, TargetError> {
     let host = host.strip_suffix('.').unwrap_or(host);
     if host.is_empty() {
-        return Err(TargetError("empty host"));
+        return Err(TargetError::EmptyHost);
     }
     if host.ends_with('.') {
-        return Err(TargetError("more than one trailing dot"));
+        return Err(TargetError::TrailingDots);
     }
-    let parsed = url::Host::parse(host).map_err(|_| TargetError("unparseable host"))?;
+    let parsed = url::Host::parse(host).map_err(|_| TargetError::Unparseable)?;
     Ok(match parsed {
         url::Host::Ipv4(ip) => TargetHost::Ip(IpAddr::V4(ip)),
         url::Host::Ipv6(ip) => TargetHost::Ip(match ip.to_ipv4_mapped() {
@@ -132,7 +156,7 @@ pub fn parse_host(host: &str) -> Result<TargetHost, TargetError> {
         url::Host::Domain(name) => {
             let name = name.strip_suffix('.').unwrap_or(&name).to_owned();
             if !is_dns_name(&name) {
-                return Err(TargetError("host is not a DNS name"));
+                return Err(TargetError::NotDnsName);
             }
             TargetHost::Name(name)
         }
@@ -189,33 +213,24 @@ mod tests {
     fn ipv6_is_canonical_and_bracketed_in_display() {
         assert_eq!(ok("[0:0:0:0:0:0:0:1]:443"), "[::1]:443");
         assert_eq!(ok("[64:FF9B::A9FE:A9FE]"), "[64:ff9b::a9fe:a9fe]:80");
-        assert_eq!(bad("::1").0, "IPv6 address without brackets");
+        assert_eq!(bad("::1"), TargetError::UnbracketedIpv6);
     }
 
     #[test]
     fn ambiguous_targets_are_refused() {
-        assert_eq!(bad("allowed.example@evil.example").0, "userinfo in target");
-        assert_eq!(
-            bad("%61llowed.example").0,
-            "percent-escape or zone id in target"
-        );
-        assert_eq!(
-            bad("[fe80::1%25eth0]").0,
-            "percent-escape or zone id in target"
-        );
-        assert_eq!(bad("[denied.example]").0, "unparseable host");
-        assert_eq!(
-            bad("a b.example").0,
-            "whitespace or control character in target"
-        );
-        assert_eq!(bad("a\tb").0, "whitespace or control character in target");
-        assert_eq!(bad("").0, "empty host");
-        assert_eq!(bad(":80").0, "empty host");
-        assert_eq!(bad("example.com:0").0, "port out of range");
-        assert_eq!(bad("example.com:65536").0, "port out of range");
-        assert_eq!(bad("example.com:+80").0, "port out of range");
-        assert_eq!(bad("example.com..").0, "more than one trailing dot");
-        assert_eq!(bad("*.example.com").0, "host is not a DNS name");
+        assert_eq!(bad("allowed.example@evil.example"), TargetError::Userinfo);
+        assert_eq!(bad("%61llowed.example"), TargetError::PercentOrZone);
+        assert_eq!(bad("[fe80::1%25eth0]"), TargetError::PercentOrZone);
+        assert_eq!(bad("[denied.example]"), TargetError::Unparseable);
+        assert_eq!(bad("a b.example"), TargetError::Whitespace);
+        assert_eq!(bad("a\tb"), TargetError::Whitespace);
+        assert_eq!(bad(""), TargetError::EmptyHost);
+        assert_eq!(bad(":80"), TargetError::EmptyHost);
+        assert_eq!(bad("example.com:0"), TargetError::BadPort);
+        assert_eq!(bad("example.com:65536"), TargetError::BadPort);
+        assert_eq!(bad("example.com:+80"), TargetError::BadPort);
+        assert_eq!(bad("example.com.."), TargetError::TrailingDots);
+        assert_eq!(bad("*.example.com"), TargetError::NotDnsName);
         assert!(parse_authority("example.com", None).is_err());
     }
 }

@@ -5,15 +5,31 @@
 //! exchange so the egress line is written when the body ends (or is dropped).
 
 use super::exchange::{Counter, Exchange};
-use super::BoxError;
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type of every response we send and every request we forward.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body of fixed bytes.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
 
 /// A body wrapper: counts data bytes into `counter`, ends on cancellation, and drops its
 /// exchange (logging it) when the body is done.
@@ -22,6 +38,8 @@ pub struct Metered<B> {
     counter: Counter,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     exchange: Option<Exchange>,
+    /// Told when the body has ended (the request was sent whole).
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl<B> Metered<B> {
@@ -36,13 +54,21 @@ impl<B> Metered<B> {
             counter,
             cancelled: Box::pin(token.cancelled_owned()),
             exchange,
+            ended: None,
         }
+    }
+
+    /// Resolves the returned receiver when the body has ended (or is dropped unfinished).
+    pub fn on_end(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.ended = Some(tx);
+        rx
     }
 }
 
-impl<B> Body for Metered<B>
+impl<B> HttpBody for Metered<B>
 where
-    B: Body<Data = Bytes> + Unpin,
+    B: HttpBody<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
     type Data = Bytes;
@@ -73,6 +99,9 @@ where
             }
             Poll::Ready(None) => {
                 self.exchange.take();
+                if let Some(ended) = self.ended.take() {
+                    let _ = ended.send(());
+                }
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,
@@ -132,9 +161,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     }
 }
 
-/// Why a splice ended, when it was not one side closing.
+/// Why a relay ended, when it was not one side closing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SpliceEnd {
+pub enum RelayEnd {
     /// Either side closed (or failed, with the reason).
     Closed(Option<String>),
     /// The lease closed (the exchange's token says so in its line).
@@ -145,25 +174,25 @@ pub enum SpliceEnd {
     Idle,
 }
 
-impl SpliceEnd {
+impl RelayEnd {
     /// The egress line's `error`, if the end was not a plain close.
     pub fn describe(self) -> Option<String> {
         match self {
-            SpliceEnd::Closed(error) => error.map(|e| format!("tunnel: {e}")),
-            SpliceEnd::LeaseClosed => None,
-            SpliceEnd::Drained => Some("closed: shutdown drain timed out".into()),
-            SpliceEnd::Idle => Some("closed: idle timeout".into()),
+            RelayEnd::Closed(error) => error.map(|e| format!("tunnel: {e}")),
+            RelayEnd::LeaseClosed => None,
+            RelayEnd::Drained => Some("closed: shutdown drain timed out".into()),
+            RelayEnd::Idle => Some("closed: idle timeout".into()),
         }
     }
 }
 
-/// Bytes each direction of a splice copies per system call. tokio's default (8 KiB) made
+/// Bytes each direction of a relay copies per system call. tokio's default (8 KiB) made
 /// bulk tunnels syscall-bound; 32 KiB per direction keeps an idle tunnel under 64 KiB.
-pub const SPLICE_BUFFER: usize = 32 * 1024;
+pub const RELAY_BUFFER: usize = 32 * 1024;
 
 /// Copies bytes both ways, counted into `up` (client → upstream) and `down`, until either
 /// side ends, `lease` or `hard_stop` fires, or nothing moves for `idle`.
-pub async fn splice<C, U>(
+pub async fn relay<C, U>(
     client: C,
     upstream: U,
     up: Counter,
@@ -171,7 +200,7 @@ pub async fn splice<C, U>(
     lease: &CancellationToken,
     hard_stop: &CancellationToken,
     idle: std::time::Duration,
-) -> SpliceEnd
+) -> RelayEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -193,12 +222,12 @@ where
     let mut client = Counted::new(client, up.clone());
     let mut upstream = Counted::new(upstream, down.clone());
     let end = tokio::select! {
-        result = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, SPLICE_BUFFER, SPLICE_BUFFER) => {
-            SpliceEnd::Closed(result.err().map(|e| e.to_string()))
+        result = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUFFER, RELAY_BUFFER) => {
+            RelayEnd::Closed(result.err().map(|e| e.to_string()))
         }
-        _ = lease.cancelled() => SpliceEnd::LeaseClosed,
-        _ = hard_stop.cancelled() => SpliceEnd::Drained,
-        _ = watchdog => SpliceEnd::Idle,
+        _ = lease.cancelled() => RelayEnd::LeaseClosed,
+        _ = hard_stop.cancelled() => RelayEnd::Drained,
+        _ = watchdog => RelayEnd::Idle,
     };
     use tokio::io::AsyncWriteExt;
     let _ = client.inner.shutdown().await;

@@ -5,12 +5,13 @@
 //! dial failures 502); the client's first bytes reach the upstream untouched unless they are
 //! a ClientHello naming a host the lease may not reach, in which case the tunnel is closed.
 
-use super::body::SpliceEnd;
+use super::body::RelayEnd;
 use super::exchange::Exchange;
-use super::refusal::{Code, Refusal};
-use super::{empty, Admitted, Body, ConnInfo, Proxy};
-use crate::policy::target::{parse_authority, parse_host};
-use crate::policy::{HostVerdict, Target};
+use super::pipeline::Decision;
+use super::{empty, Body, ClientConn, Proxy};
+use crate::policy::refusal::{Code, Refusal};
+use crate::policy::target::parse_host;
+use crate::policy::HostVerdict;
 use crate::telemetry::egress::Kind;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -25,7 +26,7 @@ const MAX_HELLO: usize = 16 * 1024 + 5;
 
 pub async fn handle(
     proxy: Arc<Proxy>,
-    conn: Arc<ConnInfo>,
+    conn: Arc<ClientConn>,
     req: Request<Incoming>,
 ) -> Response<Body> {
     let mut ex = Exchange::new(
@@ -40,17 +41,16 @@ pub async fn handle(
         .authority()
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
-    match open(&proxy, &conn, &req, &authority, &mut ex).await {
+    match open(&proxy, &conn, req.headers(), &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
-        Ok((stream, admitted, target)) => {
+        Ok((stream, decision)) => {
             ex.status = Some(200);
             proxy.tasks.spawn(tunnel(
                 proxy.clone(),
                 conn.clone(),
                 req,
                 stream,
-                admitted,
-                target,
+                decision,
                 ex,
             ));
             let mut response = Response::new(empty());
@@ -60,31 +60,26 @@ pub async fn handle(
     }
 }
 
-async fn open(
+/// Decides, then dials: the client hears 200 only once the upstream is connected.
+pub async fn open(
     proxy: &Proxy,
-    conn: &ConnInfo,
-    req: &Request<Incoming>,
+    conn: &ClientConn,
+    headers: &http::HeaderMap,
     authority: &str,
     ex: &mut Exchange,
-) -> Result<(TcpStream, Admitted, Target), Refusal> {
-    let admitted = proxy.admit(conn, req.headers(), ex)?;
-    let target =
-        parse_authority(authority, None).map_err(|e| Refusal::new(Code::BadTarget, e.0))?;
-    ex.target = Some(target.clone());
-    proxy.judge_host(&admitted, &target, ex)?;
-    let addrs = proxy.route(&admitted, &target, ex).await?;
-    let (stream, _) = proxy.dial(&addrs, ex).await?;
-    Ok((stream, admitted, target))
+) -> Result<(TcpStream, Decision), Refusal> {
+    let decision = proxy.decide(conn, headers, authority, None, ex).await?;
+    let (stream, _) = proxy.dial(&decision.addrs, ex).await?;
+    Ok((stream, decision))
 }
 
 async fn tunnel(
     proxy: Arc<Proxy>,
     // Held for the tunnel's life: the client connection stays counted against the lease.
-    _conn: Arc<ConnInfo>,
+    _conn: Arc<ClientConn>,
     req: Request<Incoming>,
     mut upstream: TcpStream,
-    admitted: Admitted,
-    target: Target,
+    decision: Decision,
     mut ex: Exchange,
 ) {
     let upgraded = match hyper::upgrade::on(req).await {
@@ -95,18 +90,18 @@ async fn tunnel(
         }
     };
     let mut client = TokioIo::new(upgraded);
-    let token = admitted.token.clone();
+    let token = decision.token.clone();
 
     // The client's first bytes, held back until we know whether they are a ClientHello.
     let mut first = Vec::with_capacity(4096);
     let sni = tokio::select! {
         _ = token.cancelled() => return,
         _ = proxy.hard_stop.cancelled() => {
-            ex.error = SpliceEnd::Drained.describe();
+            ex.error = RelayEnd::Drained.describe();
             return;
         }
         _ = tokio::time::sleep(proxy.config.tunnel_idle_timeout) => {
-            ex.error = SpliceEnd::Idle.describe();
+            ex.error = RelayEnd::Idle.describe();
             return;
         }
         sni = read_client_hello(&mut client, &mut first) => sni,
@@ -114,7 +109,7 @@ async fn tunnel(
         _ = upstream.readable() => None,
     };
     if let Some(sni) = sni {
-        if let Err(refusal) = check_sni(&proxy, &admitted, &target, &sni, &mut ex) {
+        if let Err(refusal) = check_sni(&proxy, &decision, &sni, &mut ex) {
             proxy.record_refusal(&mut ex, &refusal).await;
             ex.error = Some(refusal.detail);
             return;
@@ -127,7 +122,7 @@ async fn tunnel(
     }
     drop(first);
 
-    proxy.splice(client, upstream, &token, &mut ex).await;
+    proxy.relay(client, upstream, &token, &mut ex).await;
 }
 
 /// Reads from the client until its bytes are known to be a ClientHello (returns its SNI, or
@@ -185,17 +180,17 @@ fn client_hello_sni(bytes: &[u8]) -> Probe {
 /// An SNI that differs from the CONNECT host must itself be allowed for the lease.
 fn check_sni(
     proxy: &Proxy,
-    admitted: &Admitted,
-    target: &Target,
+    decision: &Decision,
     sni: &str,
     ex: &mut Exchange,
 ) -> Result<(), Refusal> {
     if sni.is_empty() {
         return Ok(());
     }
+    let target = &decision.target;
     let allowed = match parse_host(sni) {
         Ok(host) if host == target.host => return Ok(()),
-        Ok(host) => matches!(admitted.verdict(&host), HostVerdict::Allowed(_)),
+        Ok(host) => matches!(decision.verdict(&host), HostVerdict::Allowed(_)),
         Err(_) => false,
     };
     if allowed {

@@ -3,8 +3,8 @@
 //! Invariant: an [`Exchange`] writes its egress line exactly once, when it is dropped — so
 //! every path (refusal, error, success, client gone, lease closed) logs, and none logs twice.
 
-use super::refusal::Code;
 use crate::contract::Timestamp;
+use crate::policy::refusal::Code;
 use crate::policy::{Target, UpstreamAddr};
 use crate::telemetry::egress::{EgressEvent, Kind, LoggedVerdict};
 use crate::telemetry::Telemetry;
@@ -81,6 +81,17 @@ impl Exchange {
     /// Time since the request arrived.
     pub fn elapsed(&self) -> std::time::Duration {
         self.started.elapsed()
+    }
+
+    /// Observes the decision latency of this exchange, once (a refusal before phase 5 is a
+    /// decision too).
+    pub fn observe_decision(&mut self) {
+        if !std::mem::replace(&mut self.decided, true) {
+            self.telemetry
+                .metrics
+                .decision
+                .observe(self.started.elapsed().as_secs_f64());
+        }
     }
 
     /// The target as the refusal line names it.

@@ -1,6 +1,6 @@
 //! Forwarding absolute-form `http://` requests: checks, then the request goes upstream with
 //! hop-by-hop headers and our credentials removed, bodies streamed both ways, and WebSocket
-//! upgrades spliced once the upstream agrees.
+//! upgrades relayed once the upstream agrees.
 //!
 //! Invariant: what reaches the upstream names the same host the decision was made for — the
 //! `Host` header must agree with the absolute URI, and the connection is to a checked address.
@@ -8,13 +8,14 @@
 use super::body::Metered;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
-use super::refusal::{Code, Refusal};
-use super::{empty, Admitted, Body, ConnInfo, Proxy, UpBody};
-use crate::policy::target::parse_authority;
+use super::pipeline::Decision;
+use super::{empty, Body, ClientConn, Proxy};
+use crate::policy::refusal::{Code, Refusal};
 use crate::policy::{Target, UpstreamAddr};
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
+use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -23,8 +24,8 @@ use std::sync::Arc;
 
 pub async fn handle(
     proxy: Arc<Proxy>,
-    conn: Arc<ConnInfo>,
-    mut req: Request<Incoming>,
+    conn: Arc<ClientConn>,
+    req: Request<Incoming>,
 ) -> Response<Body> {
     let mut ex = Exchange::new(
         proxy.telemetry.clone(),
@@ -34,24 +35,28 @@ pub async fn handle(
         conn.listener,
     );
     let shown_target = req.uri().to_string();
-    match prepare(&proxy, &conn, &mut req, &mut ex).await {
-        Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
-        Ok((admitted, target, addrs)) => {
-            match send(&proxy, req, admitted, &target, &addrs, &mut ex).await {
-                Ok(response) => response.map_exchange(&proxy, &conn, ex),
-                Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
-            }
+    let decided = match request_shape(&req) {
+        Ok(authority) => {
+            proxy
+                .decide(&conn, req.headers(), &authority, Some(80), &mut ex)
+                .await
         }
+        Err(refusal) => Err(refusal),
+    };
+    let sent = match decided {
+        Ok(decision) => send(&proxy, req, decision, &mut ex).await,
+        Err(refusal) => Err(refusal),
+    };
+    match sent {
+        Ok(forwarded) => forwarded.into_client_response(&proxy, &conn, ex),
+        Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
     }
 }
 
-async fn prepare(
-    proxy: &Proxy,
-    conn: &ConnInfo,
-    req: &mut Request<Incoming>,
-    ex: &mut Exchange,
-) -> Result<(Admitted, Target, Vec<UpstreamAddr>), Refusal> {
-    let uri = req.uri().clone();
+/// What makes a request forwardable at all, before any lease is looked at: an absolute
+/// `http://` URI and at most one `Host`. Returns the URI's authority.
+fn request_shape(req: &Request<Incoming>) -> Result<String, Refusal> {
+    let uri = req.uri();
     let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
         return Err(Refusal::new(
             Code::NotAProxyRequest,
@@ -67,39 +72,7 @@ async fn prepare(
     if req.headers().get_all(header::HOST).iter().count() > 1 {
         return Err(Refusal::new(Code::BadTarget, "more than one Host header"));
     }
-    let admitted = proxy.admit(conn, req.headers(), ex)?;
-    if req.method().as_str().eq_ignore_ascii_case("TRACE")
-        || req.method().as_str().eq_ignore_ascii_case("TRACK")
-    {
-        return Err(Refusal::new(
-            Code::MethodNotAllowed,
-            format!("{} is not forwarded", req.method()),
-        ));
-    }
-    let target = parse_authority(authority.as_str(), Some(80))
-        .map_err(|e| Refusal::new(Code::BadTarget, e.0))?;
-    ex.target = Some(target.clone());
-    if let Some(host) = req.headers().get(header::HOST) {
-        let named = host
-            .to_str()
-            .ok()
-            .and_then(|h| parse_authority(h, Some(80)).ok());
-        if named.as_ref() != Some(&target) {
-            proxy.policy_failure(
-                ex,
-                Refusal::new(
-                    Code::HostMismatch,
-                    format!(
-                        "Host header {:?} does not name the URI's {target}",
-                        String::from_utf8_lossy(host.as_bytes())
-                    ),
-                ),
-            )?;
-        }
-    }
-    proxy.judge_host(&admitted, &target, ex)?;
-    let addrs = proxy.route(&admitted, &target, ex).await?;
-    Ok((admitted, target, addrs))
+    Ok(authority.as_str().to_owned())
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and our own credentials: never forwarded.
@@ -154,7 +127,7 @@ async fn sender_for(
     addrs: &[UpstreamAddr],
     upgrade: bool,
     ex: &mut Exchange,
-) -> Result<(SendRequest<UpBody>, UpstreamAddr), Refusal> {
+) -> Result<(SendRequest<Body>, UpstreamAddr), Refusal> {
     if !upgrade {
         for &addr in addrs {
             if let Some(sender) = proxy.pool.checkout(addr) {
@@ -165,7 +138,7 @@ async fn sender_for(
     }
     let (stream, addr) = proxy.dial(addrs, ex).await?;
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, UpBody>(TokioIo::new(stream))
+        .handshake::<_, Body>(TokioIo::new(stream))
         .await
         .map_err(|e| {
             Refusal::new(
@@ -190,11 +163,11 @@ struct Forwarded {
 
 impl Forwarded {
     /// The client's response: the upstream's, with a metered body that owns the exchange
-    /// (or, for a WebSocket, a spliced upgrade that does).
-    fn map_exchange(
+    /// (or, for a WebSocket, a relayed upgrade that does).
+    fn into_client_response(
         mut self,
         proxy: &Arc<Proxy>,
-        conn: &Arc<ConnInfo>,
+        conn: &Arc<ClientConn>,
         mut ex: Exchange,
     ) -> Response<Body> {
         let upstream_upgrade = (self.response.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -204,7 +177,7 @@ impl Forwarded {
         ex.status = Some(parts.status.as_u16());
         if let (Some(upstream_upgrade), Some(client_upgrade)) = (upstream_upgrade, self.upgrade) {
             strip_hop_by_hop(&mut parts.headers, true);
-            proxy.tasks.spawn(splice_upgrade(
+            proxy.tasks.spawn(relay_upgrade(
                 proxy.clone(),
                 conn.clone(),
                 client_upgrade,
@@ -221,12 +194,13 @@ impl Forwarded {
     }
 }
 
+/// Phases 6 and 7 for a forwarded request: a pooled or new connection to a checked address,
+/// the request streamed up, and the response head awaited (bounded by
+/// `upstream_response_timeout`).
 async fn send(
     proxy: &Proxy,
     mut req: Request<Incoming>,
-    admitted: Admitted,
-    target: &Target,
-    addrs: &[UpstreamAddr],
+    decision: Decision,
     ex: &mut Exchange,
 ) -> Result<Forwarded, Refusal> {
     let upgrade = is_upgrade(req.headers());
@@ -241,14 +215,24 @@ async fn send(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, upgrade);
     if !parts.headers.contains_key(header::HOST) {
-        let host = HeaderValue::from_str(&host_header(target))
+        let host = HeaderValue::from_str(&host_header(&decision.target))
             .map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
         parts.headers.insert(header::HOST, host);
     }
-    let body = Metered::new(body, ex.bytes_up.clone(), admitted.token.clone(), None).boxed_unsync();
-    let request = Request::from_parts(parts, body);
+    let mut body = Metered::new(body, ex.bytes_up.clone(), decision.token.clone(), None);
+    let body_sent = (!body.is_end_stream()).then(|| body.on_end());
+    let request = Request::from_parts(parts, body.boxed_unsync());
 
-    let (mut sender, addr) = sender_for(proxy, addrs, upgrade, ex).await?;
+    let (mut sender, addr) = sender_for(proxy, &decision.addrs, upgrade, ex).await?;
+    // The upstream's time to answer counts from the end of the request body: a slow upload
+    // is not the upstream's fault.
+    let timeout = proxy.config.upstream_response_timeout;
+    let silent_upstream = async {
+        if let Some(body_sent) = body_sent {
+            let _ = body_sent.await;
+        }
+        tokio::time::sleep(timeout).await;
+    };
     let response = tokio::select! {
         response = sender.send_request(request) => response.map_err(|e| {
             // A body the client framed badly (hyper reads TE + CL as chunked, RFC 9112 §6.3)
@@ -259,7 +243,13 @@ async fn send(
                 Refusal::new(Code::UpstreamUnreachable, format!("forwarding to {addr}: {e}"))
             }
         })?,
-        _ = admitted.token.cancelled() => {
+        _ = silent_upstream => {
+            return Err(Refusal::new(
+                Code::UpstreamTimeout,
+                format!("{addr} sent no response head within {timeout:?} of the request"),
+            ));
+        }
+        _ = decision.token.cancelled() => {
             return Err(Refusal::new(Code::LeaseRevoked, "the lease closed while the request was in flight"));
         }
     };
@@ -268,7 +258,7 @@ async fn send(
     }
     Ok(Forwarded {
         response,
-        token: admitted.token,
+        token: decision.token,
         upgrade: client_upgrade,
     })
 }
@@ -287,10 +277,10 @@ fn host_header(target: &Target) -> String {
 
 /// Copies an upgraded (WebSocket) connection both ways until either side ends, the lease
 /// closes, a drain runs out or it idles.
-async fn splice_upgrade(
+async fn relay_upgrade(
     proxy: Arc<Proxy>,
-    // Held for the splice's life: the client connection stays counted against the lease.
-    _conn: Arc<ConnInfo>,
+    // Held for the relay's life: the client connection stays counted against the lease.
+    _conn: Arc<ClientConn>,
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
     token: tokio_util::sync::CancellationToken,
@@ -304,7 +294,7 @@ async fn splice_upgrade(
         }
     };
     proxy
-        .splice(
+        .relay(
             TokioIo::new(client),
             TokioIo::new(upstream),
             &token,

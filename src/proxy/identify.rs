@@ -3,8 +3,8 @@
 //! Invariant: two different lease ids in one request are a conflict, never a choice; a
 //! malformed credential is `lease-unknown`, no credential at all `lease-missing`.
 
-use super::refusal::{Code, Refusal};
 use crate::contract::lease::is_lease_id;
+use crate::policy::refusal::{Code, Refusal};
 use base64::Engine;
 use http::HeaderMap;
 

@@ -1,19 +1,17 @@
-//! Our side toward upstreams: name resolution, dialling checked addresses, and the pool of
-//! idle forwarded-request connections.
+//! Our side toward upstreams: name resolution and the pool of idle forwarded-request
+//! connections.
 //!
-//! Invariant: connects only to [`UpstreamAddr`]s (built by the address guard); the pool is
-//! keyed by that checked address, never by a name, so a rebinding name cannot reuse a
-//! connection to an address it no longer resolves to.
+//! Invariant: the pool is keyed by the checked address ([`UpstreamAddr`]), never by a name, so
+//! a rebinding name cannot reuse a connection to an address it no longer resolves to.
 
-use super::refusal::{Code, Refusal};
-use super::UpBody;
+use super::body::Body;
+use crate::policy::refusal::{Code, Refusal};
 use crate::policy::UpstreamAddr;
 use hyper::client::conn::http1::SendRequest;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 
 /// How names become addresses.
 #[derive(Debug, Clone, Default)]
@@ -72,42 +70,13 @@ impl Resolver {
     }
 }
 
-/// Connects to the first checked address that answers; each attempt has `timeout`.
-pub async fn dial(
-    addrs: &[UpstreamAddr],
-    timeout: Duration,
-) -> Result<(TcpStream, UpstreamAddr), Refusal> {
-    let mut last = Refusal::new(Code::UpstreamUnreachable, "no address to dial");
-    for &addr in addrs {
-        match tokio::time::timeout(timeout, TcpStream::connect(addr.socket_addr())).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                return Ok((stream, addr));
-            }
-            Ok(Err(e)) => {
-                last = Refusal::new(
-                    Code::UpstreamUnreachable,
-                    format!("connecting to {addr}: {e}"),
-                )
-            }
-            Err(_) => {
-                last = Refusal::new(
-                    Code::UpstreamTimeout,
-                    format!("connecting to {addr} timed out after {timeout:?}"),
-                )
-            }
-        }
-    }
-    Err(last)
-}
-
 /// Idle connections kept per upstream address.
 const IDLE_PER_ADDR: usize = 32;
 /// How long an idle connection may wait for reuse.
 const IDLE_FOR: Duration = Duration::from_secs(60);
 
 /// A pooled connection and when it went idle.
-type Idle = (SendRequest<UpBody>, Instant);
+type Idle = (SendRequest<Body>, Instant);
 
 /// Idle HTTP/1.1 connections to upstreams, keyed by checked address.
 #[derive(Default)]
@@ -117,7 +86,7 @@ pub struct Pool {
 
 impl Pool {
     /// An idle, ready connection to `addr`, if one is pooled.
-    pub fn checkout(&self, addr: UpstreamAddr) -> Option<SendRequest<UpBody>> {
+    pub fn checkout(&self, addr: UpstreamAddr) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(&addr)?;
         while let Some((sender, since)) = list.pop() {
@@ -129,7 +98,7 @@ impl Pool {
     }
 
     /// Returns a connection to the pool once its current exchange has finished.
-    pub fn checkin(self: &Arc<Pool>, addr: UpstreamAddr, mut sender: SendRequest<UpBody>) {
+    pub fn checkin(self: &Arc<Pool>, addr: UpstreamAddr, mut sender: SendRequest<Body>) {
         let pool = self.clone();
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {

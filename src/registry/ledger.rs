@@ -7,6 +7,7 @@
 use crate::contract::record::Record;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
+use crate::policy::refusal::{Code, Refusal};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -317,5 +318,20 @@ impl Ledger {
             parent = ancestor.parent.as_deref();
         }
         Ok(chain)
+    }
+}
+
+impl From<ChainError> for Refusal {
+    /// A chain that opens nothing refuses with the code of the first reason found.
+    fn from(error: ChainError) -> Refusal {
+        let code = match &error {
+            ChainError::Unknown(_) => Code::LeaseUnknown,
+            ChainError::NotYetValid(_) => Code::LeaseNotYetValid,
+            ChainError::Expired(_) => Code::LeaseExpired,
+            ChainError::Revoked(_) => Code::LeaseRevoked,
+            ChainError::Closed(_) => Code::LeaseClosed,
+            ChainError::AncestorClosed { .. } => Code::AncestorClosed,
+        };
+        Refusal::new(code, error.to_string())
     }
 }

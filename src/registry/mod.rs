@@ -3,6 +3,7 @@
 pub mod journal;
 pub mod ledger;
 pub mod live;
+pub mod revocation;
 pub mod tail;
 
 pub use ledger::{Applied, ChainError, Closure, FoldStats, Ledger, LineError, Status};

@@ -6,5 +6,6 @@ mod fold;
 mod harness;
 mod live;
 mod operate;
+mod pipeline;
 mod proxy;
 mod support;

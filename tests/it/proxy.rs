@@ -8,6 +8,7 @@ use leasegate::contract::Timestamp;
 use leasegate::proxy::Mode;
 use serde_json::Value;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Asserts a refusal seen by curl: status, header, and the egress line it left.
 async fn assert_refused(
@@ -864,4 +865,50 @@ async fn on_refusal_log_refuses_without_revoking() {
         .status,
         200
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_silent_past_the_response_timeout_is_a_504() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    config.upstream_response_timeout = Duration::from_millis(300);
+    let server = h.start(config).await;
+    let proxy = proxy_url(&server, &lease);
+    let base = format!("http://origin.test:{}", origin.addr.port());
+
+    // An upload slower than the timeout is not the upstream's fault: the clock starts once
+    // the body has been sent.
+    let mut upload = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    upload
+        .write_all(
+            format!(
+                "POST {base}/upload HTTP/1.1\r\nHost: origin.test:{}\r\nX-Lease-Id: {lease}\r\n\
+                 Content-Length: 10\r\nConnection: close\r\n\r\nhello",
+                origin.addr.port()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    upload.write_all(b"world").await.unwrap();
+    let mut answer = String::new();
+    upload.read_to_string(&mut answer).await.unwrap();
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert!(
+        answer.ends_with(&format!("10 {}", sha_hex(b"helloworld"))),
+        "{answer}"
+    );
+
+    let started = std::time::Instant::now();
+    let out = curl(&["-x", &proxy, &format!("{base}/delay/3000")], &[]).await;
+    assert_refused(&h, &out, 504, "upstream-timeout", 2).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "answered only after {:?}",
+        started.elapsed()
+    );
+    assert!(h.revocations().is_empty(), "a timeout does not revoke");
 }

@@ -1,0 +1,167 @@
+//! Refusal codes: what a refused request is told, and which refusals are policy checks.
+//!
+//! Invariant: pure and stable — a code's spelling and status never change, and a host verdict
+//! becomes a refusal here only, naming the pattern and lease that decided it.
+
+use super::verdict::Decider;
+use super::{HostVerdict, TargetHost};
+use http::StatusCode;
+
+/// The stable refusal codes of DESIGN.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    LeaseMissing,
+    LeaseUnknown,
+    LeaseConflict,
+    BadTarget,
+    NotAProxyRequest,
+    LeaseNotYetValid,
+    LeaseExpired,
+    LeaseRevoked,
+    LeaseClosed,
+    AncestorClosed,
+    HostDenied,
+    HostNotAllowed,
+    AddressNotAllowed,
+    SniMismatch,
+    HostMismatch,
+    MethodNotAllowed,
+    TooManyConnections,
+    DnsFailed,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+}
+
+impl Code {
+    pub const ALL: [Code; 20] = [
+        Code::LeaseMissing,
+        Code::LeaseUnknown,
+        Code::LeaseConflict,
+        Code::BadTarget,
+        Code::NotAProxyRequest,
+        Code::LeaseNotYetValid,
+        Code::LeaseExpired,
+        Code::LeaseRevoked,
+        Code::LeaseClosed,
+        Code::AncestorClosed,
+        Code::HostDenied,
+        Code::HostNotAllowed,
+        Code::AddressNotAllowed,
+        Code::SniMismatch,
+        Code::HostMismatch,
+        Code::MethodNotAllowed,
+        Code::TooManyConnections,
+        Code::DnsFailed,
+        Code::UpstreamUnreachable,
+        Code::UpstreamTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::LeaseMissing => "lease-missing",
+            Code::LeaseUnknown => "lease-unknown",
+            Code::LeaseConflict => "lease-conflict",
+            Code::BadTarget => "bad-target",
+            Code::NotAProxyRequest => "not-a-proxy-request",
+            Code::LeaseNotYetValid => "lease-not-yet-valid",
+            Code::LeaseExpired => "lease-expired",
+            Code::LeaseRevoked => "lease-revoked",
+            Code::LeaseClosed => "lease-closed",
+            Code::AncestorClosed => "ancestor-closed",
+            Code::HostDenied => "host-denied",
+            Code::HostNotAllowed => "host-not-allowed",
+            Code::AddressNotAllowed => "address-not-allowed",
+            Code::SniMismatch => "sni-mismatch",
+            Code::HostMismatch => "host-mismatch",
+            Code::MethodNotAllowed => "method-not-allowed",
+            Code::TooManyConnections => "too-many-connections",
+            Code::DnsFailed => "dns-failed",
+            Code::UpstreamUnreachable => "upstream-unreachable",
+            Code::UpstreamTimeout => "upstream-timeout",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::LeaseMissing | Code::LeaseUnknown => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            Code::LeaseConflict | Code::BadTarget | Code::NotAProxyRequest => {
+                StatusCode::BAD_REQUEST
+            }
+            Code::LeaseNotYetValid
+            | Code::LeaseExpired
+            | Code::LeaseRevoked
+            | Code::LeaseClosed
+            | Code::AncestorClosed
+            | Code::HostDenied
+            | Code::HostNotAllowed
+            | Code::AddressNotAllowed
+            | Code::SniMismatch => StatusCode::FORBIDDEN,
+            Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Code::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
+            Code::DnsFailed | Code::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Code::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// A policy check: refused in enforce mode (and revoking by default), reported only in
+    /// report mode.
+    pub fn is_policy(self) -> bool {
+        matches!(
+            self,
+            Code::HostDenied
+                | Code::HostNotAllowed
+                | Code::AddressNotAllowed
+                | Code::SniMismatch
+                | Code::HostMismatch
+        )
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: its code and a human reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: Code,
+    pub detail: String,
+}
+
+impl Refusal {
+    pub fn new(code: Code, detail: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A host verdict as a result: the allowing decider, or the refusal naming the pattern and
+/// lease that decided it.
+pub fn host_refusal<'a>(
+    verdict: HostVerdict<'a>,
+    host: &TargetHost,
+) -> Result<Decider<'a>, Refusal> {
+    match verdict {
+        HostVerdict::Allowed(by) => Ok(by),
+        HostVerdict::Denied(by) => Err(Refusal::new(
+            Code::HostDenied,
+            format!(
+                "{host} is denied by {} in lease {}",
+                by.pattern(host).map(|p| p.to_string()).unwrap_or_default(),
+                by.lease_id
+            ),
+        )),
+        HostVerdict::NotAllowed(by) => Err(Refusal::new(
+            Code::HostNotAllowed,
+            format!(
+                "{host} matches no pattern of lease {}'s allow.hosts",
+                by.lease_id
+            ),
+        )),
+    }
+}

@@ -1,0 +1,264 @@
+//! Accepting client connections (mini-redis's Listener and Handler): the connection limit,
+//! the optional TLS handshake, the HTTP/1.1 server with its header timeout, and dispatch of
+//! each request to CONNECT or forwarding.
+//!
+//! Invariant: every accepted connection holds one `max_connections` permit for as long as it
+//! (or a tunnel it became) lives, is counted once against each lease it is tied to, and closes
+//! when any of those leases closes.
+
+use super::state::Proxy;
+use super::{connect, forward, Body};
+use crate::contract::Timestamp;
+use crate::policy::refusal::{Code, Refusal};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// One client connection: where it came from and which leases it is tied to.
+pub struct ClientConn {
+    pub client: SocketAddr,
+    pub listener: SocketAddr,
+    /// The lease of a per-lease port.
+    pub port_lease: Option<String>,
+    /// Cancelled to drop the connection (a lease used on it closed) and when it ends.
+    closer: CancellationToken,
+    /// Leases whose closing already closes this connection (each counted once against its
+    /// per-lease connection limit until this connection, and any tunnel it became, ends).
+    linked: Mutex<HashMap<String, CancellationToken>>,
+    /// Where the per-lease connection counts live.
+    telemetry: Arc<crate::telemetry::Telemetry>,
+    /// This connection's place under `max_connections`, held as long as the connection (or
+    /// the tunnel it became) lives; `None` for `check`'s connection, which is not a socket.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl ClientConn {
+    fn accepted(
+        proxy: &Proxy,
+        client: SocketAddr,
+        listener: SocketAddr,
+        port_lease: Option<String>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> ClientConn {
+        ClientConn {
+            client,
+            listener,
+            port_lease,
+            closer: CancellationToken::new(),
+            linked: Mutex::new(HashMap::new()),
+            telemetry: proxy.telemetry.clone(),
+            _permit: Some(permit),
+        }
+    }
+
+    /// A connection that is not a socket (`check`, and pipeline tests); with `port_lease`
+    /// it asks as if on that lease's own port.
+    pub fn detached(proxy: &Proxy, port_lease: Option<&str>) -> ClientConn {
+        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+        ClientConn {
+            client: unspecified,
+            listener: unspecified,
+            port_lease: port_lease.map(str::to_owned),
+            closer: CancellationToken::new(),
+            linked: Mutex::new(HashMap::new()),
+            telemetry: proxy.telemetry.clone(),
+            _permit: None,
+        }
+    }
+
+    /// Ties this connection to a lease: counted against the lease's connection limit, and
+    /// closed when the lease's token fires.
+    pub fn link(
+        &self,
+        proxy: &Proxy,
+        lease_id: &str,
+        now: Timestamp,
+    ) -> Result<CancellationToken, Refusal> {
+        let mut linked = self.linked.lock().unwrap_or_else(|e| e.into_inner());
+        // Keep-alive requests of a lease already tied to this connection reuse its token.
+        if let Some(token) = linked.get(lease_id).filter(|t| !t.is_cancelled()) {
+            return Ok(token.clone());
+        }
+        let token = proxy.registry.token(lease_id, now);
+        if linked.contains_key(lease_id) {
+            return Ok(token);
+        }
+        let limit = proxy.config.max_connections_per_lease;
+        if !proxy
+            .telemetry
+            .metrics
+            .connection_opened_within(lease_id, limit)
+        {
+            return Err(Refusal::new(
+                Code::TooManyConnections,
+                format!("lease {lease_id} already has {limit} open connections"),
+            ));
+        }
+        linked.insert(lease_id.to_owned(), token.clone());
+        let (watched, closer) = (token.clone(), self.closer.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = watched.cancelled() => closer.cancel(),
+                _ = closer.cancelled() => {}
+            }
+        });
+        Ok(token)
+    }
+}
+
+impl Drop for ClientConn {
+    /// The last holder (the connection task, or the tunnel it became) is gone: un-count the
+    /// connection from every lease it was tied to, and stop the link watchers.
+    fn drop(&mut self) {
+        self.closer.cancel();
+        let linked = std::mem::take(&mut *self.linked.lock().unwrap_or_else(|e| e.into_inner()));
+        for lease in linked.into_keys() {
+            self.telemetry.metrics.connection_closed(&lease);
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` fires. `port_lease` makes this a per-lease port.
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    port_lease: Option<String>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let local = listener.local_addr()?;
+    loop {
+        let (stream, client) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // Out of descriptors and the like: back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = proxy.connections.clone().try_acquire_owned() else {
+            proxy
+                .tasks
+                .spawn(refuse_connection(stream, proxy.config.max_connections));
+            continue;
+        };
+        let conn = Arc::new(ClientConn::accepted(
+            &proxy,
+            client,
+            local,
+            port_lease.clone(),
+            permit,
+        ));
+        let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
+        proxy.tasks.clone().spawn(async move {
+            handle(proxy, stream, conn, shutdown).await;
+        });
+    }
+}
+
+/// Answers a connection over the total limit with 429 and closes it.
+async fn refuse_connection(mut stream: TcpStream, limit: usize) {
+    use tokio::io::AsyncWriteExt;
+    let body =
+        format!("leasegate refused the connection: too-many-connections (all {limit} in use)\n");
+    let response = format!(
+        "HTTP/1.1 429 Too Many Requests\r\nx-leasegate-refusal: too-many-connections\r\n\
+         content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        stream.write_all(response.as_bytes()),
+    )
+    .await;
+}
+
+/// One connection's handler: TLS if configured, then HTTP/1.1 until it ends.
+async fn handle(
+    proxy: Arc<Proxy>,
+    stream: TcpStream,
+    conn: Arc<ClientConn>,
+    shutdown: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    match proxy.tls.clone() {
+        None => serve_http(&proxy, TokioIo::new(stream), &conn, &shutdown).await,
+        Some(acceptor) => {
+            // The handshake counts against the header-read timeout: a silent client goes.
+            match tokio::time::timeout(proxy.config.header_read_timeout, acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(tls)) => serve_http(&proxy, TokioIo::new(tls), &conn, &shutdown).await,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, client = %conn.client, "TLS handshake failed")
+                }
+                Err(_) => tracing::debug!(client = %conn.client, "TLS handshake timed out"),
+            }
+        }
+    }
+    conn.closer.cancel();
+}
+
+async fn serve_http<I>(
+    proxy: &Arc<Proxy>,
+    io: TokioIo<I>,
+    conn: &Arc<ClientConn>,
+    shutdown: &CancellationToken,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service_conn = conn.clone();
+    let service_proxy = proxy.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let (proxy, conn) = (service_proxy.clone(), service_conn.clone());
+        async move { Ok::<_, std::convert::Infallible>(dispatch(proxy, conn, req).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(proxy.config.header_read_timeout)
+        .max_buf_size(proxy.config.max_header_bytes.max(8192))
+        .keep_alive(true);
+    let connection = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, client = %conn.client, "client connection ended with an error");
+            }
+        }
+        _ = conn.closer.cancelled() => {
+            tracing::debug!(client = %conn.client, "connection closed: its lease closed");
+        }
+        _ = shutdown.cancelled() => {
+            // Drain: finish the request in flight (until the drain's time is up), then close.
+            connection.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = proxy.hard_stop.cancelled() => {}
+                _ = conn.closer.cancelled() => {}
+            }
+        }
+    }
+}
+
+async fn dispatch(
+    proxy: Arc<Proxy>,
+    conn: Arc<ClientConn>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    if req.method() == http::Method::CONNECT {
+        connect::handle(proxy, conn, req).await
+    } else {
+        forward::handle(proxy, conn, req).await
+    }
+}

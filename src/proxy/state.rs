@@ -1,0 +1,50 @@
+//! The running proxy's shared state: configuration, registry, telemetry, upstream pool, dialer
+//! and the drain's handles.
+//!
+//! Invariant: built once per `serve` (or per `check`) and shared read-only behind an `Arc`;
+//! everything mutable inside it synchronises itself.
+
+use super::dialer::{Dialer, TcpDialer};
+use super::upstream::Pool;
+use crate::config::ProxyConfig;
+use crate::registry::Registry;
+use crate::telemetry::Telemetry;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The running proxy's shared state.
+pub struct Proxy {
+    pub config: ProxyConfig,
+    /// Folded lease state: what every decision reads, and where revocations go.
+    pub registry: Arc<Registry>,
+    /// Egress log, metrics and recent refusals: where every exchange ends up.
+    pub telemetry: Arc<Telemetry>,
+    /// Idle keep-alive connections to upstreams, for forwarded requests.
+    pub pool: Arc<Pool>,
+    /// How phase 6 connects (a test double watches every dial).
+    pub dialer: Arc<dyn Dialer>,
+    /// One permit per open client connection (`max_connections`).
+    pub connections: Arc<tokio::sync::Semaphore>,
+    /// Cancelled when a drain's time is up: open tunnels and upgraded connections close.
+    pub hard_stop: CancellationToken,
+    /// Every connection and tunnel task, so a drain can wait for them.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Set: the proxy listeners speak TLS (`--tls-cert`, `--tls-key`).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Proxy {
+    pub fn new(config: ProxyConfig, registry: Arc<Registry>, telemetry: Arc<Telemetry>) -> Proxy {
+        Proxy {
+            connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+            config,
+            registry,
+            telemetry,
+            pool: Arc::new(Pool::default()),
+            dialer: Arc::new(TcpDialer),
+            hard_stop: CancellationToken::new(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            tls: None,
+        }
+    }
+}

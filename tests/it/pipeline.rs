@@ -1,0 +1,421 @@
+//! The decision pipeline without sockets (a dialer that records every dial and connects
+//! nowhere), and `check` against `serve` on the same targets.
+
+use crate::harness::{http_origin, raw, status_of, Harness};
+use http::{HeaderMap, HeaderValue};
+use leasegate::config::{OnRefusal, ProxyConfig};
+use leasegate::contract::Timestamp;
+use leasegate::inspect;
+use leasegate::policy::{Code, UpstreamAddr};
+use leasegate::proxy::dialer::{Dialer, Dialing};
+use leasegate::proxy::exchange::Exchange;
+use leasegate::proxy::{connect, ClientConn, Proxy};
+use leasegate::registry::Registry;
+use leasegate::telemetry::egress::Kind;
+use leasegate::telemetry::{EgressLog, Telemetry};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// linkerd's test connector: records every dial, connects nowhere.
+#[derive(Default)]
+struct RecordingDialer {
+    dialled: Mutex<Vec<SocketAddr>>,
+}
+
+impl Dialer for RecordingDialer {
+    fn connect(&self, addr: UpstreamAddr) -> Dialing<'_> {
+        self.dialled.lock().unwrap().push(addr.socket_addr());
+        Box::pin(async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+    }
+}
+
+/// A proxy over the harness's journal, with `dialer` in place of TCP.
+fn offline_proxy(h: &Harness, config: ProxyConfig, dialer: Arc<RecordingDialer>) -> Proxy {
+    let serve = h.serve_config(config, None);
+    let registry = Registry::load(serve.journal, serve.keyring, false).unwrap();
+    let telemetry = Arc::new(Telemetry::new(
+        EgressLog::disabled(),
+        serve.proxy.series_grace,
+    ));
+    let mut proxy = Proxy::new(serve.proxy, Arc::new(registry), telemetry);
+    proxy.dialer = dialer;
+    proxy
+}
+
+/// One request through the pipeline: a CONNECT goes through `connect::open` (decide, then
+/// dial); a forwarded request's kind is decided the same way, then dialled.
+async fn ask(
+    proxy: &Proxy,
+    port_lease: Option<&str>,
+    headers: &[(&str, &str)],
+    kind: Kind,
+    method: &str,
+    authority: &str,
+) -> Result<(), Code> {
+    let conn = ClientConn::detached(proxy, port_lease);
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        map.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    let mut ex = Exchange::new(
+        proxy.telemetry.clone(),
+        kind,
+        method,
+        conn.client,
+        conn.listener,
+    );
+    let outcome = match kind {
+        Kind::Connect => connect::open(proxy, &conn, &map, authority, &mut ex)
+            .await
+            .map(drop),
+        Kind::Http => match proxy
+            .decide(&conn, &map, authority, Some(80), &mut ex)
+            .await
+        {
+            Ok(decision) => proxy.dial(&decision.addrs, &mut ex).await.map(drop),
+            Err(refusal) => Err(refusal),
+        },
+    };
+    outcome.map_err(|refusal| refusal.code)
+}
+
+/// Addresses of every kind the guard refuses by default, IPv4 and IPv6 and embedded forms.
+const GUARDED: [&str; 26] = [
+    "0.0.0.1",
+    "127.0.0.1",
+    "10.0.0.1",
+    "172.16.0.1",
+    "192.168.0.1",
+    "100.64.0.1",
+    "169.254.169.254",
+    "168.63.129.16",
+    "100.100.100.200",
+    "192.0.0.8",
+    "198.18.0.1",
+    "224.0.0.1",
+    "240.0.0.1",
+    "255.255.255.255",
+    "[::]",
+    "[::1]",
+    "[fe80::1]",
+    "[fc00::1]",
+    "[fd00:ec2::254]",
+    "[ff02::1]",
+    "[64:ff9b:1::1]",
+    "[2001::1]",
+    "[::ffff:169.254.169.254]",
+    "[64:ff9b::a9fe:a9fe]",
+    "[2002:a9fe:a9fe::1]",
+    "[::10.0.0.1]",
+];
+
+#[tokio::test]
+async fn every_refusal_code_of_the_pipeline_dials_nothing() {
+    let h = Harness::new();
+    let lease = h.lease(&["*"], &["denied.test"]);
+    let narrow = h.lease(&["allowed.test", "other.test"], &[]);
+    let later = h.lease_with(
+        &["*"],
+        &[],
+        None,
+        Timestamp::now().saturating_add_millis(3_600_000),
+        Duration::from_secs(60),
+    );
+    let expired = h.lease_with(
+        &["*"],
+        &[],
+        None,
+        Timestamp::now().saturating_add_millis(-120_000),
+        Duration::from_secs(60),
+    );
+    let parent = h.lease(&["*"], &[]);
+    let child = h.lease_with(
+        &["*"],
+        &[],
+        Some(&parent),
+        Timestamp::now(),
+        Duration::from_secs(600),
+    );
+    let revoked = h.lease(&["*"], &[]);
+    for id in [&parent, &revoked] {
+        leasegate::issue::revoke(&h.journal, &h.key, id, "test", Timestamp::now()).unwrap();
+    }
+    let unknown = crate::support::id(7);
+    let mut config = h.config(&[
+        ("allowed.test", "93.184.216.34"),
+        ("metadata.test", "169.254.169.254"),
+        ("private.test", "10.1.2.3"),
+    ]);
+    config.guard.allow_private.clear();
+    let dialer = Arc::new(RecordingDialer::default());
+    let proxy = offline_proxy(&h, config, dialer.clone());
+
+    struct Case<'a> {
+        name: &'a str,
+        port_lease: Option<&'a str>,
+        headers: Vec<(&'a str, &'a str)>,
+        kind: Kind,
+        method: &'a str,
+        authority: String,
+        want: Code,
+    }
+    let connect = |name, port_lease, authority: &str, want| Case {
+        name,
+        port_lease,
+        headers: vec![],
+        kind: Kind::Connect,
+        method: "CONNECT",
+        authority: authority.to_owned(),
+        want,
+    };
+    let mut cases = vec![
+        Case {
+            headers: vec![],
+            ..connect(
+                "no lease named",
+                None,
+                "allowed.test:443",
+                Code::LeaseMissing,
+            )
+        },
+        Case {
+            headers: vec![("x-lease-id", &unknown)],
+            ..connect(
+                "unknown lease",
+                None,
+                "allowed.test:443",
+                Code::LeaseUnknown,
+            )
+        },
+        Case {
+            headers: vec![("x-lease-id", &narrow)],
+            ..connect(
+                "two leases",
+                Some(&lease),
+                "allowed.test:443",
+                Code::LeaseConflict,
+            )
+        },
+        connect("no port", Some(&lease), "allowed.test", Code::BadTarget),
+        connect(
+            "userinfo",
+            Some(&lease),
+            "a@allowed.test:443",
+            Code::BadTarget,
+        ),
+        connect(
+            "not yet valid",
+            Some(&later),
+            "allowed.test:443",
+            Code::LeaseNotYetValid,
+        ),
+        connect(
+            "expired",
+            Some(&expired),
+            "allowed.test:443",
+            Code::LeaseExpired,
+        ),
+        connect(
+            "revoked",
+            Some(&revoked),
+            "allowed.test:443",
+            Code::LeaseRevoked,
+        ),
+        connect(
+            "parent revoked",
+            Some(&child),
+            "allowed.test:443",
+            Code::AncestorClosed,
+        ),
+        connect("denied", Some(&lease), "denied.test:443", Code::HostDenied),
+        connect(
+            "not listed",
+            Some(&narrow),
+            "elsewhere.test:443",
+            Code::HostNotAllowed,
+        ),
+        connect(
+            "name resolving to metadata",
+            Some(&lease),
+            "metadata.test:80",
+            Code::AddressNotAllowed,
+        ),
+        connect(
+            "name resolving to a private address",
+            Some(&lease),
+            "private.test:80",
+            Code::AddressNotAllowed,
+        ),
+        connect(
+            "no such name",
+            Some(&lease),
+            "nowhere.test:443",
+            Code::DnsFailed,
+        ),
+        Case {
+            kind: Kind::Http,
+            method: "TRACE",
+            ..connect(
+                "TRACE",
+                Some(&lease),
+                "allowed.test",
+                Code::MethodNotAllowed,
+            )
+        },
+        Case {
+            kind: Kind::Http,
+            method: "GET",
+            headers: vec![("host", "other.test")],
+            ..connect(
+                "Host names another host",
+                Some(&narrow),
+                "allowed.test",
+                Code::HostMismatch,
+            )
+        },
+    ];
+    let guarded: Vec<String> = GUARDED.iter().map(|a| format!("{a}:80")).collect();
+    for authority in &guarded {
+        cases.push(connect(
+            "guarded literal",
+            Some(&lease),
+            authority,
+            Code::AddressNotAllowed,
+        ));
+    }
+    for case in &cases {
+        let outcome = ask(
+            &proxy,
+            case.port_lease,
+            &case.headers,
+            case.kind,
+            case.method,
+            &case.authority,
+        )
+        .await;
+        assert_eq!(outcome, Err(case.want), "{}: {}", case.name, case.authority);
+        let dialled = std::mem::take(&mut *dialer.dialled.lock().unwrap());
+        assert_eq!(
+            dialled,
+            Vec::<SocketAddr>::new(),
+            "{} ({}) dialled",
+            case.name,
+            case.authority
+        );
+    }
+
+    // The control: an allowed target is dialled, at the address that was checked.
+    let outcome = ask(
+        &proxy,
+        Some(&lease),
+        &[],
+        Kind::Connect,
+        "CONNECT",
+        "allowed.test:443",
+    )
+    .await;
+    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+    assert_eq!(
+        *dialer.dialled.lock().unwrap(),
+        ["93.184.216.34:443".parse::<SocketAddr>().unwrap()]
+    );
+}
+
+#[tokio::test]
+async fn the_per_lease_connection_limit_refuses_before_any_dial() {
+    let h = Harness::new();
+    let lease = h.lease(&["*"], &[]);
+    let mut config = h.config(&[("allowed.test", "93.184.216.34")]);
+    config.max_connections_per_lease = 0;
+    let dialer = Arc::new(RecordingDialer::default());
+    let proxy = offline_proxy(&h, config, dialer.clone());
+    let outcome = ask(
+        &proxy,
+        Some(&lease),
+        &[],
+        Kind::Connect,
+        "CONNECT",
+        "allowed.test:443",
+    )
+    .await;
+    assert_eq!(outcome, Err(Code::TooManyConnections));
+    assert!(dialer.dialled.lock().unwrap().is_empty());
+}
+
+/// The refusal code of a raw proxy answer (`None` for 200).
+fn answer_code(answer: &str) -> Option<String> {
+    if status_of(answer) == 200 {
+        return None;
+    }
+    answer.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("x-leasegate-refusal")
+            .then(|| value.trim().to_owned())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_serve_decide_alike() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["*.test", "127.0.0.1", "localhost"], &["denied.test"]);
+    let mut config = h.config(&[
+        ("origin.test", "127.0.0.1"),
+        ("metadata.test", "169.254.169.254"),
+        ("loop.test", "127.0.0.2"),
+    ]);
+    config.on_refusal = OnRefusal::Log;
+    let server = h.start(config.clone()).await;
+    let port = origin.addr.port();
+    let targets = [
+        format!("origin.test:{port}"),
+        format!("127.0.0.1:{port}"),
+        "denied.test:443".to_owned(),
+        "elsewhere.example:443".to_owned(),
+        "metadata.test:80".to_owned(),
+        "loop.test:80".to_owned(),
+        "169.254.169.254:80".to_owned(),
+        "10.0.0.1:443".to_owned(),
+        "[::ffff:a9fe:a9fe]:80".to_owned(),
+        "nowhere.test:443".to_owned(),
+        "origin..test:443".to_owned(),
+        "origin.test:0".to_owned(),
+    ];
+    let mut compared = 0;
+    for target in &targets {
+        let answer = raw(
+            server.addr,
+            format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+        )
+        .await;
+        let served = answer_code(&answer);
+        let checked = inspect::check(
+            &h.journal,
+            server
+                .proxy
+                .registry
+                .snapshot()
+                .ledger
+                .keyring()
+                .unwrap()
+                .clone(),
+            config.clone(),
+            &lease,
+            target,
+        )
+        .await
+        .unwrap();
+        let checked = checked.refusal.map(|r| r.code.as_str().to_owned());
+        assert_eq!(checked, served, "{target}: check vs serve ({answer})");
+        compared += 1;
+    }
+    assert_eq!(compared, targets.len());
+    assert!(
+        h.revocations().is_empty(),
+        "on-refusal log: nothing revoked"
+    );
+}
