@@ -1,16 +1,10 @@
 //! The CLI end to end: keygen → issue → verify → leases → revoke → leases, and failures.
 
-use crate::support::{bin, data};
+use crate::support::{data, leasegate_command};
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn run(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
+use crate::support::leasegate_sync as run;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -254,8 +248,7 @@ fn flags_read_environment_variables() {
     let key = dir.path().join("key");
     let journal = dir.path().join("journal.jsonl");
     assert!(run(&["keygen", "--out", s(&key)]).status.success());
-    let out = Command::new(bin())
-        .arg("issue")
+    let out = leasegate_command(&["issue"])
         .env("LEASEGATE_JOURNAL", &journal)
         .env("LEASEGATE_KEY_FILE", &key)
         .env("LEASEGATE_ALLOW_HOST", "a.example.com,b.example.com")
@@ -368,7 +361,7 @@ fn serve_dev_prints_a_working_export_line() {
                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\ndev");
         }
     });
-    let mut child = Command::new(bin())
+    let mut child = leasegate_command(&[])
         .current_dir(dir.path())
         .args([
             "serve",

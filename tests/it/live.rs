@@ -4,19 +4,11 @@ use crate::harness::{
     admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, streaming_tunnel,
     until_closed, Harness,
 };
-use crate::support::bin;
+use crate::support::leasegate;
 use leasegate::contract::Timestamp;
 use std::time::{Duration, Instant};
 
-fn leasegate(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin())
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
-
-fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
+async fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
     let mut args = vec![
         "issue",
         "--journal",
@@ -27,7 +19,7 @@ fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
         allow,
     ];
     args.extend_from_slice(extra);
-    let out = leasegate(&args);
+    let out = leasegate(&args).await;
     assert!(
         out.status.success(),
         "{}",
@@ -40,7 +32,7 @@ fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
         .to_owned()
 }
 
-fn revoke_cli(h: &Harness, lease: &str) {
+async fn revoke_cli(h: &Harness, lease: &str) {
     let out = leasegate(&[
         "revoke",
         "--journal",
@@ -51,7 +43,8 @@ fn revoke_cli(h: &Harness, lease: &str) {
         lease,
         "--reason",
         "operator revoked",
-    ]);
+    ])
+    .await;
     assert!(
         out.status.success(),
         "{}",
@@ -65,7 +58,7 @@ async fn a_lease_issued_while_running_opens_within_the_poll_interval() {
     let origin = http_origin().await;
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
-    let lease = issue_cli(&h, "origin.test", &[]);
+    let lease = issue_cli(&h, "origin.test", &[]).await;
     let issued = Instant::now();
     let works = eventually(Duration::from_secs(5), || async {
         (curl(&["-x", &proxy_url(&server, &lease), &url], &[])
@@ -95,7 +88,7 @@ async fn revoke_from_another_process_closes_a_streaming_tunnel() {
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
     let target = format!("origin.test:{}", origin.addr.port());
     let mut tunnel = streaming_tunnel(server.addr, &target, Some(&lease)).await;
-    revoke_cli(&h, &lease);
+    revoke_cli(&h, &lease).await;
     let closed_after = until_closed(&mut tunnel, Duration::from_secs(5)).await;
     assert!(
         closed_after < Duration::from_secs(1),
@@ -179,7 +172,7 @@ async fn revoking_a_parent_closes_a_childs_tunnel_and_keep_alive_connection() {
     let mut buf = [0u8; 1024];
     let n = keep_alive.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
-    revoke_cli(&h, &parent);
+    revoke_cli(&h, &parent).await;
     assert!(until_closed(&mut tunnel, Duration::from_secs(5)).await < Duration::from_secs(1));
     assert!(until_closed(&mut keep_alive, Duration::from_secs(5)).await < Duration::from_secs(1));
     let (_, view) = admin_get(&server, &format!("/leases/{child}")).await;
@@ -194,7 +187,7 @@ async fn a_rotated_journal_is_read_from_its_start() {
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
     std::fs::rename(&h.journal, h.dir.path().join("journal.jsonl.1")).unwrap();
-    let new = issue_cli(&h, "origin.test", &[]);
+    let new = issue_cli(&h, "origin.test", &[]).await;
     let opened = eventually(Duration::from_secs(5), || async {
         (curl(&["-x", &proxy_url(&server, &new), &url], &[])
             .await
@@ -261,7 +254,7 @@ async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
         Some("lease-conflict")
     );
 
-    revoke_cli(&h, &lease);
+    revoke_cli(&h, &lease).await;
     let closed = eventually(Duration::from_secs(2), || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -271,7 +264,7 @@ async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
     .await;
     assert!(closed.is_some(), "the lease's port stayed open");
     // A lease issued now gets another port: a freed one rests for 60 s.
-    let newer = issue_cli(&h, "origin.test", &[]);
+    let newer = issue_cli(&h, "origin.test", &[]).await;
     let new_port = eventually(Duration::from_secs(5), || port_of(newer.clone()))
         .await
         .expect("a port");
@@ -325,10 +318,11 @@ async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
         let admin = admin.clone();
         let lease = lease.clone();
         async move {
-            tokio::process::Command::new(bin())
-                .args(["run", "--lease", &lease, "--admin", &admin, "--"])
-                .args(args)
-                .env("NO_PROXY", "*")
+            let mut command = crate::support::leasegate_command(&[
+                "run", "--lease", &lease, "--admin", &admin, "--",
+            ]);
+            command.args(args).env("NO_PROXY", "*");
+            tokio::process::Command::from(command)
                 .output()
                 .await
                 .unwrap()

@@ -88,3 +88,24 @@ pub fn event_line(event: &str, lease_id: &str, at: &str, extra: Value) -> String
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_leasegate")
 }
+
+/// The one way tests run the built binary: `args`, with RUST_LOG cleared.
+pub fn leasegate_command(args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(bin());
+    command.args(args).env_remove("RUST_LOG");
+    command
+}
+
+/// Runs the binary from an async test without blocking the runtime's threads (which may be
+/// serving the proxy under test).
+pub async fn leasegate(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::from(leasegate_command(args))
+        .output()
+        .await
+        .unwrap()
+}
+
+/// Runs the binary from a plain `#[test]`.
+pub fn leasegate_sync(args: &[&str]) -> std::process::Output {
+    leasegate_command(args).output().unwrap()
+}
