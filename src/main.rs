@@ -287,6 +287,7 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
             resolver: Resolver {
                 overrides: parse_resolve(&args.resolve)?,
                 system: true,
+                ..Resolver::default()
             },
             header_read_timeout: args.header_read_timeout,
             tunnel_idle_timeout: args.tunnel_idle_timeout,

@@ -452,12 +452,12 @@ impl Proxy {
     ) -> Result<Vec<UpstreamAddr>, Refusal> {
         let resolved = match &target.host {
             TargetHost::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
-            TargetHost::Name(name) => {
-                self.config
-                    .resolver
-                    .resolve(name, target.port, self.config.dns_timeout)
-                    .await?
-            }
+            TargetHost::Name(name) => self
+                .config
+                .resolver
+                .resolve(name, target.port, self.config.dns_timeout)
+                .await
+                .map_err(|e| Refusal::new(Code::DnsFailed, e.to_string()))?,
         };
         let listed_by_all = |host: &TargetHost| {
             admitted
