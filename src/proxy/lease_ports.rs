@@ -52,6 +52,13 @@ impl LeasePorts {
         state.by_lease.get(lease_id).map(|(port, _)| *port)
     }
 
+    /// Whether `lease_id` was warned about an exhausted range and still opens (a lease is
+    /// warned once while it stays open).
+    pub fn is_warned(&self, lease_id: &str) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.warned.contains(lease_id)
+    }
+
     /// Keeps assignments in step with the registry until `shutdown`.
     pub async fn run(self: Arc<LeasePorts>, proxy: Arc<Proxy>, shutdown: CancellationToken) {
         let mut changes = proxy.registry.subscribe();
