@@ -7,6 +7,9 @@ pub mod pattern;
 pub mod target;
 pub mod verdict;
 
+#[cfg(test)]
+mod tests;
+
 pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
 pub use target::{Target, TargetHost};
