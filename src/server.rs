@@ -1,5 +1,6 @@
 //! Starting, draining and stopping a proxy: load the journal, bind every listener, follow the
-//! journal, keep per-lease ports in step, serve until told to stop.
+//! journal, keep per-lease ports in step, reap idle upstream connections and closed leases'
+//! metric series on timers, serve until told to stop.
 //!
 //! Invariant: the guard knows every address we listen on (proxy, admin, the per-lease range)
 //! before the first connection is accepted, so no request can be routed back into leasegate;
@@ -8,6 +9,7 @@
 
 use crate::admin::{self, AdminState};
 use crate::config::ServeConfig;
+use crate::contract::Timestamp;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
 use crate::registry::Registry;
@@ -49,7 +51,7 @@ pub struct Server {
     drain_timeout: Duration,
     /// Stops accepting (proxy and lease ports) and starts graceful connection shutdown.
     accepting: CancellationToken,
-    /// Stops the journal follower, the port manager and the admin API.
+    /// Stops the journal follower, the admin API, the pool reaper and the series pruner.
     background: CancellationToken,
 }
 
@@ -88,6 +90,32 @@ fn tls_acceptor(
     .map_err(|e| StartError::Tls(e.to_string()))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// How often closed leases' metric series are looked for: half the grace (a series goes at
+/// most grace + 2 periods after its lease closed), at most every 30 s, at least 10 ms apart.
+fn prune_every(grace: Duration) -> Duration {
+    (grace / 2).clamp(Duration::from_millis(10), Duration::from_secs(30))
+}
+
+/// Drops the metric series of closed leases on a timer, so they go even when nobody scrapes
+/// `/metrics` (or there is no admin listener at all).
+async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {
+                let now = Timestamp::now();
+                let snapshot = proxy.registry.snapshot();
+                proxy
+                    .telemetry
+                    .metrics
+                    .prune(|id| snapshot.ledger.check_chain(id, now).is_ok());
+            }
+        }
+    }
 }
 
 impl Server {
@@ -130,6 +158,17 @@ impl Server {
         let accepting = CancellationToken::new();
         let background = CancellationToken::new();
         tokio::spawn(registry.follow(background.clone()));
+        tokio::spawn(
+            proxy
+                .pool
+                .clone()
+                .run_reaper(proxy.pool.idle_for() / 2, background.clone()),
+        );
+        tokio::spawn(prune_series(
+            proxy.clone(),
+            prune_every(proxy.config.series_grace),
+            background.clone(),
+        ));
         let ports = config
             .lease_ports
             .map(|(range, ip)| Arc::new(LeasePorts::new(range, ip)));

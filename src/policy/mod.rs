@@ -8,6 +8,9 @@ pub mod refusal;
 pub mod target;
 pub mod verdict;
 
+#[cfg(test)]
+mod tests;
+
 pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
 pub use refusal::{Code, Refusal};

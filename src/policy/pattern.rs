@@ -17,14 +17,18 @@ pub enum HostPattern {
 
 impl HostPattern {
     /// Reads a pattern as the schema admits it (lower-case; the schema has checked the form).
+    /// One trailing dot is dropped, as in targets. A spelling the schema would refuse (`*.`,
+    /// `*..`, `*x.com`, a port, a scheme) becomes an `Exact` entry no normalised target can
+    /// equal: it matches nothing rather than widening to `*`.
     pub fn parse(text: &str) -> HostPattern {
-        let text = text.trim_end_matches('.').to_ascii_lowercase();
+        let text = text.to_ascii_lowercase();
         if text == "*" {
-            HostPattern::Any
-        } else if let Some(suffix) = text.strip_prefix("*.") {
-            HostPattern::Subdomains(suffix.to_owned())
-        } else {
-            HostPattern::Exact(text)
+            return HostPattern::Any;
+        }
+        let text = text.strip_suffix('.').unwrap_or(&text);
+        match text.strip_prefix("*.") {
+            Some(suffix) if !suffix.is_empty() => HostPattern::Subdomains(suffix.to_owned()),
+            _ => HostPattern::Exact(text.to_owned()),
         }
     }
 

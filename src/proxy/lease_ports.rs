@@ -3,7 +3,8 @@
 //!
 //! Invariant: a port serves one lease at a time and closes when that lease opens nothing; the
 //! lowest free port is handed out, and a released port rests [`REUSE_AFTER`] before another
-//! lease may have it (a late client of the old lease never lands in a new one).
+//! lease may have it (a late client of the old lease never lands in a new one). Every per-lease
+//! entry here belongs to a lease that opens now: state is bounded by the open leases.
 
 use super::{serve, Proxy};
 use crate::contract::Timestamp;
@@ -25,7 +26,7 @@ struct State {
     by_lease: HashMap<String, (u16, CancellationToken)>,
     /// Released ports and when.
     resting: HashMap<u16, Instant>,
-    /// Leases already warned about an exhausted range.
+    /// Open leases already warned about an exhausted range (pruned when they close).
     warned: HashSet<String>,
 }
 
@@ -49,6 +50,13 @@ impl LeasePorts {
     pub fn port_of(&self, lease_id: &str) -> Option<u16> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.by_lease.get(lease_id).map(|(port, _)| *port)
+    }
+
+    /// Whether `lease_id` was warned about an exhausted range and still opens (a lease is
+    /// warned once while it stays open).
+    pub fn is_warned(&self, lease_id: &str) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.warned.contains(lease_id)
     }
 
     /// Keeps assignments in step with the registry until `shutdown`.
@@ -83,6 +91,8 @@ impl LeasePorts {
             open
         });
         resting.retain(|_, since| since.elapsed() < REUSE_AFTER);
+        // A lease that opens nothing any more will never be warned about again.
+        warned.retain(|lease_id| snapshot.ledger.check_chain(lease_id, now).is_ok());
         for lease in snapshot.ledger.leases() {
             if by_lease.contains_key(&lease.id)
                 || snapshot.ledger.check_chain(&lease.id, now).is_err()

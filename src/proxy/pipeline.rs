@@ -203,12 +203,12 @@ impl Proxy {
                 ex.observe_decision();
                 return Ok(Vec::new());
             }
-            TargetHost::Name(name) => {
-                self.config
-                    .resolver
-                    .resolve(name, target.port, self.config.dns_timeout)
-                    .await?
-            }
+            TargetHost::Name(name) => self
+                .config
+                .resolver
+                .resolve(name, target.port, self.config.dns_timeout)
+                .await
+                .map_err(|e| Refusal::new(Code::DnsFailed, e.to_string()))?,
         };
         let exception = Exception::for_target(
             policies(&admitted.snapshot, &admitted.chain).map(|(_, p)| p),

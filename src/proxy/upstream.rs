@@ -5,13 +5,29 @@
 //! a rebinding name cannot reuse a connection to an address it no longer resolves to.
 
 use super::body::Body;
-use crate::policy::refusal::{Code, Refusal};
 use crate::policy::UpstreamAddr;
+use hickory_resolver::config::{
+    LookupIpStrategy, NameServerConfigGroup, ResolverConfig, ResolverOpts,
+};
+use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::TokioResolver;
 use hyper::client::conn::http1::SendRequest;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Why a name gave no address to check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{name} has no addresses")]
+    NoAddresses { name: String },
+    #[error("{name} does not resolve: {reason}")]
+    Failed { name: String, reason: String },
+    #[error("resolving {name} timed out after {after:?}")]
+    TimedOut { name: String, after: Duration },
+}
 
 /// How names become addresses.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +36,9 @@ pub struct Resolver {
     pub overrides: HashMap<String, Vec<IpAddr>>,
     /// Fall back to the system resolver for other names.
     pub system: bool,
+    /// The system resolver, built on first use and shared by clones (one cache, one set of
+    /// name-server connections per proxy).
+    pub dns: SystemDns,
 }
 
 impl Resolver {
@@ -27,74 +46,176 @@ impl Resolver {
         Resolver {
             overrides: HashMap::new(),
             system: true,
+            dns: SystemDns::default(),
         }
     }
 
-    /// Resolves `name` once, within `timeout`.
+    /// Resolves `name` once, within `timeout`. The lookup is asynchronous (hickory), so a
+    /// timed-out one is dropped, not left running on a blocking thread.
     pub async fn resolve(
         &self,
         name: &str,
         port: u16,
         timeout: Duration,
-    ) -> Result<Vec<SocketAddr>, Refusal> {
+    ) -> Result<Vec<SocketAddr>, ResolveError> {
         if let Some(ips) = self.overrides.get(name) {
             return Ok(ips.iter().map(|&ip| SocketAddr::new(ip, port)).collect());
         }
         if !self.system {
-            return Err(Refusal::new(
-                Code::DnsFailed,
-                format!("{name} does not resolve"),
-            ));
+            return Err(ResolveError::Failed {
+                name: name.to_owned(),
+                reason: "no fixed answer and the system resolver is off".to_owned(),
+            });
         }
-        match tokio::time::timeout(timeout, tokio::net::lookup_host((name, port))).await {
-            Ok(Ok(addrs)) => {
-                let addrs: Vec<SocketAddr> = addrs.collect();
+        let lookup = async { self.dns.get().await.lookup_ip(name).await };
+        match tokio::time::timeout(timeout, lookup).await {
+            Ok(Ok(found)) => {
+                let addrs: Vec<SocketAddr> =
+                    found.iter().map(|ip| SocketAddr::new(ip, port)).collect();
                 if addrs.is_empty() {
-                    Err(Refusal::new(
-                        Code::DnsFailed,
-                        format!("{name} has no addresses"),
-                    ))
+                    Err(ResolveError::NoAddresses {
+                        name: name.to_owned(),
+                    })
                 } else {
                     Ok(addrs)
                 }
             }
-            Ok(Err(e)) => Err(Refusal::new(
-                Code::DnsFailed,
-                format!("{name} does not resolve: {e}"),
-            )),
-            Err(_) => Err(Refusal::new(
-                Code::DnsFailed,
-                format!("resolving {name} timed out after {timeout:?}"),
-            )),
+            Ok(Err(e)) if e.is_nx_domain() => Err(ResolveError::Failed {
+                name: name.to_owned(),
+                reason: "no such name".to_owned(),
+            }),
+            Ok(Err(e)) if e.is_no_records_found() => Err(ResolveError::NoAddresses {
+                name: name.to_owned(),
+            }),
+            Ok(Err(e)) => Err(ResolveError::Failed {
+                name: name.to_owned(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(ResolveError::TimedOut {
+                name: name.to_owned(),
+                after: timeout,
+            }),
         }
     }
 }
 
+/// The system's resolver configuration (`/etc/resolv.conf`, `/etc/hosts`) as an async
+/// resolver, read once on first use.
+#[derive(Clone, Default)]
+pub struct SystemDns(Arc<tokio::sync::OnceCell<TokioResolver>>);
+
+impl std::fmt::Debug for SystemDns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.initialized() {
+            "SystemDns(loaded)"
+        } else {
+            "SystemDns(not yet loaded)"
+        })
+    }
+}
+
+impl SystemDns {
+    async fn get(&self) -> &TokioResolver {
+        self.0
+            .get_or_init(|| async {
+                // Reading the two files is blocking I/O: off the runtime's threads.
+                tokio::task::spawn_blocking(system_resolver)
+                    .await
+                    .unwrap_or_else(|_| fallback_resolver())
+            })
+            .await
+    }
+}
+
+fn system_resolver() -> TokioResolver {
+    match TokioResolver::builder_tokio() {
+        Ok(mut builder) => {
+            // Both families, as getaddrinfo answers: the guard checks every address.
+            builder.options_mut().ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+            builder.build()
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading /etc/resolv.conf failed: asking a name server on this host, as the C library does");
+            fallback_resolver()
+        }
+    }
+}
+
+/// What the C library does without a usable `/etc/resolv.conf`: a name server on this host
+/// (never a public resolver chosen by us). `/etc/hosts` is still read.
+fn fallback_resolver() -> TokioResolver {
+    let local = [
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(Ipv6Addr::LOCALHOST),
+    ];
+    let config = ResolverConfig::from_parts(
+        None,
+        vec![],
+        NameServerConfigGroup::from_ips_clear(&local, 53, true),
+    );
+    let mut options = ResolverOpts::default();
+    options.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+    TokioResolver::builder_with_config(config, TokioConnectionProvider::default())
+        .with_options(options)
+        .build()
+}
+
 /// Idle connections kept per upstream address.
 const IDLE_PER_ADDR: usize = 32;
-/// How long an idle connection may wait for reuse.
-const IDLE_FOR: Duration = Duration::from_secs(60);
+/// How long an idle connection may wait for reuse, by default.
+pub const IDLE_FOR: Duration = Duration::from_secs(60);
+/// The reaper never runs more often than this (a zero idle time must not spin).
+const REAP_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 
 /// A pooled connection and when it went idle.
 type Idle = (SendRequest<Body>, Instant);
 
-/// Idle HTTP/1.1 connections to upstreams, keyed by checked address.
-#[derive(Default)]
+/// Idle HTTP/1.1 connections to upstreams, keyed by checked address. A key exists only while
+/// it holds a connection: checkout and the reaper remove the keys they empty, so addresses
+/// visited once do not stay in the map.
 pub struct Pool {
     idle: Mutex<HashMap<UpstreamAddr, Vec<Idle>>>,
+    /// How long an idle connection may wait for reuse.
+    idle_for: Duration,
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool::with_idle(IDLE_FOR)
+    }
 }
 
 impl Pool {
+    pub fn with_idle(idle_for: Duration) -> Pool {
+        Pool {
+            idle: Mutex::new(HashMap::new()),
+            idle_for,
+        }
+    }
+
+    pub fn idle_for(&self) -> Duration {
+        self.idle_for
+    }
+
+    fn is_reusable(&self, (sender, since): &Idle) -> bool {
+        !sender.is_closed() && since.elapsed() < self.idle_for
+    }
+
     /// An idle, ready connection to `addr`, if one is pooled.
     pub fn checkout(&self, addr: UpstreamAddr) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(&addr)?;
+        let mut found = None;
         while let Some((sender, since)) = list.pop() {
-            if sender.is_ready() && since.elapsed() < IDLE_FOR {
-                return Some(sender);
+            if sender.is_ready() && since.elapsed() < self.idle_for {
+                found = Some(sender);
+                break;
             }
         }
-        None
+        if list.is_empty() {
+            idle.remove(&addr);
+        }
+        found
     }
 
     /// Returns a connection to the pool once its current exchange has finished.
@@ -104,11 +225,217 @@ impl Pool {
             if sender.ready().await.is_ok() {
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
                 let list = idle.entry(addr).or_default();
-                list.retain(|(s, since)| !s.is_closed() && since.elapsed() < IDLE_FOR);
+                list.retain(|entry| pool.is_reusable(entry));
                 if list.len() < IDLE_PER_ADDR {
                     list.push((sender, Instant::now()));
                 }
             }
         });
+    }
+
+    /// Drops connections the upstream closed or that idled too long, and the keys left empty.
+    pub fn reap(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|_, list| {
+            list.retain(|entry| self.is_reusable(entry));
+            !list.is_empty()
+        });
+    }
+
+    /// Upstream addresses with at least one idle connection.
+    pub fn keys(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Reaps every `every` until `shutdown`, so idle connections to upstreams never asked
+    /// again are closed and forgotten.
+    pub async fn run_reaper(self: Arc<Pool>, every: Duration, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(every.max(REAP_AT_MOST_EVERY));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.reap(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Guard;
+    use hyper_util::rt::TokioIo;
+    use tokio::net::TcpStream;
+
+    #[tokio::test]
+    async fn overrides_answer_first_and_unknown_names_fail_without_the_system_resolver() {
+        let mut resolver = Resolver::default();
+        resolver
+            .overrides
+            .insert("origin.test".into(), vec!["192.0.2.7".parse().unwrap()]);
+        assert_eq!(
+            resolver
+                .resolve("origin.test", 8080, Duration::from_secs(1))
+                .await
+                .unwrap(),
+            vec!["192.0.2.7:8080".parse::<SocketAddr>().unwrap()]
+        );
+        let error = resolver
+            .resolve("other.test", 80, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, ResolveError::Failed { name, .. } if name == "other.test"),
+            "{error:?}"
+        );
+        assert!(error
+            .to_string()
+            .starts_with("other.test does not resolve: "));
+    }
+
+    #[tokio::test]
+    async fn localhost_resolves_through_the_hosts_file() {
+        let addrs = Resolver::system()
+            .resolve("localhost", 443, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            addrs
+                .iter()
+                .all(|a| a.ip().is_loopback() && a.port() == 443)
+                && !addrs.is_empty(),
+            "{addrs:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lookup_that_outlives_its_timeout_is_dropped_and_says_so() {
+        // A name server that never answers: the lookup can only end by its timeout.
+        let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let config = ResolverConfig::from_parts(
+            None,
+            vec![],
+            NameServerConfigGroup::from_ips_clear(
+                &[silent.local_addr().unwrap().ip()],
+                silent.local_addr().unwrap().port(),
+                true,
+            ),
+        );
+        let dns = SystemDns::default();
+        let built =
+            TokioResolver::builder_with_config(config, TokioConnectionProvider::default()).build();
+        assert!(dns.0.set(built).is_ok());
+        let resolver = Resolver {
+            system: true,
+            dns,
+            ..Resolver::default()
+        };
+        let started = Instant::now();
+        let error = resolver
+            .resolve("nowhere.example", 80, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ResolveError::TimedOut {
+                name: "nowhere.example".into(),
+                after: Duration::from_millis(200)
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            "resolving nowhere.example timed out after 200ms"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// A connection to a local listener, as the pool holds it, and the server side of it.
+    async fn connection() -> (UpstreamAddr, SendRequest<Body>, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let guard = Guard {
+            allow_private: vec!["127.0.0.1/32".parse().unwrap()],
+            ..Guard::default()
+        };
+        let addr = guard.check(&[at], None, true).dialable[0];
+        let (client, accepted) = tokio::join!(TcpStream::connect(at), listener.accept());
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client.unwrap()))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        (addr, sender, accepted.unwrap().0)
+    }
+
+    /// Waits (up to 5 s) until the pool holds `n` keys after a reap.
+    async fn reaped_to(pool: &Pool, n: usize) -> bool {
+        for _ in 0..500 {
+            pool.reap();
+            if pool.keys() == n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_reap_forgets_connections_the_upstream_closed_and_their_key() {
+        let pool = Arc::new(Pool::default());
+        let (addr, sender, server_side) = connection().await;
+        pool.checkin(addr, sender);
+        assert!(reaped_to(&pool, 1).await, "the connection was pooled");
+        pool.reap();
+        assert_eq!(pool.keys(), 1, "a live idle connection stays");
+        drop(server_side);
+        assert!(reaped_to(&pool, 0).await, "closed upstream: key removed");
+        assert!(pool.checkout(addr).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_reap_forgets_connections_idle_too_long() {
+        let pool = Arc::new(Pool::with_idle(Duration::from_millis(50)));
+        let (addr, sender, _server_side) = connection().await;
+        pool.checkin(addr, sender);
+        for _ in 0..100 {
+            if pool.keys() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(pool.keys(), 1);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        pool.reap();
+        assert_eq!(pool.keys(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_reaper_runs_on_its_own_and_checkout_removes_the_key_it_empties() {
+        let pool = Arc::new(Pool::with_idle(Duration::from_millis(30)));
+        let stop = CancellationToken::new();
+        tokio::spawn(
+            pool.clone()
+                .run_reaper(Duration::from_millis(10), stop.clone()),
+        );
+        let (addr, sender, _server_side) = connection().await;
+        pool.checkin(addr, sender);
+        let mut seen = false;
+        for _ in 0..500 {
+            seen |= pool.keys() == 1;
+            if seen && pool.keys() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(seen, "the connection was pooled");
+        assert_eq!(pool.keys(), 0, "the reaper removed it");
+        stop.cancel();
+
+        let pool = Arc::new(Pool::default());
+        let (addr, sender, _server_side) = connection().await;
+        pool.checkin(addr, sender);
+        assert!(reaped_to(&pool, 1).await);
+        assert!(pool.checkout(addr).is_some());
+        assert_eq!(pool.keys(), 0);
     }
 }

@@ -274,6 +274,34 @@ async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_range_warns_once_per_open_lease_and_forgets_closed_ones() {
+    let h = Harness::new();
+    let first = h.lease(&["origin.test"], &[]);
+    let second = h.lease(&["origin.test"], &[]);
+    // One port for two leases: whichever is reconciled second is warned.
+    let server = h.start_with_ports(h.config(&[]), Some(port_range(1))).await;
+    let ports = server.ports.clone().unwrap();
+    let warned = eventually(Duration::from_secs(5), || async {
+        [&first, &second]
+            .into_iter()
+            .find(|id| ports.is_warned(id))
+            .cloned()
+    })
+    .await
+    .expect("one lease warned about the exhausted range");
+    assert!(ports.port_of(&warned).is_none());
+    revoke_cli(&h, &warned).await;
+    let forgotten = eventually(Duration::from_secs(5), || async {
+        (!ports.is_warned(&warned)).then_some(())
+    })
+    .await;
+    assert!(
+        forgotten.is_some(),
+        "a closed lease stays in the warned set"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_lookups_answer_json() {
     let h = Harness::new();
     let lease = h.lease(&["origin.test"], &[]);
