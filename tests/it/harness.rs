@@ -346,7 +346,9 @@ impl Harness {
     pub async fn egress_lines(&self, n: usize) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let text = std::fs::read_to_string(&self.egress).unwrap_or_default();
+            let text = tokio::fs::read_to_string(&self.egress)
+                .await
+                .unwrap_or_default();
             let lines: Vec<Value> = text
                 .lines()
                 .map(|l| serde_json::from_str(l).unwrap())
