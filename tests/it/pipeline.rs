@@ -83,6 +83,11 @@ async fn ask(
     outcome.map_err(|refusal| refusal.code)
 }
 
+/// A CONNECT on `lease`'s own port.
+async fn connect_on_port(proxy: &Proxy, lease: &str, authority: &str) -> Result<(), Code> {
+    ask(proxy, Some(lease), &[], Kind::Connect, "CONNECT", authority).await
+}
+
 /// Addresses of every kind the guard refuses by default, IPv4 and IPv6 and embedded forms.
 const GUARDED: [&str; 26] = [
     "0.0.0.1",
@@ -309,15 +314,7 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
     }
 
     // The control: an allowed target is dialled, at the address that was checked.
-    let outcome = ask(
-        &proxy,
-        Some(&lease),
-        &[],
-        Kind::Connect,
-        "CONNECT",
-        "allowed.test:443",
-    )
-    .await;
+    let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
     assert_eq!(outcome, Err(Code::UpstreamUnreachable));
     assert_eq!(
         *dialer.dialled.lock().unwrap(),
@@ -333,15 +330,7 @@ async fn the_per_lease_connection_limit_refuses_before_any_dial() {
     config.max_connections_per_lease = 0;
     let dialer = Arc::new(RecordingDialer::default());
     let proxy = offline_proxy(&h, config, dialer.clone());
-    let outcome = ask(
-        &proxy,
-        Some(&lease),
-        &[],
-        Kind::Connect,
-        "CONNECT",
-        "allowed.test:443",
-    )
-    .await;
+    let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
     assert_eq!(outcome, Err(Code::TooManyConnections));
     assert!(dialer.dialled.lock().unwrap().is_empty());
 }
