@@ -273,15 +273,18 @@ impl Harness {
         .lease_id
     }
 
-    /// Appends a raw journal line.
-    pub fn append(&self, line: &str) {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new()
+    /// Appends a raw journal line (off the runtime's threads).
+    pub async fn append(&self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        let mut file = tokio::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .open(&self.journal)
+            .await
             .unwrap();
-        writeln!(file, "{line}").unwrap();
+        file.write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
     }
 
     /// The proxy config every test starts from: loopback origins reachable via 127.0.0.1
@@ -371,8 +374,9 @@ impl Harness {
     }
 
     /// Every journal record.
-    pub fn journal_records(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.journal)
+    pub async fn journal_records(&self) -> Vec<Value> {
+        tokio::fs::read_to_string(&self.journal)
+            .await
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -380,8 +384,9 @@ impl Harness {
     }
 
     /// The `revoked` records in the journal.
-    pub fn revocations(&self) -> Vec<Value> {
+    pub async fn revocations(&self) -> Vec<Value> {
         self.journal_records()
+            .await
             .into_iter()
             .filter(|r| r["event"] == "revoked")
             .collect()

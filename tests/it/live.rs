@@ -113,7 +113,7 @@ async fn revoke_from_another_process_closes_a_streaming_tunnel() {
         answer.contains("x-leasegate-refusal: lease-revoked"),
         "{answer}"
     );
-    let revocations = h.revocations();
+    let revocations = h.revocations().await;
     assert_eq!(revocations.len(), 1, "the proxy wrote nothing of its own");
 }
 
@@ -186,7 +186,9 @@ async fn a_rotated_journal_is_read_from_its_start() {
     let old = h.lease(&["origin.test"], &[]);
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
-    std::fs::rename(&h.journal, h.dir.path().join("journal.jsonl.1")).unwrap();
+    tokio::fs::rename(&h.journal, h.dir.path().join("journal.jsonl.1"))
+        .await
+        .unwrap();
     let new = issue_cli(&h, "origin.test", &[]).await;
     let opened = eventually(Duration::from_secs(5), || async {
         (curl(&["-x", &proxy_url(&server, &new), &url], &[])

@@ -315,7 +315,7 @@ async fn the_admin_token_guards_everything_but_healthz_and_revoke_works() {
     assert_eq!(status, 200);
     assert_eq!(json_of(&body), json!({"lease_id": lease, "revoked": true}));
     assert!(until_closed(&mut tunnel, Duration::from_secs(5)).await < Duration::from_secs(1));
-    let revocations = h.revocations();
+    let revocations = h.revocations().await;
     assert_eq!(revocations.len(), 1);
     assert_eq!(revocations[0]["reason"], "operator: done");
     assert!(leasegate::contract::lease::verify_signature(&revocations[0], &h.key).unwrap());
@@ -527,11 +527,12 @@ async fn sigterm_drains_and_exits_zero_and_logs_keep_secrets_out() {
     let h = Harness::new();
     let origin = http_origin().await;
     let lease = h.lease(&["origin.test"], &["denied.test"]);
-    let signature = h.journal_records()[0]["lease"]["signature"]
+    let signature = h.journal_records().await[0]["lease"]["signature"]
         .as_str()
         .unwrap()
         .to_owned();
-    let key_hex = std::fs::read_to_string(&h.key_path)
+    let key_hex = tokio::fs::read_to_string(&h.key_path)
+        .await
         .unwrap()
         .lines()
         .last()
@@ -627,7 +628,10 @@ async fn sigterm_drains_and_exits_zero_and_logs_keep_secrets_out() {
         !logs.contains(&signature),
         "a lease signature appeared in the logs"
     );
-    let revoked_signature = h.revocations()[0]["signature"].as_str().unwrap().to_owned();
+    let revoked_signature = h.revocations().await[0]["signature"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(
         !logs.contains(&revoked_signature),
         "a record signature appeared in the logs"
@@ -646,8 +650,10 @@ async fn the_tls_listener_works_with_curl() {
         h.dir.path().join("proxy.pem"),
         h.dir.path().join("proxy.key"),
     );
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    tokio::fs::write(&cert_path, cert.cert.pem()).await.unwrap();
+    tokio::fs::write(&key_path, cert.key_pair.serialize_pem())
+        .await
+        .unwrap();
     let mut serve = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
     serve.tls = Some((cert_path.clone(), key_path));
     let server = Server::start(serve).await.unwrap();

@@ -404,7 +404,7 @@ async fn check_and_serve_decide_alike() {
     }
     assert_eq!(compared, targets.len());
     assert!(
-        h.revocations().is_empty(),
+        h.revocations().await.is_empty(),
         "on-refusal log: nothing revoked"
     );
 }

@@ -115,7 +115,7 @@ async fn large_bodies_stream_both_ways_intact() {
     assert!(download.body == expected, "downloaded bytes differ");
 
     let upload_file = h.dir.path().join("upload.bin");
-    std::fs::write(&upload_file, &expected).unwrap();
+    tokio::fs::write(&upload_file, &expected).await.unwrap();
     let upload = curl(
         &[
             "-x",
@@ -323,7 +323,7 @@ async fn identification_refusals() {
         "{origin_form}"
     );
     assert_eq!(h.egress_line(7).await["code"], "not-a-proxy-request");
-    assert!(h.revocations().is_empty(), "none of these revokes");
+    assert!(h.revocations().await.is_empty(), "none of these revokes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,7 +354,8 @@ async fn chain_refusals_each_have_their_code() {
         &stopped,
         &now.to_string(),
         serde_json::json!({"reason": "done"}),
-    ));
+    ))
+    .await;
     let parent = h.lease(&["*"], &[]);
     let child = h.lease_with(&["*"], &[], Some(&parent), Timestamp::now(), hour);
     h.append(&crate::support::event_line(
@@ -362,7 +363,8 @@ async fn chain_refusals_each_have_their_code() {
         &parent,
         &now.to_string(),
         serde_json::json!({}),
-    ));
+    ))
+    .await;
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
     for (n, (lease, code)) in [
@@ -378,7 +380,11 @@ async fn chain_refusals_each_have_their_code() {
         let out = curl(&["-x", &proxy_url(&server, &lease), &url], &[]).await;
         assert_refused(&h, &out, 403, code, n + 1).await;
     }
-    assert_eq!(h.revocations().len(), 1, "only the issuer's own revocation");
+    assert_eq!(
+        h.revocations().await.len(),
+        1,
+        "only the issuer's own revocation"
+    );
 }
 
 /// Provokes a revoking refusal, then checks the journal line and that the lease is closed.
@@ -389,7 +395,7 @@ async fn assert_revoked_after(
     code: &str,
     probe_url: &str,
 ) {
-    let revocations = h.revocations();
+    let revocations = h.revocations().await;
     assert_eq!(
         revocations.len(),
         1,
@@ -453,7 +459,7 @@ async fn host_denied_revokes_and_the_lease_opens_nothing_after() {
         &[],
     )
     .await;
-    assert_eq!(h.revocations().len(), 1);
+    assert_eq!(h.revocations().await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -589,7 +595,7 @@ async fn other_refusals_method_dns_and_upstream() {
     )
     .await;
     assert_refused(&h, &out, 504, "upstream-timeout", 4).await;
-    assert!(h.revocations().is_empty(), "none of these revokes");
+    assert!(h.revocations().await.is_empty(), "none of these revokes");
     drop(fillers);
 }
 
@@ -829,7 +835,7 @@ async fn report_mode_lets_policy_refusals_through_and_logs_them() {
     let line = h.egress_line(1).await;
     assert_eq!(line["verdict"], "report");
     assert_eq!(line["code"], "host-not-allowed");
-    assert!(h.revocations().is_empty());
+    assert!(h.revocations().await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -851,7 +857,7 @@ async fn on_refusal_log_refuses_without_revoking() {
     )
     .await;
     assert_refused(&h, &out, 403, "host-not-allowed", 1).await;
-    assert!(h.revocations().is_empty());
+    assert!(h.revocations().await.is_empty());
     assert_eq!(
         curl(
             &[
@@ -910,5 +916,8 @@ async fn an_upstream_silent_past_the_response_timeout_is_a_504() {
         "answered only after {:?}",
         started.elapsed()
     );
-    assert!(h.revocations().is_empty(), "a timeout does not revoke");
+    assert!(
+        h.revocations().await.is_empty(),
+        "a timeout does not revoke"
+    );
 }
