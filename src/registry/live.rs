@@ -8,9 +8,11 @@
 //!   which the follower runs): a revocation is appended through the store and then read back by
 //!   that same refresh until the store reaches the position the append returned.
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
-//!   ledger, no journal counter moved) and cancels its subtree's tokens, then appends; an append
-//!   that fails or outlasts [`APPEND_TIMEOUT`] is an error for the caller, never a lease left
-//!   open.
+//!   ledger, no journal counter moved: nothing new is admitted), then appends; when it ends —
+//!   record folded, append failed or outlasted [`APPEND_TIMEOUT`], or its caller gone — its
+//!   subtree's tokens are cancelled, after its last await, so the refusal that caused it is
+//!   answered before its connection closes. A failed append is an error for the caller, never
+//!   a lease left open.
 //! - A snapshot is built from the current one and published under `publishing`, never across an
 //!   await, so a refresh and an in-memory closure never drop each other's work. Reading the
 //!   store (`reading`) and appending to it are not under one lock: a slow fsync does not stop
@@ -197,10 +199,11 @@ impl Registry {
         Ok((batch.lines.len(), batch.position))
     }
 
-    /// Revokes a lease: closes it and its subtree in memory at once, appends a signed `revoked`
-    /// record (`by: "issuer"`, under the lease's own key), and reads the journal until the
-    /// record has been folded. Returns `false`, writing nothing, if the lease is already
-    /// revoked. On an append error or timeout the lease stays revoked in memory.
+    /// Revokes a lease: closes it in memory at once (nothing new is admitted), appends a signed
+    /// `revoked` record (`by: "issuer"`, under the lease's own key), reads the journal until the
+    /// record has been folded, and tears down the lease's subtree as it returns. Returns
+    /// `false`, writing nothing, if the lease is already revoked. On an append error or timeout
+    /// the lease stays revoked in memory and its subtree is torn down all the same.
     pub async fn revoke(
         &self,
         lease_id: &str,
@@ -213,6 +216,9 @@ impl Registry {
         let revocation = self.publish(|next| {
             let revocation = issuer_revocation(&next.ledger, lease_id, reason, extra, now)?;
             if let Some(revocation) = &revocation {
+                // Deferred before the closure is visible: no one else tears the subtree down
+                // while we still answer on one of its connections.
+                self.tokens.defer(lease_id);
                 next.ledger.close(lease_id, revocation.closure.clone());
             }
             Ok::<_, RevocationError>(revocation)
@@ -220,8 +226,14 @@ impl Registry {
         let Some(revocation) = revocation else {
             return Ok(false);
         };
-        self.close_where_not_open(now);
-        // Polled right away, in the same poll as the closure above: once we are here the
+        // However this ends (done, failed, timed out, or our caller gone), the subtree is torn
+        // down as it does, after the last await: the caller's answer goes out first.
+        let _teardown = Teardown {
+            registry: self,
+            lease_id,
+        };
+        self.changes.send_modify(|v| *v += 1);
+        // Polled right away, in the same poll as the closure above: once it is visible the
         // append is under way even if our caller stops waiting.
         let appended =
             tokio::time::timeout(self.append_timeout, self.store.append(&revocation.record)).await;
@@ -236,25 +248,30 @@ impl Registry {
                 return Err(RevokeError::Timeout(self.append_timeout));
             }
         };
-        self.read_until(at).await?;
+        self.read_until(at).await;
         Ok(true)
     }
 
-    /// Refreshes until the fold reaches `at` or the append timeout passes (then the record is
-    /// in the store and will be folded by the follower; the closure in memory holds till then).
-    async fn read_until(&self, at: Position) -> std::io::Result<()> {
+    /// Refreshes until the fold reaches `at`, a read fails, or the append timeout passes. Either
+    /// way the record is in the store and the follower folds it; the closure in memory holds
+    /// till then.
+    async fn read_until(&self, at: Position) {
         let deadline = tokio::time::Instant::now() + self.append_timeout;
         loop {
-            let (_, reached) = self.refresh_reaching().await?;
-            if reached >= at {
-                return Ok(());
-            }
+            let reached = match self.refresh_reaching().await {
+                Ok((_, reached)) if reached >= at => return,
+                Ok((_, reached)) => reached,
+                Err(error) => {
+                    tracing::warn!(%error, store = %self.store.describe(), "reading our revocation back failed; the follower will fold it");
+                    return;
+                }
+            };
             if tokio::time::timeout_at(deadline, self.store.wait_for_more())
                 .await
                 .is_err()
             {
                 tracing::warn!(%at, %reached, store = %self.store.describe(), "our revocation is not read back yet; the follower will fold it");
-                return Ok(());
+                return;
             }
         }
     }
@@ -301,6 +318,19 @@ impl Registry {
                 }
             }
         }
+    }
+}
+
+/// Ends a revocation: the lease's subtree is no longer deferred and is torn down now.
+struct Teardown<'a> {
+    registry: &'a Registry,
+    lease_id: &'a str,
+}
+
+impl Drop for Teardown<'_> {
+    fn drop(&mut self) {
+        self.registry.tokens.undefer(self.lease_id);
+        self.registry.close_where_not_open(Timestamp::now());
     }
 }
 

@@ -4,13 +4,15 @@
 //! whose chain opens nothing at `now` is cancelled and forgotten, and `next_deadline` is at or
 //! before the earliest `expires_at` in the chains of the tokens kept (and of any handed out
 //! since); each time it may have moved earlier, `rearm` is notified. A child's token is a child
-//! of its parent's, so cancelling a lease cancels its subtree.
+//! of its parent's, so cancelling a lease cancels its subtree. The one exception: the subtree of
+//! a lease whose revocation is in flight ([`LeaseTokens::defer`]) is left to that revocation,
+//! which tears it down when it finishes.
 
 use super::ledger::{Ledger, MAX_CHAIN_DEPTH};
 use super::Snapshot;
 use crate::contract::Timestamp;
 use arc_swap::ArcSwap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use tokio::sync::Notify;
@@ -19,13 +21,20 @@ use tokio_util::sync::CancellationToken;
 /// The tokens of a running proxy and the deadline the expiry timer sleeps until.
 #[derive(Debug)]
 pub struct LeaseTokens {
-    /// Keyed by lease id.
-    tokens: Mutex<HashMap<String, CancellationToken>>,
+    tokens: Mutex<Tokens>,
     /// Milliseconds since the epoch when the next lease with a token reaches `expires_at`
     /// (`i64::MAX`: none). Written only under the `tokens` lock.
     next_deadline: AtomicI64,
     /// Wakes the expiry timer when `next_deadline` may have moved.
     rearm: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Tokens {
+    /// Keyed by lease id.
+    live: HashMap<String, CancellationToken>,
+    /// Leases whose revocation is in flight: their subtree's teardown waits for it.
+    deferred: HashSet<String>,
 }
 
 impl Default for LeaseTokens {
@@ -39,8 +48,23 @@ impl Default for LeaseTokens {
 }
 
 impl LeaseTokens {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tokens> {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Leaves the teardown of `lease_id`'s subtree to its revocation, which calls [`undefer`]
+    /// and then [`close_where_not_open`] when it is done. Why: the refusal that revokes a lease
+    /// is answered on one of the lease's own connections, and that answer must leave before
+    /// the connection is closed.
+    ///
+    /// [`undefer`]: LeaseTokens::undefer
+    /// [`close_where_not_open`]: LeaseTokens::close_where_not_open
+    pub fn defer(&self, lease_id: &str) {
+        self.lock().deferred.insert(lease_id.to_owned());
+    }
+
+    pub fn undefer(&self, lease_id: &str) {
+        self.lock().deferred.remove(lease_id);
     }
 
     /// The token of `lease_id` at `now`: already cancelled if its chain opens nothing in the
@@ -68,7 +92,7 @@ impl LeaseTokens {
         if self.next_deadline.fetch_min(deadline, Ordering::SeqCst) > deadline {
             self.rearm.notify_one();
         }
-        token_for(&mut tokens, &snapshot.ledger, lease_id, 0)
+        token_for(&mut tokens.live, &snapshot.ledger, lease_id, 0)
     }
 
     /// Cancels the tokens of every lease that opens nothing at `now`, and notes when the next
@@ -77,15 +101,22 @@ impl LeaseTokens {
     /// calls this never acts on an older one.
     pub fn close_where_not_open(&self, current: &ArcSwap<Snapshot>, now: Timestamp) {
         let mut tokens = self.lock();
+        let Tokens { live, deferred } = &mut *tokens;
         let snapshot = current.load();
+        let ledger = &snapshot.ledger;
+        let is_deferred = |id: &str| {
+            !deferred.is_empty()
+                && (deferred.contains(id) || ledger.ancestors(id).any(|a| deferred.contains(&a.id)))
+        };
         let mut next_deadline = i64::MAX;
-        tokens.retain(|id, token| match snapshot.ledger.check_chain(id, now) {
+        live.retain(|id, token| match ledger.check_chain(id, now) {
             Ok(chain) => {
                 for lease in &chain {
                     next_deadline = next_deadline.min(lease.expires_at.as_millis());
                 }
                 true
             }
+            Err(_) if is_deferred(id) => true,
             Err(_) => {
                 token.cancel();
                 false

@@ -174,6 +174,7 @@ async fn a_revoke_whose_append_times_out_still_closes_the_lease_in_memory() {
 async fn the_follower_folds_other_lines_while_an_append_waits() {
     let setup = Setup::new();
     let registry = Arc::new(setup.registry(false).await);
+    let traffic = registry.token(&setup.lease, Timestamp::now());
     let mut changes = registry.subscribe();
     let revoking = tokio::spawn({
         let (registry, lease) = (registry.clone(), setup.lease.clone());
@@ -196,9 +197,20 @@ async fn the_follower_folds_other_lines_while_an_append_waits() {
     );
     assert!(registry.snapshot().ledger.lease(&other).is_some());
     assert!(!revoking.is_finished(), "the append is still waiting");
+    assert!(
+        registry
+            .token(&setup.lease, Timestamp::now())
+            .is_cancelled(),
+        "nothing new is admitted"
+    );
+    assert!(
+        !traffic.is_cancelled(),
+        "the follower's refresh leaves the teardown to the revocation"
+    );
 
     setup.gate.add_permits(1);
     assert!(revoking.await.unwrap().unwrap());
+    assert!(traffic.is_cancelled(), "torn down as the revocation ends");
     assert_eq!(setup.revoked_lines(), 1);
     assert_eq!(revoked_folded(&registry), 1, "read back by the tail, once");
 }
