@@ -9,8 +9,13 @@
 use crate::contract::record::Record;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
-use imbl::{HashMap, Vector};
+use imbl::Vector;
 use std::sync::Arc;
+
+/// A persistent map with a fast hasher (lease ids are not attacker-chosen keys here: a lease
+/// is only folded once its signature verifies).
+pub type PersistentMap<K, V> =
+    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// Chains deeper than this are treated as broken (it also stops parent-link cycles).
 pub const MAX_CHAIN_DEPTH: usize = 32;
@@ -121,9 +126,9 @@ pub struct Ledger {
     /// `None` only for `verify` without a key: grants are then checked for schema and rules
     /// but not signatures. Nothing that serves traffic builds such a ledger.
     keyring: Option<Keyring>,
-    leases: HashMap<String, Arc<Lease>>,
+    leases: PersistentMap<String, Arc<Lease>>,
     /// The earliest closing record of each lease id (known or not yet granted).
-    closures: HashMap<String, Closure>,
+    closures: PersistentMap<String, Closure>,
     /// Lease ids in the order they were granted.
     order: Vector<String>,
     stats: FoldStats,
@@ -142,8 +147,8 @@ impl Ledger {
     fn with_trust(keyring: Option<Keyring>) -> Ledger {
         Ledger {
             keyring,
-            leases: HashMap::new(),
-            closures: HashMap::new(),
+            leases: PersistentMap::default(),
+            closures: PersistentMap::default(),
             order: Vector::new(),
             stats: FoldStats::default(),
         }

@@ -101,9 +101,8 @@ pub struct Registry {
     current: ArcSwap<Snapshot>,
     /// The journal we follow and append to.
     store: Box<dyn Store>,
-    /// Held across one read and its fold, so batches apply in store order; holds the position
-    /// the fold has reached.
-    reading: tokio::sync::Mutex<Position>,
+    /// Held across one read and its fold, so batches apply in store order.
+    reading: tokio::sync::Mutex<()>,
     /// Held while a snapshot is built from the current one and published (never across an
     /// await).
     publishing: Mutex<()>,
@@ -132,7 +131,7 @@ impl Registry {
         Ok(Registry {
             current: ArcSwap::from_pointee(Snapshot::new(ledger)),
             store,
-            reading: tokio::sync::Mutex::new(batch.position),
+            reading: tokio::sync::Mutex::new(()),
             publishing: Mutex::new(()),
             tokens: LeaseTokens::default(),
             changes: watch::channel(0).0,
@@ -181,9 +180,8 @@ impl Registry {
     /// [`Registry::refresh`], also returning the position the fold has reached. Cancel-safe:
     /// the only await is the store's read, which keeps the lines of a dropped read for the next.
     async fn refresh_reaching(&self) -> std::io::Result<(usize, Position)> {
-        let mut reached = self.reading.lock().await;
+        let _reading = self.reading.lock().await;
         let batch = self.store.read_new().await?;
-        *reached = batch.position;
         if batch.restarted && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }

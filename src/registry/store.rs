@@ -49,9 +49,11 @@ pub struct Batch {
 /// Where journal lines live. Implementations: the file (now), NATS JetStream (later).
 pub trait Store: Send + Sync + 'static {
     /// Complete lines appended since the last call; a partial last line waits for its end.
+    /// Cancel-safe: if the future is dropped, the lines it had read come with the next call.
     fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>>;
 
-    /// Appends `record` as one line; returns the position just after it.
+    /// Appends `record` as one line; returns the position just after it. Once polled, the
+    /// append goes through even if the future is then dropped.
     fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>>;
 
     /// Resolves when there may be more to read (the file: a poll interval; a push store: a
