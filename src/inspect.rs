@@ -188,7 +188,7 @@ pub async fn check(
     lease_id: &str,
     target: &str,
 ) -> std::io::Result<Explanation> {
-    let registry = Arc::new(Registry::load(journal.to_path_buf(), keyring, false)?);
+    let registry = Arc::new(Registry::load(journal.to_path_buf(), keyring, false).await?);
     let telemetry = Arc::new(Telemetry::new(EgressLog::disabled(), config.series_grace));
     let proxy = Proxy::new(config, registry, telemetry.clone());
     let conn = ClientConn::detached(&proxy, Some(lease_id));

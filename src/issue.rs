@@ -7,11 +7,12 @@
 use crate::contract::canonical::canonical_bytes;
 use crate::contract::keys::sha256_hex;
 use crate::contract::lease::sign;
-use crate::contract::record::{self, Revocation};
+use crate::contract::record;
 use crate::contract::schema::WRITTEN_VERSION;
 use crate::contract::{Key, Keyring, Lease, LeaseError, RecordError, Timestamp};
 use crate::policy::HostPattern;
-use crate::registry::{journal, ChainError, Ledger, Status};
+use crate::registry::revocation::{issuer_revocation, RevocationError};
+use crate::registry::{journal, store, ChainError, Ledger};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use std::time::Duration;
@@ -156,30 +157,24 @@ pub fn revoke(
     now: Timestamp,
 ) -> Result<bool, IssueError> {
     let ledger = fold(journal_path, key)?;
-    let lease = ledger
-        .lease(lease_id)
-        .ok_or_else(|| IssueError::UnknownLease(lease_id.to_owned()))?;
-    if ledger.status(lease_id, now) == Some(Status::Revoked) {
-        return Ok(false);
-    }
-    let record = record::revoked(
-        &Revocation {
-            lease_id,
-            parent_lease_id: lease.parent.as_deref(),
-            by: "issuer",
-            reason,
-            extra: Map::new(),
-        },
-        key,
-        now,
-    )?;
-    append(journal_path, &record)?;
+    let revocation = match issuer_revocation(&ledger, lease_id, reason, Map::new(), now) {
+        Ok(Some(revocation)) => revocation,
+        Ok(None) => return Ok(false),
+        // Our fold holds only leases signed by `key`, so both mean "not ours".
+        Err(RevocationError::Unknown(_) | RevocationError::NoKey(_)) => {
+            return Err(IssueError::UnknownLease(lease_id.to_owned()))
+        }
+        Err(RevocationError::Record(e)) => return Err(e.into()),
+    };
+    append(journal_path, &revocation.record)?;
     Ok(true)
 }
 
 fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
-    journal::append(journal_path, record, true).map_err(|source| IssueError::Journal {
-        path: journal_path.display().to_string(),
-        source,
-    })
+    store::file::append(journal_path, record, true)
+        .map(drop)
+        .map_err(|source| IssueError::Journal {
+            path: journal_path.display().to_string(),
+            source,
+        })
 }

@@ -122,6 +122,7 @@ impl Server {
     /// Loads the journal, binds the listeners and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
         let registry = Registry::load(config.journal.clone(), config.keyring.clone(), true)
+            .await
             .map_err(|source| StartError::Journal {
                 path: config.journal.display().to_string(),
                 source,

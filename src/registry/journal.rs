@@ -1,49 +1,13 @@
-//! The journal file: reading complete lines and appending one record per line.
+//! Folding journal lines into a ledger, whatever store they came from; and loading a whole
+//! journal file for the CLI.
 //!
-//! Invariant: we never rewrite the journal. An append is one complete line in one `write` on
-//! a file opened with O_APPEND; if the file ends in a torn line (a writer died mid-line), the
-//! append starts with a newline so our record never fuses with it.
+//! Invariant: lines apply in order, each once per call; a line that does not parse or validate
+//! is skipped, counted by the ledger and reported, never fatal. Nothing here writes: appends go
+//! through [`super::store`].
 
 use super::ledger::{Ledger, LineError};
-use serde_json::Value;
-use std::fs::OpenOptions;
-use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::Path;
-
-/// Appends `record` as one line. With `fsync`, the data is on disk when this returns.
-pub fn append(path: &Path, record: &Value, fsync: bool) -> io::Result<()> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .read(true)
-        .open(path)?;
-    let len = file.metadata()?.len();
-    let mut last = [b'\n'];
-    if len > 0 {
-        file.read_exact_at(&mut last, len - 1)?;
-    }
-    let mut line = Vec::with_capacity(1024);
-    if last[0] != b'\n' {
-        line.push(b'\n');
-    }
-    serde_json::to_writer(&mut line, record)?;
-    line.push(b'\n');
-    let written = file.write(&line)?;
-    if written != line.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            format!(
-                "short write to the journal: {written} of {} bytes",
-                line.len()
-            ),
-        ));
-    }
-    if fsync {
-        file.sync_data()?;
-    }
-    Ok(())
-}
 
 /// Splits journal bytes into complete lines (without their newline) and the unterminated
 /// rest (empty if the bytes end in a newline).

@@ -3,13 +3,20 @@
 //! Invariant: a lease is in the ledger only if its `granted` record passed schema, signature,
 //! L1 and L2; the first grant of an id wins; closings only ever close (nothing reopens a
 //! lease); and whether a lease opens anything is decided over its whole chain at a given `now`.
+//! Its maps are persistent (`imbl`): a clone shares them in O(1), so the live registry can
+//! publish a new ledger per journal refresh without copying every lease ever granted.
 
 use crate::contract::record::Record;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
 use crate::policy::refusal::{Code, Refusal};
-use std::collections::HashMap;
+use imbl::Vector;
 use std::sync::Arc;
+
+/// A persistent map with a fast hasher (lease ids are not attacker-chosen keys here: a lease
+/// is only folded once its signature verifies).
+pub type PersistentMap<K, V> =
+    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// Chains deeper than this are treated as broken (it also stops parent-link cycles).
 pub const MAX_CHAIN_DEPTH: usize = 32;
@@ -113,17 +120,18 @@ pub struct FoldStats {
     pub events: [u64; 9],
 }
 
-/// The folded journal.
+/// The folded journal. Cloning shares the maps (persistent, O(1)); a clone changed afterwards
+/// copies only the paths it touches.
 #[derive(Debug, Clone)]
 pub struct Ledger {
     /// `None` only for `verify` without a key: grants are then checked for schema and rules
     /// but not signatures. Nothing that serves traffic builds such a ledger.
     keyring: Option<Keyring>,
-    leases: HashMap<String, Arc<Lease>>,
+    leases: PersistentMap<String, Arc<Lease>>,
     /// The earliest closing record of each lease id (known or not yet granted).
-    closures: HashMap<String, Closure>,
+    closures: PersistentMap<String, Closure>,
     /// Lease ids in the order they were granted.
-    order: Vec<String>,
+    order: Vector<String>,
     stats: FoldStats,
 }
 
@@ -140,9 +148,9 @@ impl Ledger {
     fn with_trust(keyring: Option<Keyring>) -> Ledger {
         Ledger {
             keyring,
-            leases: HashMap::new(),
-            closures: HashMap::new(),
-            order: Vec::new(),
+            leases: PersistentMap::default(),
+            closures: PersistentMap::default(),
+            order: Vector::new(),
             stats: FoldStats::default(),
         }
     }
@@ -194,7 +202,7 @@ impl Ledger {
                     Applied::DuplicateGrant(lease.id)
                 } else {
                     let id = lease.id.clone();
-                    self.order.push(id.clone());
+                    self.order.push_back(id.clone());
                     self.leases.insert(id.clone(), Arc::new(lease));
                     Applied::Granted(id)
                 }
@@ -210,19 +218,15 @@ impl Ledger {
                         rules::check_l3(&record.lease_id, by, ancestors.into_iter())?;
                     }
                 }
-                let closure = Closure {
-                    event,
-                    at: record.at,
-                    by: record.by,
-                    reason: record.reason,
-                };
-                let earliest = self
-                    .closures
-                    .entry(record.lease_id.clone())
-                    .or_insert_with(|| closure.clone());
-                if closure.at < earliest.at {
-                    *earliest = closure;
-                }
+                self.close(
+                    &record.lease_id,
+                    Closure {
+                        event,
+                        at: record.at,
+                        by: record.by,
+                        reason: record.reason,
+                    },
+                );
                 Applied::Closed(record.lease_id)
             }
             event => Applied::Noted(event),
@@ -234,6 +238,30 @@ impl Ledger {
         };
         self.stats.events[event as usize] += 1;
         Ok(applied)
+    }
+
+    /// Records a closing of `lease_id`, keeping the earliest one. Not a journal line: no counter
+    /// moves. The live registry uses it to close a lease in memory before (or without) its
+    /// record reaching the journal; the record, once read, closes nothing new.
+    pub fn close(&mut self, lease_id: &str, closure: Closure) {
+        match self.closures.get(lease_id) {
+            Some(earliest) if earliest.at <= closure.at => {}
+            _ => {
+                self.closures.insert(lease_id.to_owned(), closure);
+            }
+        }
+    }
+
+    /// How many leases have been granted (the length of grant order).
+    pub fn granted(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Leases granted after the first `count`, in grant order: what a fold added.
+    pub fn granted_since(&self, count: usize) -> impl Iterator<Item = &Arc<Lease>> {
+        (count..self.order.len())
+            .filter_map(|i| self.order.get(i))
+            .filter_map(|id| self.leases.get(id))
     }
 
     pub fn lease(&self, id: &str) -> Option<&Arc<Lease>> {

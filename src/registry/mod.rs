@@ -1,10 +1,12 @@
-//! Lease state folded from the journal, the journal file itself, and the live registry.
+//! Lease state folded from the journal, the journal store it lives in, and the live registry.
 
 pub mod journal;
 pub mod ledger;
 pub mod live;
 pub mod revocation;
-pub mod tail;
+pub mod store;
+pub mod tokens;
 
 pub use ledger::{Applied, ChainError, Closure, FoldStats, Ledger, LineError, Status};
 pub use live::{Registry, RevokeError, Snapshot};
+pub use store::{Batch, FileStore, Position, Store};

@@ -3,6 +3,7 @@
 use crate::support::{event_line, granted_line, id, key, lease, t};
 use leasegate::contract::{Event, Keyring};
 use leasegate::registry::journal::{self, fold_bytes};
+use leasegate::registry::store;
 use leasegate::registry::{Applied, ChainError, Ledger, LineError, Status};
 use serde_json::json;
 
@@ -291,8 +292,8 @@ fn appends_are_whole_lines_even_after_a_torn_one() {
     let path = dir.path().join("journal.jsonl");
     std::fs::write(&path, "{\"torn").unwrap();
     let record = serde_json::from_str(&granted_line(&root(), AT)).unwrap();
-    journal::append(&path, &record, true).unwrap();
-    journal::append(&path, &record, false).unwrap();
+    store::file::append(&path, &record, true).unwrap();
+    store::file::append(&path, &record, false).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.split_terminator('\n').collect();
     assert_eq!(lines.len(), 3);

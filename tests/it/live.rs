@@ -144,6 +144,11 @@ async fn expiry_closes_an_open_tunnel_without_another_request() {
     );
     let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
     assert_eq!(view["status"], "expired");
+    assert_eq!(
+        h.journal_records().await.len(),
+        1,
+        "closed by the expiry timer alone: the journal holds only the grant"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

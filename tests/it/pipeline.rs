@@ -31,9 +31,11 @@ impl Dialer for RecordingDialer {
 }
 
 /// A proxy over the harness's journal, with `dialer` in place of TCP.
-fn offline_proxy(h: &Harness, config: ProxyConfig, dialer: Arc<RecordingDialer>) -> Proxy {
+async fn offline_proxy(h: &Harness, config: ProxyConfig, dialer: Arc<RecordingDialer>) -> Proxy {
     let serve = h.serve_config(config, None);
-    let registry = Registry::load(serve.journal, serve.keyring, false).unwrap();
+    let registry = Registry::load(serve.journal, serve.keyring, false)
+        .await
+        .unwrap();
     let telemetry = Arc::new(Telemetry::new(
         EgressLog::disabled(),
         serve.proxy.series_grace,
@@ -157,7 +159,7 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
     ]);
     config.guard.allow_private.clear();
     let dialer = Arc::new(RecordingDialer::default());
-    let proxy = offline_proxy(&h, config, dialer.clone());
+    let proxy = offline_proxy(&h, config, dialer.clone()).await;
 
     struct Case<'a> {
         name: &'a str,
@@ -329,7 +331,7 @@ async fn the_per_lease_connection_limit_refuses_before_any_dial() {
     let mut config = h.config(&[("allowed.test", "93.184.216.34")]);
     config.max_connections_per_lease = 0;
     let dialer = Arc::new(RecordingDialer::default());
-    let proxy = offline_proxy(&h, config, dialer.clone());
+    let proxy = offline_proxy(&h, config, dialer.clone()).await;
     let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
     assert_eq!(outcome, Err(Code::TooManyConnections));
     assert!(dialer.dialled.lock().unwrap().is_empty());

@@ -1,0 +1,253 @@
+use super::*;
+use crate::contract::{Event, Key};
+use crate::issue::{issue, IssueRequest};
+use crate::registry::store::{Batch, BoxFuture};
+use crate::registry::{ChainError, Status};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// A journal file with one lease of `ttl`, and the keyring that loads it.
+fn journal_with_lease(path: &Path, key: &Key, ttl: Duration) -> String {
+    issue(
+        path,
+        key,
+        &IssueRequest {
+            allow_hosts: vec!["origin.test".into()],
+            deny_hosts: vec![],
+            parent: None,
+            ttl,
+            name: "test".into(),
+            purpose: "test".into(),
+            now: Timestamp::now(),
+        },
+    )
+    .unwrap()
+    .lease_id
+}
+
+fn keyring(key: &Key) -> Keyring {
+    let mut keyring = Keyring::new(false);
+    keyring.insert(key.clone());
+    keyring
+}
+
+/// The file store, with appends that fail, or that wait for a permit.
+struct Faulty {
+    file: FileStore,
+    fail: bool,
+    gate: Arc<Semaphore>,
+}
+
+impl Store for Faulty {
+    fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>> {
+        self.file.read_new()
+    }
+
+    fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>> {
+        let append = self.file.append(record);
+        let (fail, gate) = (self.fail, self.gate.clone());
+        Box::pin(async move {
+            if fail {
+                return Err(io::Error::other("disk full"));
+            }
+            let _permit = gate.acquire().await;
+            append.await
+        })
+    }
+
+    fn wait_for_more(&self) -> BoxFuture<'_, ()> {
+        self.file.wait_for_more()
+    }
+
+    fn describe(&self) -> String {
+        "faulty".into()
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    key: Key,
+    lease: String,
+    gate: Arc<Semaphore>,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let key = Key::generate();
+        let lease = journal_with_lease(&path, &key, Duration::from_secs(600));
+        Setup {
+            _dir: dir,
+            path,
+            key,
+            lease,
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    async fn registry(&self, fail: bool) -> Registry {
+        let store = Faulty {
+            file: FileStore::new(self.path.clone(), false),
+            fail,
+            gate: self.gate.clone(),
+        };
+        Registry::open(Box::new(store), keyring(&self.key))
+            .await
+            .unwrap()
+    }
+
+    fn revoked_lines(&self) -> usize {
+        std::fs::read_to_string(&self.path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"event\":\"revoked\""))
+            .count()
+    }
+}
+
+fn revoked_folded(registry: &Registry) -> u64 {
+    registry.snapshot().ledger.stats().events[Event::Revoked as usize]
+}
+
+#[tokio::test]
+async fn a_revoke_whose_append_fails_still_closes_the_lease_in_memory() {
+    let setup = Setup::new();
+    let registry = setup.registry(true).await;
+    let token = registry.token(&setup.lease, Timestamp::now());
+    assert!(!token.is_cancelled());
+    let error = registry
+        .revoke(&setup.lease, "refused", Map::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, RevokeError::Journal(_)), "{error}");
+    assert!(token.is_cancelled(), "the lease's traffic is torn down");
+    let snapshot = registry.snapshot();
+    let now = Timestamp::now();
+    assert_eq!(
+        snapshot.ledger.check_chain(&setup.lease, now).unwrap_err(),
+        ChainError::Revoked(setup.lease.clone())
+    );
+    assert_eq!(
+        snapshot.ledger.status(&setup.lease, now),
+        Some(Status::Revoked)
+    );
+    assert!(registry.token(&setup.lease, now).is_cancelled());
+    assert_eq!(setup.revoked_lines(), 0, "nothing reached the journal");
+    assert_eq!(revoked_folded(&registry), 0, "no line was folded");
+    assert!(
+        !registry
+            .revoke(&setup.lease, "again", Map::new())
+            .await
+            .unwrap(),
+        "already revoked (in memory): nothing more to write"
+    );
+}
+
+#[tokio::test]
+async fn a_revoke_whose_append_times_out_still_closes_the_lease_in_memory() {
+    let setup = Setup::new();
+    let registry = setup
+        .registry(false)
+        .await
+        .with_append_timeout(Duration::from_millis(50));
+    let token = registry.token(&setup.lease, Timestamp::now());
+    let error = registry
+        .revoke(&setup.lease, "refused", Map::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, RevokeError::Timeout(_)), "{error}");
+    assert!(token.is_cancelled());
+    assert_eq!(
+        registry
+            .snapshot()
+            .ledger
+            .status(&setup.lease, Timestamp::now()),
+        Some(Status::Revoked)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_follower_folds_other_lines_while_an_append_waits() {
+    let setup = Setup::new();
+    let registry = Arc::new(setup.registry(false).await);
+    let traffic = registry.token(&setup.lease, Timestamp::now());
+    let mut changes = registry.subscribe();
+    let revoking = tokio::spawn({
+        let (registry, lease) = (registry.clone(), setup.lease.clone());
+        async move { registry.revoke(&lease, "refused", Map::new()).await }
+    });
+    // The in-memory closure is published (a change) before the append starts waiting.
+    changes.changed().await.unwrap();
+    assert_eq!(
+        registry
+            .snapshot()
+            .ledger
+            .status(&setup.lease, Timestamp::now()),
+        Some(Status::Revoked)
+    );
+    let other = journal_with_lease(&setup.path, &setup.key, Duration::from_secs(600));
+    assert_eq!(
+        registry.refresh().await.unwrap(),
+        1,
+        "the new grant is read"
+    );
+    assert!(registry.snapshot().ledger.lease(&other).is_some());
+    assert!(!revoking.is_finished(), "the append is still waiting");
+    assert!(
+        registry
+            .token(&setup.lease, Timestamp::now())
+            .is_cancelled(),
+        "nothing new is admitted"
+    );
+    assert!(
+        !traffic.is_cancelled(),
+        "the follower's refresh leaves the teardown to the revocation"
+    );
+
+    setup.gate.add_permits(1);
+    assert!(revoking.await.unwrap().unwrap());
+    assert!(traffic.is_cancelled(), "torn down as the revocation ends");
+    assert_eq!(setup.revoked_lines(), 1);
+    assert_eq!(revoked_folded(&registry), 1, "read back by the tail, once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_revokes_of_one_lease_write_one_record() {
+    let setup = Setup::new();
+    setup.gate.add_permits(2);
+    let registry = setup.registry(false).await;
+    let (a, b) = tokio::join!(
+        registry.revoke(&setup.lease, "first", Map::new()),
+        registry.revoke(&setup.lease, "second", Map::new()),
+    );
+    let mut outcomes = [a.unwrap(), b.unwrap()];
+    outcomes.sort();
+    assert_eq!(outcomes, [false, true]);
+    assert_eq!(setup.revoked_lines(), 1);
+    assert_eq!(revoked_folded(&registry), 1);
+    assert_eq!(registry.refresh().await.unwrap(), 0, "folded already, once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expiry_timer_cancels_a_token_with_no_journal_activity() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.jsonl");
+    let key = Key::generate();
+    let lease = journal_with_lease(&path, &key, Duration::from_millis(400));
+    let registry = Arc::new(Registry::load(path, keyring(&key), false).await.unwrap());
+    let expires_at = registry.snapshot().ledger.lease(&lease).unwrap().expires_at;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(registry.clone().follow(shutdown.clone()));
+    let token = registry.token(&lease, Timestamp::now());
+    assert!(!token.is_cancelled());
+    tokio::time::timeout(Duration::from_secs(3), token.cancelled())
+        .await
+        .expect("the token was never cancelled");
+    let late = Timestamp::now().as_millis() - expires_at.as_millis();
+    assert!((0..200).contains(&late), "cancelled {late} ms after expiry");
+    shutdown.cancel();
+}

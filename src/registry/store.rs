@@ -1,0 +1,65 @@
+//! Where journal lines live, behind one small trait: the file today, a NATS JetStream stream
+//! later. The fold and the live registry only see [`Store`].
+//!
+//! Invariant: a store hands out every complete line exactly once per generation, in append
+//! order, and a [`Position`] it returns for an append is one its reads reach once that line has
+//! been handed out.
+
+pub mod file;
+
+pub use file::FileStore;
+
+use serde_json::Value;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+
+/// A boxed future, so that [`Store`] stays object-safe without a macro crate.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A place in a store: after the lines before it. Ordered within the life of one store
+/// handle: a higher generation (the journal was replaced or truncated and read again from its
+/// start) is later than any offset of a lower one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// How many times the store restarted (the file: replaced or truncated; a stream: a new
+    /// incarnation). 0 before anything was read.
+    pub generation: u64,
+    /// Within the generation: the file's byte offset, a stream's sequence number.
+    pub offset: u64,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.generation, self.offset)
+    }
+}
+
+/// What one read returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The store restarted before these lines: they begin its new generation.
+    pub restarted: bool,
+    /// Complete lines, without their newline, in append order.
+    pub lines: Vec<Vec<u8>>,
+    /// Just after the last line handed out so far (this batch's, or an earlier one's).
+    pub position: Position,
+}
+
+/// Where journal lines live. Implementations: the file (now), NATS JetStream (later).
+pub trait Store: Send + Sync + 'static {
+    /// Complete lines appended since the last call; a partial last line waits for its end.
+    /// Cancel-safe: if the future is dropped, the lines it had read come with the next call.
+    fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>>;
+
+    /// Appends `record` as one line; returns the position just after it. Once polled, the
+    /// append goes through even if the future is then dropped.
+    fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>>;
+
+    /// Resolves when there may be more to read (the file: a poll interval; a push store: a
+    /// notification). May resolve early: a spurious wake only costs an empty read.
+    fn wait_for_more(&self) -> BoxFuture<'_, ()>;
+
+    /// For logs: "journal /path".
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,274 @@
+//! The journal as one file: followed by polling, appended to with O_APPEND.
+//!
+//! Invariant: every complete line is handed out exactly once per file generation; a partial
+//! last line is held until its newline arrives; a replaced file (new inode) or a truncated one
+//! (shorter than what we read) starts a new generation, read from its start. An append is one
+//! complete line in one `write`, after a newline if the file ends in a torn line, so our record
+//! never fuses with another writer's. Nothing here rewrites the file, and no file I/O runs on a
+//! runtime worker thread (it all goes through `spawn_blocking`). Reads are cancel-safe: lines
+//! of a read whose caller went away are handed out by the next one.
+
+use super::{Batch, BoxFuture, Position, Store};
+use serde_json::Value;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often the file is polled (new lines apply within this, well under 250 ms).
+pub const POLL_EVERY: Duration = Duration::from_millis(50);
+
+/// The journal file, followed and appended to.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    /// Shared with the blocking tasks that do the I/O.
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    /// fsync every append.
+    fsync: bool,
+    /// Held across a read so each line is handed out once; never across an append's write.
+    cursor: Mutex<Cursor>,
+    /// Lines read but not yet handed out: a read's future dropped before its blocking task
+    /// finished leaves them here for the next read, so no line is lost to cancellation.
+    undelivered: Mutex<Batch>,
+}
+
+/// How far the file has been read.
+#[derive(Debug, Default)]
+struct Cursor {
+    /// (device, inode) of the file being followed; `None` before it existed.
+    identity: Option<(u64, u64)>,
+    /// Bumped each time the file is read again from its start.
+    generation: u64,
+    /// Bytes consumed from the current file, `partial` included.
+    offset: u64,
+    /// An unterminated last line, waiting for its newline.
+    partial: Vec<u8>,
+}
+
+impl Cursor {
+    /// Just after the last complete line handed out.
+    fn position(&self) -> Position {
+        Position {
+            generation: self.generation,
+            offset: self.offset - self.partial.len() as u64,
+        }
+    }
+
+    /// Complete lines appended since the last call. A missing file is an empty journal.
+    fn read_new(&mut self, path: &Path) -> io::Result<Batch> {
+        let mut file = match File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(self.batch(false, vec![])),
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata()?;
+        let identity = Some((meta.dev(), meta.ino()));
+        let mut restarted = false;
+        if identity != self.identity || meta.len() < self.offset {
+            if self.identity.is_some() {
+                tracing::info!(journal = %path.display(), "journal replaced or truncated: reading it from the start");
+            }
+            self.identity = identity;
+            self.generation += 1;
+            self.offset = 0;
+            self.partial.clear();
+            restarted = true;
+        }
+        if meta.len() == self.offset {
+            return Ok(self.batch(restarted, vec![]));
+        }
+        file.seek(SeekFrom::Start(self.offset))?;
+        let mut bytes = std::mem::take(&mut self.partial);
+        // The file may grow while we read: whatever `read_to_end` returns is consumed.
+        let read = file.read_to_end(&mut bytes)?;
+        self.offset += read as u64;
+        let (lines, rest) = crate::registry::journal::split_lines(&bytes);
+        let lines: Vec<Vec<u8>> = lines.map(<[u8]>::to_vec).collect();
+        self.partial = rest.to_vec();
+        Ok(self.batch(restarted, lines))
+    }
+
+    fn batch(&self, restarted: bool, lines: Vec<Vec<u8>>) -> Batch {
+        Batch {
+            restarted,
+            lines,
+            position: self.position(),
+        }
+    }
+}
+
+/// Where one append landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// (device, inode) of the file written.
+    pub identity: (u64, u64),
+    /// Offset of the first byte of our line (after a separating newline, if one was needed).
+    pub start: u64,
+    /// Offset just after our line's newline.
+    pub end: u64,
+}
+
+/// Appends `record` as one line to the file at `path` (created if missing). With `fsync`, the
+/// data is on disk when this returns. Blocking: the CLI calls it directly, [`FileStore`] from a
+/// blocking task. This is the only code that writes the journal.
+pub fn append(path: &Path, record: &Value, fsync: bool) -> io::Result<Appended> {
+    let mut line = Vec::with_capacity(1024);
+    serde_json::to_writer(&mut line, record)?;
+    append_line(path, line, fsync)
+}
+
+/// Appends `line` (one serialized record, no newline) and its newline in one `write`.
+fn append_line(path: &Path, mut line: Vec<u8>, fsync: bool) -> io::Result<Appended> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let len = meta.len();
+    let mut last = [b'\n'];
+    if len > 0 {
+        file.read_exact_at(&mut last, len - 1)?;
+    }
+    let torn = last[0] != b'\n';
+    if torn {
+        line.insert(0, b'\n');
+    }
+    line.push(b'\n');
+    let written = file.write(&line)?;
+    if written != line.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!(
+                "short write to the journal: {written} of {} bytes",
+                line.len()
+            ),
+        ));
+    }
+    // With O_APPEND the write lands at the end as it is then, which may be past `len` if
+    // another process appended meanwhile: the file offset after it is our line's end.
+    let end = file.stream_position()?;
+    if fsync {
+        file.sync_data()?;
+    }
+    Ok(Appended {
+        identity: (meta.dev(), meta.ino()),
+        start: end - line.len() as u64 + u64::from(torn),
+        end,
+    })
+}
+
+impl FileStore {
+    /// The file at `path`, not read yet. With `fsync`, every append is on disk before it
+    /// returns.
+    pub fn new(path: PathBuf, fsync: bool) -> FileStore {
+        FileStore {
+            inner: Arc::new(Inner {
+                path,
+                fsync,
+                cursor: Mutex::new(Cursor::default()),
+                undelivered: Mutex::new(Batch::default()),
+            }),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+}
+
+impl Inner {
+    fn cursor(&self) -> std::sync::MutexGuard<'_, Cursor> {
+        self.cursor.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the file and adds what it found to `undelivered`.
+    fn read_into_undelivered(&self) -> io::Result<()> {
+        let mut cursor = self.cursor();
+        let fresh = cursor.read_new(&self.path)?;
+        let mut undelivered = self.undelivered.lock().unwrap_or_else(|e| e.into_inner());
+        undelivered.restarted |= fresh.restarted;
+        undelivered.lines.extend(fresh.lines);
+        undelivered.position = fresh.position;
+        Ok(())
+    }
+
+    /// Hands out everything read so far.
+    fn take_undelivered(&self) -> Batch {
+        let mut undelivered = self.undelivered.lock().unwrap_or_else(|e| e.into_inner());
+        Batch {
+            restarted: std::mem::take(&mut undelivered.restarted),
+            lines: std::mem::take(&mut undelivered.lines),
+            position: undelivered.position,
+        }
+    }
+
+    #[cfg(test)]
+    fn read_new(&self) -> io::Result<Batch> {
+        self.read_into_undelivered()?;
+        Ok(self.take_undelivered())
+    }
+
+    /// Appends, then names the position in the reader's generations: the current one if the
+    /// line went to the file being followed at or past what was read, else the next one (the
+    /// file was replaced or truncated, and the reader will start it over).
+    fn append(&self, line: Vec<u8>) -> io::Result<Position> {
+        let (identity, generation, offset) = {
+            let cursor = self.cursor();
+            (cursor.identity, cursor.generation, cursor.offset)
+        };
+        let appended = append_line(&self.path, line, self.fsync)?;
+        let same = identity == Some(appended.identity) && appended.start >= offset;
+        Ok(Position {
+            generation: if same { generation } else { generation + 1 },
+            offset: appended.end,
+        })
+    }
+}
+
+/// Runs blocking file I/O off the runtime's worker threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(io::Error::other)?
+}
+
+impl Store for FileStore {
+    fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let reader = inner.clone();
+            blocking(move || reader.read_into_undelivered()).await?;
+            Ok(inner.take_undelivered())
+        })
+    }
+
+    fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>> {
+        let line = serde_json::to_vec(record);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let line = line?;
+            blocking(move || inner.append(line)).await
+        })
+    }
+
+    fn wait_for_more(&self) -> BoxFuture<'_, ()> {
+        Box::pin(tokio::time::sleep(POLL_EVERY))
+    }
+
+    fn describe(&self) -> String {
+        format!("journal {}", self.inner.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests;

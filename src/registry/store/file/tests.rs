@@ -1,0 +1,188 @@
+use super::*;
+use proptest::prelude::*;
+
+fn writer(path: &Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+}
+
+fn lines(batch: &Batch) -> Vec<&[u8]> {
+    batch.lines.iter().map(Vec::as_slice).collect()
+}
+
+#[test]
+fn lines_once_partial_waits_rotation_and_truncation_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::new(path.clone(), false);
+    let read = || store.inner.read_new().unwrap();
+    assert_eq!(
+        read(),
+        Batch::default(),
+        "missing file: empty, generation 0"
+    );
+    let mut f = writer(&path);
+    f.write_all(b"one\ntw").unwrap();
+    let batch = read();
+    assert!(
+        batch.restarted,
+        "the first read of a file starts generation 1"
+    );
+    assert_eq!(lines(&batch), [b"one"]);
+    assert_eq!(
+        batch.position,
+        Position {
+            generation: 1,
+            offset: 4
+        },
+        "after the last complete line, not the partial one"
+    );
+    let batch = read();
+    assert!(batch.lines.is_empty(), "a partial line waits");
+    assert!(!batch.restarted);
+    f.write_all(b"o\nthree\n").unwrap();
+    let batch = read();
+    assert_eq!(lines(&batch), [&b"two"[..], b"three"]);
+    assert_eq!(batch.position.offset, 14);
+    assert!(read().lines.is_empty(), "each line once");
+
+    // Rotation: the old file moves away, a new one takes its name.
+    std::fs::rename(&path, dir.path().join("j.1")).unwrap();
+    std::fs::write(&path, b"fresh\n").unwrap();
+    let batch = read();
+    assert!(batch.restarted);
+    assert_eq!(lines(&batch), [b"fresh"]);
+    assert_eq!(
+        batch.position,
+        Position {
+            generation: 2,
+            offset: 6
+        }
+    );
+    // Truncation in place.
+    std::fs::write(&path, b"").unwrap();
+    let mut f = writer(&path);
+    let batch = read();
+    assert!(batch.restarted && batch.lines.is_empty());
+    assert_eq!(batch.position.generation, 3);
+    f.write_all(b"again\n").unwrap();
+    let batch = read();
+    assert!(!batch.restarted);
+    assert_eq!(lines(&batch), [b"again"]);
+}
+
+#[test]
+fn an_append_after_a_torn_line_starts_with_a_newline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    std::fs::write(&path, b"{\"torn").unwrap();
+    let record = serde_json::json!({"event": "x"});
+    let first = append(&path, &record, true).unwrap();
+    assert_eq!((first.start, first.end), (7, 21));
+    let second = append(&path, &record, false).unwrap();
+    assert_eq!((second.start, second.end), (21, 35));
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        b"{\"torn\n{\"event\":\"x\"}\n{\"event\":\"x\"}\n"
+    );
+}
+
+#[tokio::test]
+async fn an_append_returns_a_position_the_reader_reaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::new(path.clone(), true);
+    assert!(store.read_new().await.unwrap().lines.is_empty());
+    let record = serde_json::json!({"n": 1});
+    // The file does not exist yet: our append starts the reader's next generation.
+    let at = store.append(&record).await.unwrap();
+    assert_eq!(
+        at,
+        Position {
+            generation: 1,
+            offset: 8
+        }
+    );
+    // Another writer appends after us; the reader reaches our line and beyond.
+    writer(&path).write_all(b"other\n").unwrap();
+    let batch = store.read_new().await.unwrap();
+    assert_eq!(lines(&batch), [&b"{\"n\":1}"[..], b"other"]);
+    assert!(batch.position >= at);
+
+    let at = store.append(&serde_json::json!({"n": 2})).await.unwrap();
+    assert_eq!(
+        at,
+        Position {
+            generation: 1,
+            offset: 22
+        }
+    );
+    assert!(store.read_new().await.unwrap().position >= at);
+
+    // Rotated away before our append: the position is in the next generation, which only a
+    // read of the new file reaches.
+    std::fs::rename(&path, dir.path().join("j.1")).unwrap();
+    let at = store.append(&serde_json::json!({"n": 3})).await.unwrap();
+    assert_eq!(at.generation, 2);
+    let batch = store.read_new().await.unwrap();
+    assert!(batch.restarted);
+    assert_eq!(lines(&batch), [b"{\"n\":3}"]);
+    assert!(batch.position >= at);
+    assert_eq!(store.describe(), format!("journal {}", path.display()));
+}
+
+#[tokio::test]
+async fn a_dropped_read_loses_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    std::fs::write(&path, b"one\n").unwrap();
+    let store = FileStore::new(path.clone(), false);
+    // Polled once (its blocking read starts), then dropped.
+    let mut lines = match tokio::time::timeout(Duration::ZERO, store.read_new()).await {
+        Ok(finished) => finished.unwrap().lines, // finished within one poll: nothing to drop
+        Err(_) => Vec::new(),
+    };
+    writer(&path).write_all(b"two\n").unwrap();
+    // The dropped read's lines wait for this one, or its blocking task still holds the cursor
+    // and this read comes after it: either way one read hands out the rest.
+    lines.extend(store.read_new().await.unwrap().lines);
+    assert_eq!(lines, [b"one".to_vec(), b"two".to_vec()]);
+}
+
+proptest! {
+    /// However the bytes of a journal arrive, the tail hands out the same complete lines.
+    #[test]
+    fn chunking_does_not_change_the_lines(
+        input in prop::collection::vec(
+            prop::collection::vec(any::<u8>().prop_filter("no newline", |b| *b != b'\n'), 0..40),
+            0..20,
+        ),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let store = FileStore::new(path.clone(), false);
+        let mut bytes = Vec::new();
+        for line in &input {
+            bytes.extend_from_slice(line);
+            bytes.push(b'\n');
+        }
+        let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        let mut f = writer(&path);
+        let (mut out, mut from) = (Vec::new(), 0);
+        for cut in cuts {
+            f.write_all(&bytes[from..cut]).unwrap();
+            from = cut;
+            let batch = store.inner.read_new().unwrap();
+            prop_assert_eq!(batch.position.generation, 1);
+            prop_assert_eq!(batch.position.offset as usize, bytes[..cut].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
+            out.extend(batch.lines);
+        }
+        prop_assert_eq!(out, input);
+    }
+}
