@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod contract;
+pub mod dev;
 pub mod inspect;
 pub mod issue;
 pub mod policy;

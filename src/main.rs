@@ -6,6 +6,7 @@ use clap::Parser;
 use leasegate::cli::{self, Cli, Command};
 use leasegate::config::{ProxyConfig, ServeConfig};
 use leasegate::contract::{Key, Keyring, Timestamp};
+use leasegate::dev;
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
 use leasegate::registry::{journal, Ledger};
@@ -54,8 +55,7 @@ fn keygen(args: cli::KeygenArgs) -> Result<()> {
     let key = Key::generate();
     match &args.out {
         Some(path) => {
-            write_secret(path, key.to_file_text().as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
+            dev::write_key_file(path, &key)?;
             println!("{}", key.fingerprint());
         }
         None => {
@@ -66,31 +66,8 @@ fn keygen(args: cli::KeygenArgs) -> Result<()> {
     Ok(())
 }
 
-/// Creates a file readable by its owner only; refuses to overwrite one.
-fn write_secret(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
-}
-
-fn load_key(path: &std::path::Path) -> Result<Key> {
-    let key = Key::load(path)?;
-    if key.is_test_key() {
-        return Err(anyhow!(
-            "{} holds the published TEST key; issue and revoke refuse it",
-            path.display()
-        ));
-    }
-    Ok(key)
-}
-
 fn issue_lease(args: cli::IssueArgs) -> Result<()> {
-    let key = load_key(&args.key_file)?;
+    let key = dev::signing_key(&args.key_file)?;
     let issued = issue::issue(
         &args.journal,
         &key,
@@ -112,7 +89,7 @@ fn issue_lease(args: cli::IssueArgs) -> Result<()> {
 }
 
 fn revoke(args: cli::RevokeArgs) -> Result<()> {
-    let key = load_key(&args.key_file)?;
+    let key = dev::signing_key(&args.key_file)?;
     if issue::revoke(
         &args.journal,
         &key,
@@ -200,9 +177,6 @@ fn leases(args: cli::LeasesArgs) -> Result<()> {
     Ok(())
 }
 
-/// The ./.leasegate/ files of `serve --dev`.
-const DEV_DIR: &str = ".leasegate";
-
 fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -212,7 +186,7 @@ fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
 
 async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     let dev_lease = if args.dev {
-        Some(prepare_dev(&mut args)?)
+        Some(dev::prepare(&mut args)?)
     } else {
         None
     };
@@ -231,46 +205,6 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     shutdown_signal().await;
     server.shutdown().await;
     Ok(())
-}
-
-/// `serve --dev`: a key, journal and egress log under ./.leasegate/ (made if missing) and a
-/// demo lease; returns the lease id.
-fn prepare_dev(args: &mut cli::ServeArgs) -> Result<String> {
-    let dir = std::path::Path::new(DEV_DIR);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {DEV_DIR}/"))?;
-    let key_path = dir.join("dev.key");
-    if !key_path.exists() {
-        write_secret(&key_path, Key::generate().to_file_text().as_bytes())?;
-    }
-    let journal = args
-        .journal
-        .get_or_insert_with(|| dir.join("journal.jsonl"))
-        .clone();
-    if args.key_files.is_empty() {
-        args.key_files.push(key_path.clone());
-    }
-    if args.egress_log.is_none() {
-        args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
-    }
-    let hosts = if args.allow_hosts.is_empty() {
-        vec!["*".to_owned()]
-    } else {
-        args.allow_hosts.clone()
-    };
-    let issued = issue::issue(
-        &journal,
-        &load_key(&key_path)?,
-        &IssueRequest {
-            allow_hosts: hosts,
-            deny_hosts: vec![],
-            parent: None,
-            ttl: std::time::Duration::from_secs(24 * 3600),
-            name: "dev-agent".into(),
-            purpose: "demo lease issued by leasegate serve --dev".into(),
-            now: Timestamp::now(),
-        },
-    )?;
-    Ok(issued.lease_id)
 }
 
 async fn shutdown_signal() {

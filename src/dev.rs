@@ -1,0 +1,101 @@
+//! Development conveniences: the key files `keygen` writes, the key `issue` and `revoke` sign
+//! with, and the set-up of `serve --dev` (a key, a journal, an egress log and a demo lease
+//! under `./.leasegate/`).
+//!
+//! Invariant: a key file is created readable by its owner only and never overwritten; the
+//! published test key never signs anything here.
+
+use crate::cli::ServeArgs;
+use crate::contract::keys::KeyError;
+use crate::contract::{Key, Timestamp};
+use crate::issue::{self, IssueError, IssueRequest};
+use std::io::Write;
+use std::path::Path;
+
+/// The directory `serve --dev` keeps its files in, under the working directory.
+pub const DEV_DIR: &str = ".leasegate";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("{0} holds the published TEST key; issue and revoke refuse it")]
+    TestKey(String),
+    #[error(transparent)]
+    Issue(#[from] IssueError),
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> DevError + '_ {
+    move |source| DevError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Writes `key` to a new file readable by its owner only; refuses to overwrite one.
+pub fn write_key_file(path: &Path, key: &Key) -> Result<(), DevError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_error(path))?;
+    file.write_all(key.to_file_text().as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(io_error(path))
+}
+
+/// The key `issue` and `revoke` sign with: never the published test key.
+pub fn signing_key(path: &Path) -> Result<Key, DevError> {
+    let key = Key::load(path)?;
+    if key.is_test_key() {
+        return Err(DevError::TestKey(path.display().to_string()));
+    }
+    Ok(key)
+}
+
+/// `serve --dev`: fills in the journal, key and egress log under [`DEV_DIR`] (made if missing)
+/// where the flags left them out, and issues a demo lease; returns its id.
+pub fn prepare(args: &mut ServeArgs) -> Result<String, DevError> {
+    let dir = Path::new(DEV_DIR);
+    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+    let key_path = dir.join("dev.key");
+    if !key_path.exists() {
+        write_key_file(&key_path, &Key::generate())?;
+    }
+    let journal = args
+        .journal
+        .get_or_insert_with(|| dir.join("journal.jsonl"))
+        .clone();
+    if args.key_files.is_empty() {
+        args.key_files.push(key_path.clone());
+    }
+    if args.egress_log.is_none() {
+        args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
+    }
+    let hosts = if args.allow_hosts.is_empty() {
+        vec!["*".to_owned()]
+    } else {
+        args.allow_hosts.clone()
+    };
+    let issued = issue::issue(
+        &journal,
+        &signing_key(&key_path)?,
+        &IssueRequest {
+            allow_hosts: hosts,
+            deny_hosts: vec![],
+            parent: None,
+            ttl: std::time::Duration::from_secs(24 * 3600),
+            name: "dev-agent".into(),
+            purpose: "demo lease issued by leasegate serve --dev".into(),
+            now: Timestamp::now(),
+        },
+    )?;
+    Ok(issued.lease_id)
+}
