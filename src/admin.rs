@@ -8,6 +8,7 @@ use crate::contract::lease::is_lease_id;
 use crate::contract::{Event, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
+use crate::registry::revocation::RevocationError;
 use crate::registry::{RevokeError, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
@@ -244,7 +245,9 @@ async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Respons
     };
     match state.proxy.registry.revoke(id, &reason, Map::new()).await {
         Ok(revoked) => json_response(StatusCode::OK, json!({"lease_id": id, "revoked": revoked})),
-        Err(RevokeError::Unknown(_)) => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
+        Err(RevokeError::Revocation(RevocationError::Unknown(_))) => {
+            error(StatusCode::NOT_FOUND, format!("no lease {id}"))
+        }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

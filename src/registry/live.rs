@@ -26,7 +26,7 @@ use super::ledger::Ledger;
 use super::revocation::{issuer_revocation, RevocationError};
 use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
-use crate::contract::{Keyring, RecordError, Timestamp};
+use crate::contract::{Keyring, Timestamp};
 use crate::policy::HostPolicy;
 use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
@@ -74,26 +74,13 @@ impl Snapshot {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RevokeError {
-    #[error("lease {0} is not loaded")]
-    Unknown(String),
-    #[error("no key in the keyring signs lease {0}'s records")]
-    NoKey(String),
-    #[error("building the revoked record: {0}")]
-    Record(#[from] RecordError),
+    /// No record could be built (unknown lease, no key): nothing was revoked.
+    #[error(transparent)]
+    Revocation(#[from] RevocationError),
     #[error("appending to the journal (the lease is revoked in memory): {0}")]
     Journal(#[from] std::io::Error),
     #[error("the journal took no record within {0:?} (the lease is revoked in memory)")]
     Timeout(Duration),
-}
-
-impl From<RevocationError> for RevokeError {
-    fn from(error: RevocationError) -> RevokeError {
-        match error {
-            RevocationError::Unknown(id) => RevokeError::Unknown(id),
-            RevocationError::NoKey(id) => RevokeError::NoKey(id),
-            RevocationError::Record(e) => RevokeError::Record(e),
-        }
-    }
 }
 
 /// The registry of a running proxy.
