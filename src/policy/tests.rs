@@ -622,3 +622,138 @@ proptest! {
         prop_assert_eq!(kind(&verdict), want, "{:?} for {}", leases, host);
     }
 }
+
+// --- Boundary properties: spelling, chains, lists -------------------------------------------
+
+/// One host written several ways a client might: letters in any case, a trailing dot, the
+/// U-label or the A-label of an IDN, an IPv4 address in any spelling.
+fn spellings_of_one_host() -> impl Strategy<Value = Vec<String>> {
+    let name = prop::collection::vec(
+        prop::sample::select(vec![
+            ("a", "A"),
+            ("b", "B"),
+            ("example", "ExAmPlE"),
+            ("xn--bcher-kva", "BÜCHER"),
+            ("xn--bcher-kva", "bücher"),
+        ]),
+        1..5,
+    )
+    .prop_flat_map(|labels| {
+        let n = labels.len();
+        (
+            Just(labels),
+            prop::collection::vec(any::<bool>(), n),
+            any::<bool>(),
+        )
+    })
+    .prop_map(|(labels, upper, dot)| {
+        let plain: Vec<&str> = labels.iter().map(|(a, _)| *a).collect();
+        let other: Vec<&str> = labels
+            .iter()
+            .zip(&upper)
+            .map(|((a, u), up)| if *up { *u } else { *a })
+            .collect();
+        vec![
+            plain.join("."),
+            format!("{}{}", other.join("."), if dot { "." } else { "" }),
+        ]
+    });
+    let ip = ipv4_spelling().prop_map(|(ip, a)| {
+        let [o1, o2, o3, o4] = ip.octets();
+        vec![
+            a,
+            ip.to_string(),
+            format!("0x{o1:x}.{o2}.{o3}.{o4}"),
+            u32::from(ip).to_string(),
+        ]
+    });
+    prop_oneof![3 => name, 1 => ip]
+}
+
+/// Any pattern text, well-formed or not: a malformed one must never widen a list.
+fn any_pattern_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => pattern_text(),
+        1 => prop::sample::select(vec![
+            "*.", "*..", "*x.com", "**", "*.*", "https://a", "a:443", "a/b", "", " ", "*.a.",
+            "a..b", "[::1]", "*.10.0.0.1", "a b", "-a", ".a",
+        ])
+        .prop_map(str::to_owned),
+    ]
+}
+
+/// The reference reading of one list entry: does it, by DESIGN.md's rules, match `host`?
+fn entry_matches(entry: &str, host: &TargetHost) -> bool {
+    if entry == "*" {
+        return true;
+    }
+    if let Some(suffix) = entry.strip_prefix("*.") {
+        let Ok(TargetHost::Name(suffix)) = parse_host(suffix) else {
+            return false;
+        };
+        return matches!(host, TargetHost::Name(name)
+            if name.len() > suffix.len() + 1 && name.ends_with(&format!(".{suffix}")));
+    }
+    parse_host(entry).as_ref() == Ok(host)
+}
+
+proptest! {
+    #[test]
+    fn the_verdict_is_the_same_for_every_spelling_of_a_host(
+        spellings in spellings_of_one_host(),
+        allow in prop::collection::vec(any_pattern_text(), 0..5),
+        deny in prop::collection::vec(any_pattern_text(), 0..3),
+    ) {
+        let policy = HostPolicy::compile(&allow, &deny);
+        let hosts: Vec<TargetHost> = spellings
+            .iter()
+            .map(|s| parse_host(s).expect("generated spellings parse"))
+            .collect();
+        for (spelling, host) in spellings.iter().zip(&hosts) {
+            prop_assert_eq!(host, &hosts[0], "{} normalises apart from {}", spelling, spellings[0]);
+            prop_assert_eq!(
+                kind(&decide([("l", &policy)], host)),
+                kind(&decide([("l", &policy)], &hosts[0])),
+                "{}", spelling
+            );
+        }
+    }
+
+    #[test]
+    fn a_childs_verdict_is_never_wider_than_its_parents(
+        child_allow in prop::collection::vec(any_pattern_text(), 0..5),
+        child_deny in prop::collection::vec(any_pattern_text(), 0..3),
+        parent_allow in prop::collection::vec(any_pattern_text(), 0..5),
+        parent_deny in prop::collection::vec(any_pattern_text(), 0..3),
+        hosts in prop::collection::vec(target_host(), 1..16),
+    ) {
+        let child = HostPolicy::compile(&child_allow, &child_deny);
+        let parent = HostPolicy::compile(&parent_allow, &parent_deny);
+        for host in &hosts {
+            let chain = kind(&decide([("child", &child), ("parent", &parent)], host));
+            let alone = kind(&decide([("parent", &parent)], host));
+            if chain == Want::Allowed {
+                prop_assert_eq!(alone, Want::Allowed, "{} allowed to the child, not the parent", host);
+            }
+            if alone == Want::Denied {
+                prop_assert_eq!(chain, Want::Denied, "{} denied by the parent, not the chain", host);
+            }
+        }
+    }
+
+    #[test]
+    fn a_list_never_allows_a_host_no_entry_matches(
+        allow in prop::collection::vec(any_pattern_text(), 0..6),
+        hosts in prop::collection::vec(target_host(), 1..16),
+    ) {
+        let set = HostSet::compile(&allow);
+        for host in &hosts {
+            if set.find(host).is_some() {
+                prop_assert!(
+                    allow.iter().any(|entry| entry_matches(entry, host)),
+                    "{:?} allows {} though no entry matches it", allow, host
+                );
+            }
+        }
+    }
+}
