@@ -1,26 +1,8 @@
-//! The journal fold on arbitrary bytes, with and without a keyring: never panics, counts every
-//! line it was offered, and a lease it loaded is one whose grant it saw.
+//! libFuzzer driver for `checks/journal_fold.rs` (the same check replays the seed corpus in
+//! `cargo test`).
 #![no_main]
 
-use leasegate::contract::{Key, Keyring};
-use leasegate::registry::journal::fold_bytes;
-use leasegate::registry::Ledger;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/journal_fold.rs"]
+mod check;
 
-/// The contract's published test key: the seed corpus's leases are signed with it.
-const TEST_KEY: &str = include_str!("../../tests/data/contract/vectors/test-key.txt");
-
-fuzz_target!(|data: &[u8]| {
-    let mut keyring = Keyring::new(true);
-    keyring.insert(Key::parse(TEST_KEY).expect("the published test key parses"));
-    for ledger in [Ledger::new(keyring), Ledger::unverified()] {
-        let mut ledger = ledger;
-        let problems = fold_bytes(&mut ledger, data);
-        let stats = ledger.stats();
-        assert_eq!(stats.invalid_lines, problems.len() as u64, "every skipped line is counted");
-        assert!(stats.invalid_lines <= stats.lines);
-        for lease in ledger.leases() {
-            assert!(ledger.lease(&lease.id).is_some());
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));

@@ -1,25 +1,8 @@
-//! Target normalisation on arbitrary authorities: never panics, and a normalised target parses
-//! back to itself (one spelling per host).
+//! libFuzzer driver for `checks/target_parser.rs` (the same check replays the seed corpus in
+//! `cargo test`).
 #![no_main]
 
-use leasegate::policy::target::{parse_authority, parse_host};
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/target_parser.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    for default_port in [None, Some(443)] {
-        if let Ok(target) = parse_authority(text, default_port) {
-            let again = parse_authority(&target.to_string(), None);
-            assert_eq!(again.as_ref(), Ok(&target), "{text:?} -> {target}");
-        }
-    }
-    if let Ok(host) = parse_host(text) {
-        let spelled = match host.as_text() {
-            v6 if v6.contains(':') => format!("[{v6}]"),
-            other => other,
-        };
-        assert_eq!(parse_host(&spelled).as_ref(), Ok(&host), "{text:?}");
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));

@@ -3,6 +3,7 @@
 mod cli;
 mod conformance;
 mod fold;
+mod fuzz_corpus;
 mod harness;
 mod live;
 mod operate;
