@@ -7,6 +7,8 @@ pub mod revocation;
 pub mod store;
 pub mod tokens;
 
-pub use ledger::{Applied, ChainError, Closure, FoldStats, Ledger, LineError, Status};
+pub use ledger::{
+    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem, Status,
+};
 pub use live::{Registry, RevokeError, Snapshot};
 pub use store::{Batch, FileStore, Position, Store};
