@@ -3,6 +3,7 @@
 pub mod journal;
 pub mod ledger;
 pub mod live;
+pub mod pending;
 pub mod revocation;
 pub mod store;
 pub mod tokens;
