@@ -276,7 +276,11 @@ impl Ledger {
     /// Whether a closing record of `lease` may apply: a signature it carries must verify under
     /// the lease's own key; an unsigned one applies unless signatures are required. A ledger
     /// without a keyring (`verify` without a key) checks no signature.
-    fn check_record_signature(&self, lease: &Lease, record: &serde_json::Value) -> Result<(), LineError> {
+    fn check_record_signature(
+        &self,
+        lease: &Lease,
+        record: &serde_json::Value,
+    ) -> Result<(), LineError> {
         let Some(keyring) = &self.keyring else {
             return Ok(());
         };

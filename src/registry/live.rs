@@ -178,7 +178,9 @@ impl Registry {
                     },
                 ),
                 Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "a queued revocation does not parse; it is still offered to the journal"),
+                Err(error) => {
+                    tracing::warn!(%error, "a queued revocation does not parse; it is still offered to the journal")
+                }
             }
         }
         if !pending.is_empty() {
@@ -251,9 +253,9 @@ impl Registry {
             true => queue.give_up(&record).map(drop),
             false => queue.push(&record),
         })
-            .await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r);
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
         if let Err(error) = queued {
             tracing::error!(%error, "queued a revocation in memory only: its queue file cannot be written");
         }
@@ -285,7 +287,8 @@ impl Registry {
                 }
                 Ok(Err(error)) => return self.append_failed(error.to_string()),
                 Err(_) => {
-                    return self.append_failed(format!("no append within {:?}", self.append_timeout))
+                    return self
+                        .append_failed(format!("no append within {:?}", self.append_timeout))
                 }
             }
         }
@@ -400,7 +403,11 @@ impl Registry {
         if queued > 0 {
             // Behind the others: the store gets records in the order they were made.
             self.enqueue(&revocation.record, false).await;
-            tracing::warn!(lease = lease_id, queued, "revoked in memory; its record waits behind the queued ones");
+            tracing::warn!(
+                lease = lease_id,
+                queued,
+                "revoked in memory; its record waits behind the queued ones"
+            );
             return Err(RevokeError::Queued(queued));
         }
         // Polled right away, in the same poll as the closure above: once it is visible the

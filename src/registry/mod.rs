@@ -9,7 +9,8 @@ pub mod store;
 pub mod tokens;
 
 pub use ledger::{
-    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem, Status,
+    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem,
+    Status,
 };
 pub use live::{Registry, RevokeError, Snapshot};
 pub use store::{Batch, FileStore, Position, Store};

@@ -268,14 +268,19 @@ mod tests {
         }
         let reopened = Pending::open(path.clone()).unwrap();
         assert_eq!(reopened.records(), [a.clone(), b.clone(), c.clone()]);
-        assert!(reopened
-            .remove_seen(&[b"other".to_vec(), serde_json::to_vec(&b).unwrap()])
-            .unwrap()
-            == 1);
+        assert!(
+            reopened
+                .remove_seen(&[b"other".to_vec(), serde_json::to_vec(&b).unwrap()])
+                .unwrap()
+                == 1
+        );
         assert_eq!(reopened.front(), Some(a.clone()));
         assert!(reopened.remove(&a).unwrap());
         assert!(!reopened.remove(&a).unwrap(), "once");
-        assert_eq!(Pending::open(path.clone()).unwrap().records(), [c.clone()]);
+        assert_eq!(
+            Pending::open(path.clone()).unwrap().records(),
+            vec![c.clone()]
+        );
         assert!(reopened.remove(&c).unwrap());
         assert!(!path.exists(), "an empty queue leaves no file");
     }

@@ -48,8 +48,15 @@ fn each_closing_event_closes_when_read_whatever_its_at() {
         let (ledger, problems) = fold(&[granted_line(&root(), AT), closing]);
         assert_eq!(problems, 0, "{event}");
         for now in [AT, "2026-09-15T10:29:59.999Z", "2026-09-15T10:30:00.000Z"] {
-            assert_eq!(ledger.status(&id(1), t(now)), Some(status), "{event} at {now}");
-            assert!(ledger.check_chain(&id(1), t(now)).is_err(), "{event} at {now}");
+            assert_eq!(
+                ledger.status(&id(1), t(now)),
+                Some(status),
+                "{event} at {now}"
+            );
+            assert!(
+                ledger.check_chain(&id(1), t(now)).is_err(),
+                "{event} at {now}"
+            );
         }
         assert_eq!(
             ledger.stats().events[Event::parse(event).unwrap() as usize],
@@ -108,10 +115,17 @@ fn closing_records_with_a_bad_signature_are_skipped_and_counted() {
             ];
             for line in &bad {
                 let ledger = fold_with(ring(), &[granted_line(&root(), AT), line.clone()]);
-                assert_eq!(ledger.status(&id(1), t(AT)), Some(Status::Open), "{required} {line}");
+                assert_eq!(
+                    ledger.status(&id(1), t(AT)),
+                    Some(Status::Open),
+                    "{required} {line}"
+                );
                 assert_eq!(signature_skips(&ledger), 1, "{line}");
                 assert_eq!(ledger.stats().invalid_lines, 1);
-                assert_eq!(ledger.stats().events[Event::parse(event).unwrap() as usize], 0);
+                assert_eq!(
+                    ledger.stats().events[Event::parse(event).unwrap() as usize],
+                    0
+                );
             }
             let good = signed_closing(event, &key(1), None);
             let ledger = fold_with(ring(), &[granted_line(&root(), AT), good]);

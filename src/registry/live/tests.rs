@@ -1,8 +1,8 @@
 use super::*;
 use crate::contract::{Event, Key};
 use crate::issue::{issue, IssueRequest};
-use crate::registry::store::{Batch, BoxFuture};
 use crate::registry::pending::{pending_path, Pending};
+use crate::registry::store::{Batch, BoxFuture};
 use crate::registry::{ChainError, Status};
 use std::io::{self, Write};
 use std::path::Path;
@@ -305,7 +305,11 @@ async fn revocations_the_journal_refuses_are_queued_then_flushed_once_in_order()
         );
     }
     assert_eq!(registry.pending(), 3);
-    assert_eq!(registry.append_failures(), 1, "the later ones did not even try");
+    assert_eq!(
+        registry.append_failures(),
+        1,
+        "the later ones did not even try"
+    );
     let problem = registry.journal_problem().unwrap();
     assert!(
         problem.contains("journal not writable: disk full") && problem.contains("3 revocation"),
@@ -320,7 +324,11 @@ async fn revocations_the_journal_refuses_are_queued_then_flushed_once_in_order()
         "durable before the journal takes them"
     );
     registry.flush_pending().await;
-    assert_eq!(registry.append_failures(), 2, "a retry that fails is counted");
+    assert_eq!(
+        registry.append_failures(),
+        2,
+        "a retry that fails is counted"
+    );
     assert_eq!(setup.revoked_lines(), 0);
 
     setup.fail.store(false, Ordering::SeqCst);
@@ -333,7 +341,10 @@ async fn revocations_the_journal_refuses_are_queued_then_flushed_once_in_order()
     );
     assert_eq!(registry.pending(), 0);
     assert_eq!(registry.journal_problem(), None);
-    assert!(!pending_path(&setup.path).exists(), "the queue file goes once empty");
+    assert!(
+        !pending_path(&setup.path).exists(),
+        "the queue file goes once empty"
+    );
     assert_eq!(revoked_folded(&registry), 3, "read back, each once");
     registry.refresh().await.unwrap();
     assert_eq!(revoked_folded(&registry), 3);
@@ -361,7 +372,9 @@ async fn a_restart_with_queued_revocations_keeps_their_leases_closed() {
             .status(&setup.lease, Timestamp::now()),
         Some(Status::Revoked)
     );
-    assert!(registry.token(&setup.lease, Timestamp::now()).is_cancelled());
+    assert!(registry
+        .token(&setup.lease, Timestamp::now())
+        .is_cancelled());
     assert!(registry.journal_problem().unwrap().contains("1 revocation"));
     setup.gate.add_permits(10);
     setup.fail.store(false, Ordering::SeqCst);

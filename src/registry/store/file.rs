@@ -83,10 +83,7 @@ impl Cursor {
         let meta = file.metadata()?;
         let identity = Some((meta.dev(), meta.ino()));
         let mut restarted = false;
-        if identity != self.identity
-            || meta.len() < self.offset
-            || !self.is_same_content(&file)?
-        {
+        if identity != self.identity || meta.len() < self.offset || !self.is_same_content(&file)? {
             if self.identity.is_some() {
                 tracing::info!(journal = %path.display(), "journal replaced, truncated or rewritten: reading it from the start");
             }
@@ -134,7 +131,8 @@ impl Cursor {
         self.head.extend_from_slice(&fresh[..room.min(fresh.len())]);
         if fresh.len() >= WITNESS_BYTES {
             self.tail.clear();
-            self.tail.extend_from_slice(&fresh[fresh.len() - WITNESS_BYTES..]);
+            self.tail
+                .extend_from_slice(&fresh[fresh.len() - WITNESS_BYTES..]);
         } else {
             self.tail.extend_from_slice(fresh);
             let excess = self.tail.len().saturating_sub(WITNESS_BYTES);

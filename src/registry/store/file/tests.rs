@@ -85,7 +85,11 @@ fn a_file_truncated_and_rewritten_within_one_poll_is_read_from_its_start() {
     let read = || store.inner.read_new().unwrap();
     let rewrite = |bytes: &[u8]| {
         // In place: same inode, as `truncate` then writes would leave it.
-        let mut f = OpenOptions::new().write(true).truncate(true).open(&path).unwrap();
+        let mut f = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
         f.write_all(bytes).unwrap();
     };
     std::fs::write(&path, b"one\ntwo\n").unwrap();
@@ -96,7 +100,13 @@ fn a_file_truncated_and_rewritten_within_one_poll_is_read_from_its_start() {
     let batch = read();
     assert!(batch.restarted, "a rewrite starts a new generation");
     assert_eq!(lines(&batch), [&b"uno"[..], b"dos", b"tres"]);
-    assert_eq!(batch.position, Position { generation: 2, offset: 13 });
+    assert_eq!(
+        batch.position,
+        Position {
+            generation: 2,
+            offset: 13
+        }
+    );
 
     // Same length, same first bytes: the bytes before our offset differ.
     let long = vec![b'g'; 300];
