@@ -9,7 +9,7 @@ use crate::contract::{Event, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::revocation::RevocationError;
-use crate::registry::{RevokeError, Status};
+use crate::registry::{InvalidReason, RevokeError, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
 use crate::telemetry::refusals;
@@ -120,10 +120,16 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
     match (&method, segments.as_slice()) {
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => {
-            if state.ready.load(Ordering::SeqCst) {
-                json_response(StatusCode::OK, json!({"ready": true}))
-            } else {
-                json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"ready": false}))
+            let problem = match state.ready.load(Ordering::SeqCst) {
+                true => state.proxy.registry.journal_problem(),
+                false => Some("starting or draining".to_owned()),
+            };
+            match problem {
+                None => json_response(StatusCode::OK, json!({"ready": true})),
+                Some(reason) => json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({"ready": false, "reason": reason}),
+                ),
             }
         }
         (&Method::GET, ["metrics"]) => metrics(&state),
@@ -198,7 +204,13 @@ fn metrics(state: &AdminState) -> Response<Body> {
             .iter()
             .map(|e| (e.as_str(), stats.events[*e as usize]))
             .collect(),
-        journal_invalid_lines: stats.invalid_lines,
+        journal_invalid_lines: InvalidReason::ALL
+            .iter()
+            .zip(stats.invalid_by_reason)
+            .map(|(r, n)| (r.as_str(), n))
+            .collect(),
+        journal_append_failures: state.proxy.registry.append_failures(),
+        journal_pending_revocations: state.proxy.registry.pending() as u64,
         egress_dropped: telemetry.egress.dropped(),
     };
     let mut response = Response::new(full(metrics::render(&telemetry.metrics, figures)));
@@ -247,6 +259,13 @@ async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Respons
         Ok(revoked) => json_response(StatusCode::OK, json!({"lease_id": id, "revoked": revoked})),
         Err(RevokeError::Revocation(RevocationError::Unknown(_))) => {
             error(StatusCode::NOT_FOUND, format!("no lease {id}"))
+        }
+        // Revoked in memory; the record waits in the queue for the journal.
+        Err(e @ (RevokeError::Journal(_) | RevokeError::Timeout(_) | RevokeError::Queued(_))) => {
+            json_response(
+                StatusCode::ACCEPTED,
+                json!({"lease_id": id, "revoked": true, "queued": true, "error": e.to_string()}),
+            )
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }

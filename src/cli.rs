@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// Accept leases signed with the published test key (conformance runs only).
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
+    /// Skip closing records (revoked, stopped, completed, expired) that carry no signature
+    /// (a present signature is always checked under the lease's key).
+    #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
+    pub require_record_signatures: bool,
     /// Development mode: key and journal under ./.leasegate/, a demo lease, the export line.
     #[arg(long, env = "LEASEGATE_DEV")]
     pub dev: bool,
@@ -275,6 +279,10 @@ pub struct VerifyArgs {
     /// Accept leases signed with the published test key (conformance runs only).
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
+    /// Skip closing records (revoked, stopped, completed, expired) that carry no signature
+    /// (a present signature is always checked under the lease's key).
+    #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
+    pub require_record_signatures: bool,
     /// The instant to check a lease's lifetime at (default: now).
     #[arg(long, env = "LEASEGATE_NOW")]
     pub now: Option<String>,
@@ -308,6 +316,10 @@ pub struct LedgerArgs {
     /// Accept leases signed with the published test key.
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
+    /// Skip closing records (revoked, stopped, completed, expired) that carry no signature
+    /// (a present signature is always checked under the lease's key).
+    #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
+    pub require_record_signatures: bool,
 }
 
 /// `A-B` with A <= B.

@@ -182,7 +182,8 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
         Ok(ServeConfig {
             listen: args.listen,
             journal: args.journal.ok_or(ConfigError::NoJournal)?,
-            keyring: Keyring::load(&args.key_files, args.allow_test_key)?,
+            keyring: Keyring::load(&args.key_files, args.allow_test_key)?
+                .requiring_record_signatures(args.require_record_signatures),
             egress: args.egress_log.as_deref().map(|d| match d {
                 "-" => Destination::Stdout,
                 path => Destination::File(path.into()),

@@ -122,7 +122,7 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
     let keyring = match args.key_files.is_empty() {
         true => None,
         false => match Keyring::load(&args.key_files, args.allow_test_key) {
-            Ok(k) => Some(k),
+            Ok(k) => Some(k.requiring_record_signatures(args.require_record_signatures)),
             Err(e) => return usage_error(e.into()),
         },
     };
@@ -156,7 +156,8 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
 
 /// Folds a journal under its keys.
 fn load_ledger(args: &cli::LedgerArgs) -> Result<Ledger> {
-    let keyring = Keyring::load(&args.key_files, args.allow_test_key)?;
+    let keyring = Keyring::load(&args.key_files, args.allow_test_key)?
+        .requiring_record_signatures(args.require_record_signatures);
     let (ledger, _) = journal::load(&args.journal, Ledger::new(keyring))
         .with_context(|| format!("reading {}", args.journal.display()))?;
     Ok(ledger)
@@ -216,7 +217,8 @@ async fn shutdown_signal() {
 }
 
 fn check(args: cli::CheckArgs) -> Result<()> {
-    let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?;
+    let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?
+        .requiring_record_signatures(args.ledger.require_record_signatures);
     let config = ProxyConfig {
         resolve_names: args.resolve_names,
         ..ProxyConfig::try_from(&args.policy)?

@@ -124,6 +124,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub struct Keyring {
     keys: Vec<Key>,
     allows_test_key: bool,
+    /// `--require-record-signatures`: a closing record without a signature is not trusted
+    /// either (a present signature is always checked).
+    requires_record_signatures: bool,
 }
 
 impl Keyring {
@@ -131,7 +134,15 @@ impl Keyring {
         Keyring {
             keys: Vec::new(),
             allows_test_key,
+            requires_record_signatures: false,
         }
+    }
+
+    /// With `required`, closing records must carry a signature that verifies under their
+    /// lease's key; without, only a present signature is checked.
+    pub fn requiring_record_signatures(mut self, required: bool) -> Keyring {
+        self.requires_record_signatures = required;
+        self
     }
 
     /// Loads every key file; the published test key is an error unless allowed.
@@ -162,6 +173,10 @@ impl Keyring {
 
     pub fn allows_test_key(&self) -> bool {
         self.allows_test_key
+    }
+
+    pub fn requires_record_signatures(&self) -> bool {
+        self.requires_record_signatures
     }
 }
 

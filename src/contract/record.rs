@@ -56,7 +56,7 @@ impl Event {
         Event::ALL.into_iter().find(|e| e.as_str() == text)
     }
 
-    /// Whether a record of this event closes its lease from the record's `at`.
+    /// Whether a record of this event closes its lease (when it is read, whatever its `at`).
     pub fn is_closing(self) -> bool {
         matches!(
             self,

@@ -2,10 +2,14 @@
 //!
 //! Invariant: a lease is in the ledger only if its `granted` record passed schema, signature,
 //! L1 and L2; the first grant of an id wins; closings only ever close (nothing reopens a
-//! lease); and whether a lease opens anything is decided over its whole chain at a given `now`.
+//! lease) and close when they are read, whatever their `at` says (fail closed: `at` is
+//! reported, not waited for); a closing record that carries a signature applies only if it
+//! verifies under its lease's own key (with `--require-record-signatures`, only signed ones
+//! apply); and whether a lease opens anything is decided over its whole chain at a given `now`.
 //! Its maps are persistent (`imbl`): a clone shares them in O(1), so the live registry can
 //! publish a new ledger per journal refresh without copying every lease ever granted.
 
+use crate::contract::lease::verify_signature;
 use crate::contract::record::Record;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
@@ -21,7 +25,8 @@ pub type PersistentMap<K, V> =
 /// Chains deeper than this are treated as broken (it also stops parent-link cycles).
 pub const MAX_CHAIN_DEPTH: usize = 32;
 
-/// What closed a lease, and from when.
+/// What closed a lease. `at` is what the record says, reported as is: the closure applies from
+/// the moment it is read, never later.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Closure {
     pub event: Event,
@@ -94,6 +99,67 @@ pub enum LineError {
     Lease(#[from] LeaseError),
     #[error(transparent)]
     Rule(#[from] RuleViolation),
+    #[error("closing record for lease {lease}: {problem}")]
+    Signature {
+        lease: String,
+        problem: SignatureProblem,
+    },
+}
+
+/// Why a closing record's signature is not trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureProblem {
+    #[error("its signature does not verify under the lease's key")]
+    Invalid,
+    #[error("it is unsigned and record signatures are required")]
+    Missing,
+}
+
+/// Why a line was skipped: the `reason` label of `leasegate_journal_invalid_lines_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InvalidReason {
+    /// Not UTF-8, not JSON.
+    Parse,
+    /// JSON, but an unknown major version or not valid against the schema.
+    Schema,
+    /// A `granted` record whose lease did not load (schema, rules L1/L2, key, signature).
+    Lease,
+    /// A record-level rule (L3).
+    Rule,
+    /// A closing record whose signature is bad, or missing where required.
+    Signature,
+}
+
+impl InvalidReason {
+    pub const ALL: [InvalidReason; 5] = [
+        InvalidReason::Parse,
+        InvalidReason::Schema,
+        InvalidReason::Lease,
+        InvalidReason::Rule,
+        InvalidReason::Signature,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvalidReason::Parse => "parse",
+            InvalidReason::Schema => "schema",
+            InvalidReason::Lease => "lease",
+            InvalidReason::Rule => "rule",
+            InvalidReason::Signature => "signature",
+        }
+    }
+}
+
+impl LineError {
+    pub fn reason(&self) -> InvalidReason {
+        match self {
+            LineError::NotUtf8 | LineError::Record(RecordError::Json(_)) => InvalidReason::Parse,
+            LineError::Record(_) => InvalidReason::Schema,
+            LineError::Lease(_) => InvalidReason::Lease,
+            LineError::Rule(_) => InvalidReason::Rule,
+            LineError::Signature { .. } => InvalidReason::Signature,
+        }
+    }
 }
 
 /// What applying one record did.
@@ -105,6 +171,9 @@ pub enum Applied {
     DuplicateGrant(String),
     /// A closing record (it may close nothing new if an earlier one already applies).
     Closed(String),
+    /// A closing record whose signature must be checked, for a lease not granted yet: held
+    /// until the grant arrives, then applied or skipped (and counted) as if read then.
+    Held(String),
     /// A record that changes no status (refused, narrowed, heartbeat, attached).
     Noted(Event),
 }
@@ -114,6 +183,8 @@ pub enum Applied {
 pub struct FoldStats {
     pub lines: u64,
     pub invalid_lines: u64,
+    /// `invalid_lines` by reason, indexed as [`InvalidReason::ALL`].
+    pub invalid_by_reason: [u64; 5],
     pub rejected_grants: u64,
     pub duplicate_grants: u64,
     /// Applied lines per event, indexed as [`Event::ALL`].
@@ -130,6 +201,10 @@ pub struct Ledger {
     leases: PersistentMap<String, Arc<Lease>>,
     /// The earliest closing record of each lease id (known or not yet granted).
     closures: PersistentMap<String, Closure>,
+    /// Closing records of leases not granted yet whose signature must be checked under the
+    /// lease's key: checked when the grant arrives (a journal merged from several writers may
+    /// hold a closing before its grant, and a closing must not be lost for that).
+    held: PersistentMap<String, Vector<(Closure, Arc<serde_json::Value>)>>,
     /// Lease ids in the order they were granted.
     order: Vector<String>,
     stats: FoldStats,
@@ -150,6 +225,7 @@ impl Ledger {
             keyring,
             leases: PersistentMap::default(),
             closures: PersistentMap::default(),
+            held: PersistentMap::default(),
             order: Vector::new(),
             stats: FoldStats::default(),
         }
@@ -179,14 +255,82 @@ impl Ledger {
         match &outcome {
             Ok(Applied::DuplicateGrant(_)) => self.stats.duplicate_grants += 1,
             Ok(_) => {}
-            Err(_) => {
-                self.stats.invalid_lines += 1;
+            Err(error) => {
+                self.count_invalid(error);
                 if is_grant {
                     self.stats.rejected_grants += 1;
                 }
             }
         }
         outcome
+    }
+
+    fn count_invalid(&mut self, error: &LineError) {
+        self.stats.invalid_lines += 1;
+        let reason = error.reason();
+        if let Some(i) = InvalidReason::ALL.iter().position(|r| *r == reason) {
+            self.stats.invalid_by_reason[i] += 1;
+        }
+    }
+
+    /// Whether a closing record of `lease` may apply: a signature it carries must verify under
+    /// the lease's own key; an unsigned one applies unless signatures are required. A ledger
+    /// without a keyring (`verify` without a key) checks no signature.
+    fn check_record_signature(
+        &self,
+        lease: &Lease,
+        record: &serde_json::Value,
+    ) -> Result<(), LineError> {
+        let Some(keyring) = &self.keyring else {
+            return Ok(());
+        };
+        let problem = match record.get("signature") {
+            None if keyring.requires_record_signatures() => SignatureProblem::Missing,
+            None => return Ok(()),
+            Some(_) => {
+                let verified = keyring
+                    .get(&lease.key_fingerprint)
+                    .map(|key| verify_signature(record, key))
+                    .transpose()
+                    .map_err(RecordError::from)?
+                    .unwrap_or(false);
+                if verified {
+                    return Ok(());
+                }
+                SignatureProblem::Invalid
+            }
+        };
+        Err(LineError::Signature {
+            lease: lease.id.clone(),
+            problem,
+        })
+    }
+
+    /// Whether a closing record for a lease not granted yet must wait for the grant: only a
+    /// grant's key can check its signature.
+    fn must_hold(&self, record: &serde_json::Value) -> bool {
+        self.keyring
+            .as_ref()
+            .is_some_and(|k| record.get("signature").is_some() || k.requires_record_signatures())
+    }
+
+    /// Applies (or skips, counted) the closing records held for a lease just granted.
+    fn release_held(&mut self, lease: &Lease) {
+        let Some(held) = self.held.remove(&lease.id) else {
+            return;
+        };
+        for (closure, value) in held {
+            match self.check_record_signature(lease, &value) {
+                Ok(()) => {
+                    self.stats.events[closure.event as usize] += 1;
+                    self.close(&lease.id, closure);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "held closing record skipped at its lease's grant");
+                    self.count_invalid(&error);
+                }
+            }
+        }
     }
 
     /// Applies one parsed record.
@@ -202,6 +346,7 @@ impl Ledger {
                     Applied::DuplicateGrant(lease.id)
                 } else {
                     let id = lease.id.clone();
+                    self.release_held(&lease);
                     self.order.push_back(id.clone());
                     self.leases.insert(id.clone(), Arc::new(lease));
                     Applied::Granted(id)
@@ -218,22 +363,38 @@ impl Ledger {
                         rules::check_l3(&record.lease_id, by, ancestors.into_iter())?;
                     }
                 }
-                self.close(
-                    &record.lease_id,
-                    Closure {
-                        event,
-                        at: record.at,
-                        by: record.by,
-                        reason: record.reason,
-                    },
-                );
-                Applied::Closed(record.lease_id)
+                let closure = Closure {
+                    event,
+                    at: record.at,
+                    by: record.by,
+                    reason: record.reason,
+                };
+                match self.leases.get(&record.lease_id).cloned() {
+                    Some(lease) => {
+                        self.check_record_signature(&lease, &record.value)?;
+                        self.close(&record.lease_id, closure);
+                        Applied::Closed(record.lease_id)
+                    }
+                    None if self.must_hold(&record.value) => {
+                        let entry = (closure, Arc::new(record.value));
+                        let mut held = self.held.get(&record.lease_id).cloned().unwrap_or_default();
+                        held.push_back(entry);
+                        self.held.insert(record.lease_id.clone(), held);
+                        Applied::Held(record.lease_id)
+                    }
+                    None => {
+                        self.close(&record.lease_id, closure);
+                        Applied::Closed(record.lease_id)
+                    }
+                }
             }
             event => Applied::Noted(event),
         };
         let event = match applied {
             Applied::Granted(_) | Applied::DuplicateGrant(_) => Event::Granted,
             Applied::Closed(_) => record.event,
+            // Counted when it applies, at its lease's grant.
+            Applied::Held(_) => return Ok(applied),
             Applied::Noted(event) => event,
         };
         self.stats.events[event as usize] += 1;
@@ -288,9 +449,10 @@ impl Ledger {
         })
     }
 
-    /// The lease's own status at `now`, before its ancestors are considered.
+    /// The lease's own status at `now`, before its ancestors are considered. A closure applies
+    /// whatever its `at`: a record dated in the future closes now, not then.
     fn own_status(&self, lease: &Lease, now: Timestamp) -> Status {
-        if let Some(closure) = self.closures.get(&lease.id).filter(|c| c.at <= now) {
+        if let Some(closure) = self.closures.get(&lease.id) {
             return match closure.event {
                 Event::Revoked => Status::Revoked,
                 Event::Stopped => Status::Stopped,

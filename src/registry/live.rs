@@ -12,7 +12,12 @@
 //!   record folded, append failed or outlasted [`APPEND_TIMEOUT`], or its caller gone — its
 //!   subtree's tokens are cancelled, after its last await, so the refusal that caused it is
 //!   answered before its connection closes. A failed append is an error for the caller, never
-//!   a lease left open.
+//!   a lease left open: the record goes to the durable [`Pending`] queue (behind any already
+//!   there, so order is kept), which a retry task appends once the store takes it again, each
+//!   record once; a record of the queue that a read shows already in the store leaves it
+//!   unappended. The queue's closures are applied at open, before anything is served.
+//! - The journal's health (writable or failing, and why) changes state on an append's outcome;
+//!   an error is logged once per change, not per failed attempt.
 //! - A snapshot is built from the current one and published under `publishing`, never across an
 //!   await, so a refresh and an in-memory closure never drop each other's work. Reading the
 //!   store (`reading`) and appending to it are not under one lock: a slow fsync does not stop
@@ -23,14 +28,17 @@
 
 use super::journal;
 use super::ledger::Ledger;
+use super::pending::{pending_path, Pending};
 use super::revocation::{issuer_revocation, RevocationError};
 use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
+use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
 use crate::policy::HostPolicy;
 use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -42,6 +50,9 @@ pub const APPEND_TIMEOUT: Duration = Duration::from_secs(2);
 /// The expiry timer never sleeps longer than this: deadlines are wall-clock times and the
 /// clock can step, so a long sleep is re-checked.
 const MAX_EXPIRY_SLEEP: Duration = Duration::from_secs(1);
+
+/// How often queued revocations are offered to the store again.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// One published state of the registry.
 #[derive(Debug, Clone)]
@@ -77,10 +88,19 @@ pub enum RevokeError {
     /// No record could be built (unknown lease, no key): nothing was revoked.
     #[error(transparent)]
     Revocation(#[from] RevocationError),
-    #[error("appending to the journal (the lease is revoked in memory): {0}")]
+    #[error("appending to the journal (the lease is revoked in memory, its record queued): {0}")]
     Journal(#[from] std::io::Error),
-    #[error("the journal took no record within {0:?} (the lease is revoked in memory)")]
+    #[error("the journal took no record within {0:?} (the lease is revoked in memory, its record queued)")]
     Timeout(Duration),
+    #[error("the journal is not taking records (the lease is revoked in memory, its record queued behind {0} other(s))")]
+    Queued(usize),
+}
+
+/// Whether the store takes our appends: what `/readyz` and the metrics report.
+#[derive(Debug, Default)]
+struct JournalHealth {
+    /// Why the last append failed; `None` once one succeeds.
+    failing: Option<String>,
 }
 
 /// The registry of a running proxy.
@@ -98,22 +118,73 @@ pub struct Registry {
     changes: watch::Sender<u64>,
     /// How long a revocation waits for its append, and for reading it back.
     append_timeout: Duration,
+    /// Revocation records the store has not taken yet.
+    pending: Pending,
+    /// Held while queued records are offered to the store, so no record is offered twice at
+    /// once and the queue drains in order.
+    flushing: tokio::sync::Mutex<()>,
+    health: Mutex<JournalHealth>,
+    /// Appends that failed or timed out (`leasegate_journal_append_failures_total`).
+    append_failures: AtomicU64,
 }
 
 impl Registry {
     /// Follows the journal file at `path`: reads what is there now (a partial last line waits).
     /// With `fsync`, our appends are on disk before a revocation returns.
+    /// Revocations the journal did not take wait in `<path>.pending` (read now, its closures
+    /// applied).
     pub async fn load(path: PathBuf, keyring: Keyring, fsync: bool) -> std::io::Result<Registry> {
-        Registry::open(Box::new(FileStore::new(path, fsync)), keyring).await
+        let queue = pending_path(&path);
+        let pending = tokio::task::spawn_blocking(move || Pending::open(queue))
+            .await
+            .map_err(std::io::Error::other)??;
+        Registry::open_with(Box::new(FileStore::new(path, fsync)), keyring, pending).await
     }
 
-    /// Follows `store`: folds what it holds now.
+    /// Follows `store`: folds what it holds now. Revocations it does not take wait in memory.
     pub async fn open(store: Box<dyn Store>, keyring: Keyring) -> std::io::Result<Registry> {
+        Registry::open_with(store, keyring, Pending::in_memory()).await
+    }
+
+    /// Follows `store` with `pending` as the queue of revocations it has not taken: folds what
+    /// the store holds now, drops from the queue what it already holds, and closes in memory
+    /// what the rest of the queue closes.
+    pub async fn open_with(
+        store: Box<dyn Store>,
+        keyring: Keyring,
+        pending: Pending,
+    ) -> std::io::Result<Registry> {
         let batch = store.read_new().await?;
         let mut ledger = Ledger::new(keyring);
         let skipped = journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
         if !skipped.is_empty() {
             tracing::warn!(skipped = skipped.len(), store = %store.describe(), "journal lines skipped");
+        }
+        let queue = pending.clone();
+        let lines = batch.lines;
+        tokio::task::spawn_blocking(move || queue.remove_seen(&lines))
+            .await
+            .map_err(std::io::Error::other)??;
+        for value in pending.records() {
+            // Our own signed records: closing more is the only thing they can do.
+            match Record::from_value(value) {
+                Ok(record) if record.event.is_closing() => ledger.close(
+                    &record.lease_id,
+                    super::ledger::Closure {
+                        event: record.event,
+                        at: record.at,
+                        by: record.by,
+                        reason: record.reason,
+                    },
+                ),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "a queued revocation does not parse; it is still offered to the journal")
+                }
+            }
+        }
+        if !pending.is_empty() {
+            tracing::warn!(pending = pending.len(), store = %store.describe(), "revocations from before the restart wait for the journal; their leases stay closed");
         }
         Ok(Registry {
             current: ArcSwap::from_pointee(Snapshot::new(ledger)),
@@ -123,7 +194,108 @@ impl Registry {
             tokens: LeaseTokens::default(),
             changes: watch::channel(0).0,
             append_timeout: APPEND_TIMEOUT,
+            pending,
+            flushing: tokio::sync::Mutex::new(()),
+            health: Mutex::new(JournalHealth::default()),
+            append_failures: AtomicU64::new(0),
         })
+    }
+
+    /// How many revocation records wait for the store.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Appends that failed or timed out since start.
+    pub fn append_failures(&self) -> u64 {
+        self.append_failures.load(Ordering::Relaxed)
+    }
+
+    /// Why the journal is not in a state to serve from (`/readyz`), or `None`.
+    pub fn journal_problem(&self) -> Option<String> {
+        let failing = self.health().failing.clone();
+        let pending = self.pending.len();
+        match (failing, pending) {
+            (None, 0) => None,
+            (Some(cause), n) => Some(format!(
+                "journal not writable: {cause}; {n} revocation(s) pending"
+            )),
+            (None, n) => Some(format!("{n} revocation(s) pending for the journal")),
+        }
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, JournalHealth> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An append failed: counted; logged as an error only when the journal was writable.
+    fn append_failed(&self, cause: String) {
+        self.append_failures.fetch_add(1, Ordering::Relaxed);
+        let mut health = self.health();
+        if health.failing.is_none() {
+            tracing::error!(%cause, store = %self.store.describe(), pending = self.pending.len(), "the journal stopped taking records: revocations are queued and retried");
+        }
+        health.failing = Some(cause);
+    }
+
+    /// An append succeeded: logged only when the journal was failing.
+    fn append_succeeded(&self) {
+        if let Some(cause) = self.health().failing.take() {
+            tracing::error!(was = %cause, store = %self.store.describe(), pending = self.pending.len(), "the journal takes records again");
+        }
+    }
+
+    /// Queues a record the store did not take (blocking file I/O off the runtime). With
+    /// `in_flight`, only if no read has handed it out since its append began.
+    async fn enqueue(&self, record: &Value, in_flight: bool) {
+        let (queue, record) = (self.pending.clone(), record.clone());
+        let queued = tokio::task::spawn_blocking(move || match in_flight {
+            true => queue.give_up(&record).map(drop),
+            false => queue.push(&record),
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+        if let Err(error) = queued {
+            tracing::error!(%error, "queued a revocation in memory only: its queue file cannot be written");
+        }
+    }
+
+    /// Offers the queued records to the store, oldest first, until one fails or the queue is
+    /// empty. The journal is read first: a record a read hands out leaves the queue unappended
+    /// (an append that timed out may have landed after all).
+    pub async fn flush_pending(&self) {
+        let _flushing = self.flushing.lock().await;
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Err(error) = self.refresh().await {
+            tracing::debug!(%error, "reading the journal before offering queued revocations");
+        }
+        while let Some(record) = self.pending.front() {
+            match tokio::time::timeout(self.append_timeout, self.store.append(&record)).await {
+                Ok(Ok(_)) => {
+                    let queue = self.pending.clone();
+                    let removed = tokio::task::spawn_blocking(move || queue.remove(&record))
+                        .await
+                        .map_err(std::io::Error::other)
+                        .and_then(|r| r);
+                    if let Err(error) = removed {
+                        tracing::error!(%error, "a queued revocation reached the journal but its queue file was not rewritten");
+                    }
+                    self.append_succeeded();
+                }
+                Ok(Err(error)) => return self.append_failed(error.to_string()),
+                Err(_) => {
+                    return self
+                        .append_failed(format!("no append within {:?}", self.append_timeout))
+                }
+            }
+        }
+        // Fold what we appended now rather than a poll later.
+        if let Err(error) = self.refresh().await {
+            tracing::debug!(%error, "reading back flushed revocations; the follower will");
+        }
     }
 
     /// Replaces [`APPEND_TIMEOUT`].
@@ -169,6 +341,15 @@ impl Registry {
     async fn refresh_reaching(&self) -> std::io::Result<(usize, Position)> {
         let _reading = self.reading.lock().await;
         let batch = self.store.read_new().await?;
+        if !batch.lines.is_empty() && !self.pending.is_idle() {
+            let (queue, lines) = (self.pending.clone(), batch.lines.clone());
+            match tokio::task::spawn_blocking(move || queue.remove_seen(&lines)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(seen)) => tracing::info!(seen, "queued revocations found in the journal"),
+                Ok(Err(error)) => tracing::error!(%error, "rewriting the queue of revocations"),
+                Err(error) => tracing::error!(%error, "rewriting the queue of revocations"),
+            }
+        }
         if batch.restarted && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
@@ -218,21 +399,39 @@ impl Registry {
             lease_id,
         };
         self.changes.send_modify(|v| *v += 1);
+        let queued = self.pending.len();
+        if queued > 0 {
+            // Behind the others: the store gets records in the order they were made.
+            self.enqueue(&revocation.record, false).await;
+            tracing::warn!(
+                lease = lease_id,
+                queued,
+                "revoked in memory; its record waits behind the queued ones"
+            );
+            return Err(RevokeError::Queued(queued));
+        }
         // Polled right away, in the same poll as the closure above: once it is visible the
         // append is under way even if our caller stops waiting.
+        self.pending.begin(&revocation.record);
         let appended =
             tokio::time::timeout(self.append_timeout, self.store.append(&revocation.record)).await;
         let at = match appended {
             Ok(Ok(at)) => at,
             Ok(Err(error)) => {
-                tracing::error!(%error, lease = lease_id, store = %self.store.describe(), "revoked in memory, but the journal did not take the record");
+                tracing::warn!(%error, lease = lease_id, store = %self.store.describe(), "revoked in memory, but the journal did not take the record: queued");
+                self.enqueue(&revocation.record, true).await;
+                self.append_failed(error.to_string());
                 return Err(RevokeError::Journal(error));
             }
             Err(_) => {
-                tracing::error!(lease = lease_id, timeout = ?self.append_timeout, store = %self.store.describe(), "revoked in memory, but appending the record timed out");
+                tracing::warn!(lease = lease_id, timeout = ?self.append_timeout, store = %self.store.describe(), "revoked in memory, but appending the record timed out: queued");
+                self.enqueue(&revocation.record, true).await;
+                self.append_failed(format!("no append within {:?}", self.append_timeout));
                 return Err(RevokeError::Timeout(self.append_timeout));
             }
         };
+        self.pending.end(&revocation.record);
+        self.append_succeeded();
         self.read_until(at).await;
         Ok(true)
     }
@@ -272,7 +471,24 @@ impl Registry {
     /// its poll interval), and closes each lease when it reaches `expires_at`, by a timer
     /// independent of journal activity.
     pub async fn follow(self: Arc<Registry>, shutdown: CancellationToken) {
-        tokio::join!(self.tail(&shutdown), self.expire(&shutdown));
+        tokio::join!(
+            self.tail(&shutdown),
+            self.expire(&shutdown),
+            self.retry(&shutdown)
+        );
+    }
+
+    /// Offers queued revocations to the store every [`RETRY_EVERY`] (at once at start: a
+    /// restart may have left some).
+    async fn retry(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(RETRY_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.flush_pending().await,
+            }
+        }
     }
 
     async fn tail(&self, shutdown: &CancellationToken) {

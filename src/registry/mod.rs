@@ -3,10 +3,14 @@
 pub mod journal;
 pub mod ledger;
 pub mod live;
+pub mod pending;
 pub mod revocation;
 pub mod store;
 pub mod tokens;
 
-pub use ledger::{Applied, ChainError, Closure, FoldStats, Ledger, LineError, Status};
+pub use ledger::{
+    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem,
+    Status,
+};
 pub use live::{Registry, RevokeError, Snapshot};
 pub use store::{Batch, FileStore, Position, Store};

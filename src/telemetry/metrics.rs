@@ -180,7 +180,12 @@ pub struct RegistryFigures {
     pub leases_by_status: Vec<(&'static str, u64)>,
     /// Journal lines applied, by event.
     pub journal_lines: Vec<(&'static str, u64)>,
-    pub journal_invalid_lines: u64,
+    /// Journal lines skipped, by reason (`parse`, `schema`, `lease`, `rule`, `signature`).
+    pub journal_invalid_lines: Vec<(&'static str, u64)>,
+    /// Appends to the journal that failed or timed out.
+    pub journal_append_failures: u64,
+    /// Revocation records waiting for the journal to take them.
+    pub journal_pending_revocations: u64,
     pub egress_dropped: u64,
 }
 
@@ -311,12 +316,28 @@ impl Collector for Scrape {
         for (event, n) in &self.figures.journal_lines {
             ConstCounter::new(*n).encode(family.encode_family(&[("event", *event)])?)?;
         }
-        let counter = ConstCounter::new(self.figures.journal_invalid_lines);
-        counter.encode(encoder.encode_descriptor(
+        let mut family = encoder.encode_descriptor(
             "leasegate_journal_invalid_lines",
-            "Journal lines skipped because they did not parse or validate",
+            "Journal lines skipped because they did not parse or validate, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in &self.figures.journal_invalid_lines {
+            ConstCounter::new(*n).encode(family.encode_family(&[("reason", *reason)])?)?;
+        }
+        let counter = ConstCounter::new(self.figures.journal_append_failures);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_journal_append_failures",
+            "Appends to the journal that failed or timed out (the record is queued)",
             None,
             counter.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(self.figures.journal_pending_revocations as i64);
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_journal_pending_revocations",
+            "Revocation records waiting for the journal to take them",
+            None,
+            gauge.metric_type(),
         )?)?;
         let counter = ConstCounter::new(self.figures.egress_dropped);
         counter.encode(encoder.encode_descriptor(

@@ -1,10 +1,11 @@
 //! The journal fold: every event, chains, bad and torn lines, duplicate grants, appends.
 
 use crate::support::{event_line, granted_line, id, key, lease, t};
-use leasegate::contract::{Event, Keyring};
+use leasegate::contract::lease::sign;
+use leasegate::contract::{Event, Key, Keyring};
 use leasegate::registry::journal::{self, fold_bytes};
 use leasegate::registry::store;
-use leasegate::registry::{Applied, ChainError, Ledger, LineError, Status};
+use leasegate::registry::{Applied, ChainError, InvalidReason, Ledger, LineError, Status};
 use serde_json::json;
 
 const WINDOW: (&str, &str) = ("2026-09-15T10:00:00.000Z", "2026-09-15T11:00:00.000Z");
@@ -27,8 +28,11 @@ fn root() -> serde_json::Value {
     lease(&key(1), &id(1), None, WINDOW, &["*.example.com"], &[])
 }
 
+/// A closing record closes when it is read, whatever its `at` says: a record dated after the
+/// instant asked about (here, half an hour later) already applies. (Before issue 10 this
+/// asserted `Open` before the record's `at`: a future-dated record kept the lease open.)
 #[test]
-fn each_closing_event_closes_from_its_at() {
+fn each_closing_event_closes_when_read_whatever_its_at() {
     for (event, status) in [
         ("revoked", Status::Revoked),
         ("stopped", Status::Stopped),
@@ -43,21 +47,126 @@ fn each_closing_event_closes_from_its_at() {
         );
         let (ledger, problems) = fold(&[granted_line(&root(), AT), closing]);
         assert_eq!(problems, 0, "{event}");
-        assert_eq!(
-            ledger.status(&id(1), t("2026-09-15T10:29:59.999Z")),
-            Some(Status::Open),
-            "{event}"
-        );
-        assert_eq!(
-            ledger.status(&id(1), t("2026-09-15T10:30:00.000Z")),
-            Some(status),
-            "{event}"
-        );
+        for now in [AT, "2026-09-15T10:29:59.999Z", "2026-09-15T10:30:00.000Z"] {
+            assert_eq!(
+                ledger.status(&id(1), t(now)),
+                Some(status),
+                "{event} at {now}"
+            );
+            assert!(
+                ledger.check_chain(&id(1), t(now)).is_err(),
+                "{event} at {now}"
+            );
+        }
         assert_eq!(
             ledger.stats().events[Event::parse(event).unwrap() as usize],
             1
         );
     }
+}
+
+/// A closing record of lease 1 (under `key(1)`), signed with `signer` (or `signature` forced).
+fn signed_closing(event: &str, signer: &Key, forced: Option<&str>) -> String {
+    let mut record: serde_json::Value = serde_json::from_str(&event_line(
+        event,
+        &id(1),
+        AT,
+        json!({"by": "issuer", "reason": "test"}),
+    ))
+    .unwrap();
+    sign(&mut record, signer).unwrap();
+    if let Some(forced) = forced {
+        record["signature"] = forced.into();
+    }
+    record.to_string()
+}
+
+fn fold_with(ring: Keyring, lines: &[String]) -> Ledger {
+    let mut ledger = Ledger::new(ring);
+    fold_bytes(&mut ledger, (lines.join("\n") + "\n").as_bytes());
+    ledger
+}
+
+fn signature_skips(ledger: &Ledger) -> u64 {
+    let i = InvalidReason::ALL
+        .iter()
+        .position(|r| *r == InvalidReason::Signature)
+        .unwrap();
+    ledger.stats().invalid_by_reason[i]
+}
+
+#[test]
+fn closing_records_with_a_bad_signature_are_skipped_and_counted() {
+    for required in [false, true] {
+        let ring = || {
+            let mut ring = Keyring::new(false);
+            ring.insert(key(1));
+            ring.insert(key(2));
+            ring.requiring_record_signatures(required)
+        };
+        for event in ["revoked", "stopped", "completed", "expired"] {
+            let zeros = "0".repeat(64);
+            let bad = [
+                signed_closing(event, &key(1), Some(&zeros)),
+                // Another trusted key, not the lease's own.
+                signed_closing(event, &key(2), None),
+                // A key not in the keyring at all.
+                signed_closing(event, &key(3), None),
+            ];
+            for line in &bad {
+                let ledger = fold_with(ring(), &[granted_line(&root(), AT), line.clone()]);
+                assert_eq!(
+                    ledger.status(&id(1), t(AT)),
+                    Some(Status::Open),
+                    "{required} {line}"
+                );
+                assert_eq!(signature_skips(&ledger), 1, "{line}");
+                assert_eq!(ledger.stats().invalid_lines, 1);
+                assert_eq!(
+                    ledger.stats().events[Event::parse(event).unwrap() as usize],
+                    0
+                );
+            }
+            let good = signed_closing(event, &key(1), None);
+            let ledger = fold_with(ring(), &[granted_line(&root(), AT), good]);
+            assert_ne!(ledger.status(&id(1), t(AT)), Some(Status::Open), "{event}");
+            assert_eq!(ledger.stats().invalid_lines, 0);
+        }
+    }
+}
+
+#[test]
+fn unsigned_closing_records_apply_unless_signatures_are_required() {
+    let unsigned = event_line("stopped", &id(1), AT, json!({"reason": "done"}));
+    let ring = |required: bool| {
+        let mut ring = Keyring::new(false);
+        ring.insert(key(1));
+        ring.requiring_record_signatures(required)
+    };
+    let ledger = fold_with(ring(false), &[granted_line(&root(), AT), unsigned.clone()]);
+    assert_eq!(ledger.status(&id(1), t(AT)), Some(Status::Stopped));
+    let ledger = fold_with(ring(true), &[granted_line(&root(), AT), unsigned]);
+    assert_eq!(ledger.status(&id(1), t(AT)), Some(Status::Open));
+    assert_eq!(signature_skips(&ledger), 1);
+}
+
+/// A closing record read before its lease's grant cannot be checked then: it is held and
+/// checked under the lease's key when the grant arrives.
+#[test]
+fn a_closing_record_before_its_grant_is_checked_at_the_grant() {
+    let zeros = "0".repeat(64);
+    let forged = signed_closing("revoked", &key(1), Some(&zeros));
+    let ring = ledger().keyring().unwrap().clone();
+    let folded = fold_with(ring.clone(), &[forged, granted_line(&root(), AT)]);
+    assert_eq!(folded.status(&id(1), t(AT)), Some(Status::Open));
+    assert_eq!(signature_skips(&folded), 1);
+    assert_eq!(folded.stats().events[Event::Revoked as usize], 0);
+
+    let genuine = signed_closing("revoked", &key(1), None);
+    let ledger = fold_with(ring, &[genuine, granted_line(&root(), AT)]);
+    assert_eq!(ledger.status(&id(1), t(AT)), Some(Status::Revoked));
+    assert_eq!(ledger.stats().events[Event::Revoked as usize], 1);
+    assert_eq!(ledger.stats().invalid_lines, 0);
 }
 
 #[test]

@@ -401,3 +401,153 @@ async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not open anything now"));
 }
+
+/// A closing record dated an hour ahead closes the lease when it is read: its open tunnel ends
+/// and the next request is refused (it used to wait for the record's `at`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_line_dated_in_the_future_closes_an_open_tunnel_now() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let mut tunnel = streaming_tunnel(server.addr, &target, Some(&lease)).await;
+    let ahead = Timestamp::from_millis(Timestamp::now().as_millis() + 3_600_000);
+    h.append(
+        &serde_json::json!({
+            "schema_version": "1.0",
+            "at": ahead.to_string(),
+            "event": "stopped",
+            "lease_id": lease,
+            "reason": "done",
+        })
+        .to_string(),
+    )
+    .await;
+    let closed_after = until_closed(&mut tunnel, Duration::from_secs(5)).await;
+    assert!(
+        closed_after < Duration::from_secs(1),
+        "closed after {closed_after:?}"
+    );
+    let answer = raw(
+        server.addr,
+        format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(
+        answer.contains("x-leasegate-refusal: lease-closed"),
+        "{answer}"
+    );
+    let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["status"], "stopped");
+}
+
+/// The journal cannot be written (its path turned into a directory after start): a refusal
+/// still revokes in memory, `/readyz` says why, and once the journal is back the queued record
+/// is appended once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_while_the_journal_is_unwritable_revokes_and_queues_its_record() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let (status, _) = admin_get(&server, "/readyz").await;
+    assert_eq!(status, 200);
+    let saved = std::fs::read(&h.journal).unwrap();
+    std::fs::remove_file(&h.journal).unwrap();
+    std::fs::create_dir(&h.journal).unwrap();
+
+    let refused = raw(
+        server.addr,
+        format!("CONNECT elsewhere.test:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(
+        refused.contains("x-leasegate-refusal: host-not-allowed"),
+        "{refused}"
+    );
+    let again = raw(
+        server.addr,
+        format!("CONNECT origin.test:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(
+        again.contains("x-leasegate-refusal: lease-revoked"),
+        "{again}"
+    );
+    let (status, body) = admin_get(&server, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    let reason = body["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("journal not writable") && reason.contains("1 revocation(s) pending"),
+        "{body}"
+    );
+    let pending = leasegate::registry::pending::pending_path(&h.journal);
+    assert!(pending.exists(), "the record is durable");
+    let (_, metrics) = {
+        let answer = raw(
+            server.admin_addr.unwrap(),
+            b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        (0, answer)
+    };
+    assert!(
+        metrics.contains("leasegate_journal_append_failures_total 1"),
+        "{metrics}"
+    );
+
+    std::fs::remove_dir(&h.journal).unwrap();
+    std::fs::write(&h.journal, saved).unwrap();
+    let ready = eventually(Duration::from_secs(5), || async {
+        let (status, _) = admin_get(&server, "/readyz").await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "ready again once the queue is flushed");
+    let revocations = h.revocations().await;
+    assert_eq!(revocations.len(), 1, "appended once");
+    assert_eq!(revocations[0]["lease_id"], lease);
+    assert!(!pending.exists());
+    let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["status"], "revoked");
+}
+
+/// A restart with a queued revocation in `<journal>.pending` serves with that lease closed,
+/// and appends the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_a_pending_revocation_keeps_the_lease_revoked() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let record = leasegate::contract::record::revoked(
+        &leasegate::contract::record::Revocation {
+            lease_id: &lease,
+            parent_lease_id: None,
+            by: "issuer",
+            reason: "refused before the restart",
+            extra: Default::default(),
+        },
+        &h.key,
+        Timestamp::now(),
+    )
+    .unwrap();
+    let pending = leasegate::registry::pending::pending_path(&h.journal);
+    std::fs::write(&pending, format!("{record}\n")).unwrap();
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let answer = raw(
+        server.addr,
+        format!("CONNECT origin.test:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(
+        answer.contains("x-leasegate-refusal: lease-revoked"),
+        "{answer}"
+    );
+    let flushed = eventually(Duration::from_secs(5), || async {
+        (!pending.exists()).then_some(())
+    })
+    .await;
+    assert!(flushed.is_some());
+    let revocations = h.revocations().await;
+    assert_eq!(revocations.len(), 1);
+    assert_eq!(revocations[0]["reason"], "refused before the restart");
+}

@@ -108,7 +108,10 @@ async fn metrics_and_lease_counters_after_a_known_sequence() {
         Some(2.0)
     );
     assert_eq!(
-        sample(&text, "leasegate_journal_invalid_lines_total"),
+        sample(
+            &text,
+            "leasegate_journal_invalid_lines_total{reason=\"parse\"}"
+        ),
         Some(0.0)
     );
     assert_eq!(sample(&text, "leasegate_decision_seconds_count"), Some(4.0));

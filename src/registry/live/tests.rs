@@ -1,10 +1,12 @@
 use super::*;
 use crate::contract::{Event, Key};
 use crate::issue::{issue, IssueRequest};
+use crate::registry::pending::{pending_path, Pending};
 use crate::registry::store::{Batch, BoxFuture};
 use crate::registry::{ChainError, Status};
-use std::io;
+use std::io::{self, Write};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -36,7 +38,7 @@ fn keyring(key: &Key) -> Keyring {
 /// The file store, with appends that fail, or that wait for a permit.
 struct Faulty {
     file: FileStore,
-    fail: bool,
+    fail: Arc<AtomicBool>,
     gate: Arc<Semaphore>,
 }
 
@@ -47,7 +49,7 @@ impl Store for Faulty {
 
     fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>> {
         let append = self.file.append(record);
-        let (fail, gate) = (self.fail, self.gate.clone());
+        let (fail, gate) = (self.fail.load(Ordering::SeqCst), self.gate.clone());
         Box::pin(async move {
             if fail {
                 return Err(io::Error::other("disk full"));
@@ -72,6 +74,7 @@ struct Setup {
     key: Key,
     lease: String,
     gate: Arc<Semaphore>,
+    fail: Arc<AtomicBool>,
 }
 
 impl Setup {
@@ -86,16 +89,29 @@ impl Setup {
             key,
             lease,
             gate: Arc::new(Semaphore::new(0)),
+            fail: Arc::new(AtomicBool::new(false)),
         }
     }
 
     async fn registry(&self, fail: bool) -> Registry {
-        let store = Faulty {
+        self.fail.store(fail, Ordering::SeqCst);
+        Registry::open(Box::new(self.store()), keyring(&self.key))
+            .await
+            .unwrap()
+    }
+
+    fn store(&self) -> Faulty {
+        Faulty {
             file: FileStore::new(self.path.clone(), false),
-            fail,
+            fail: self.fail.clone(),
             gate: self.gate.clone(),
-        };
-        Registry::open(Box::new(store), keyring(&self.key))
+        }
+    }
+
+    /// A registry whose queue lives in `<journal>.pending`.
+    async fn durable_registry(&self) -> Registry {
+        let pending = Pending::open(pending_path(&self.path)).unwrap();
+        Registry::open_with(Box::new(self.store()), keyring(&self.key), pending)
             .await
             .unwrap()
     }
@@ -250,4 +266,163 @@ async fn the_expiry_timer_cancels_a_token_with_no_journal_activity() {
     let late = Timestamp::now().as_millis() - expires_at.as_millis();
     assert!((0..200).contains(&late), "cancelled {late} ms after expiry");
     shutdown.cancel();
+}
+
+/// The `reason` of each `revoked` line in the journal, in order.
+fn revoked_reasons(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == "revoked")
+        .map(|v| v["reason"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn revocations_the_journal_refuses_are_queued_then_flushed_once_in_order() {
+    let setup = Setup::new();
+    setup.gate.add_permits(100);
+    let others: Vec<String> = (0..2)
+        .map(|_| journal_with_lease(&setup.path, &setup.key, Duration::from_secs(600)))
+        .collect();
+    let registry = setup.durable_registry().await;
+    assert_eq!(registry.journal_problem(), None);
+    setup.fail.store(true, Ordering::SeqCst);
+    let leases = [&setup.lease, &others[0], &others[1]];
+    for (i, lease) in leases.iter().enumerate() {
+        let error = registry
+            .revoke(lease, &format!("refusal {i}"), Map::new())
+            .await
+            .unwrap_err();
+        match i {
+            0 => assert!(matches!(error, RevokeError::Journal(_)), "{error}"),
+            _ => assert!(matches!(error, RevokeError::Queued(n) if n == i), "{error}"),
+        }
+        assert_eq!(
+            registry.snapshot().ledger.status(lease, Timestamp::now()),
+            Some(Status::Revoked)
+        );
+    }
+    assert_eq!(registry.pending(), 3);
+    assert_eq!(
+        registry.append_failures(),
+        1,
+        "the later ones did not even try"
+    );
+    let problem = registry.journal_problem().unwrap();
+    assert!(
+        problem.contains("journal not writable: disk full") && problem.contains("3 revocation"),
+        "{problem}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(pending_path(&setup.path))
+            .unwrap()
+            .lines()
+            .count(),
+        3,
+        "durable before the journal takes them"
+    );
+    registry.flush_pending().await;
+    assert_eq!(
+        registry.append_failures(),
+        2,
+        "a retry that fails is counted"
+    );
+    assert_eq!(setup.revoked_lines(), 0);
+
+    setup.fail.store(false, Ordering::SeqCst);
+    registry.flush_pending().await;
+    registry.flush_pending().await;
+    assert_eq!(
+        revoked_reasons(&setup.path),
+        ["refusal 0", "refusal 1", "refusal 2"],
+        "each once, in order"
+    );
+    assert_eq!(registry.pending(), 0);
+    assert_eq!(registry.journal_problem(), None);
+    assert!(
+        !pending_path(&setup.path).exists(),
+        "the queue file goes once empty"
+    );
+    assert_eq!(revoked_folded(&registry), 3, "read back, each once");
+    registry.refresh().await.unwrap();
+    assert_eq!(revoked_folded(&registry), 3);
+}
+
+#[tokio::test]
+async fn a_restart_with_queued_revocations_keeps_their_leases_closed() {
+    let setup = Setup::new();
+    setup.fail.store(true, Ordering::SeqCst);
+    {
+        let registry = setup.durable_registry().await;
+        registry
+            .revoke(&setup.lease, "refused", Map::new())
+            .await
+            .unwrap_err();
+        assert_eq!(registry.pending(), 1);
+    }
+    // Restarted while the journal still refuses: the queue file closes the lease.
+    let registry = setup.durable_registry().await;
+    assert_eq!(registry.pending(), 1);
+    assert_eq!(
+        registry
+            .snapshot()
+            .ledger
+            .status(&setup.lease, Timestamp::now()),
+        Some(Status::Revoked)
+    );
+    assert!(registry
+        .token(&setup.lease, Timestamp::now())
+        .is_cancelled());
+    assert!(registry.journal_problem().unwrap().contains("1 revocation"));
+    setup.gate.add_permits(10);
+    setup.fail.store(false, Ordering::SeqCst);
+    registry.flush_pending().await;
+    assert_eq!(setup.revoked_lines(), 1);
+
+    // The journal took it but the queue file was left (a crash between the two): a restart
+    // finds the record in the journal and does not append it again.
+    let record = std::fs::read_to_string(&setup.path)
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("\"event\":\"revoked\""))
+        .unwrap()
+        .to_owned();
+    std::fs::write(pending_path(&setup.path), format!("{record}\n")).unwrap();
+    let registry = setup.durable_registry().await;
+    assert_eq!(registry.pending(), 0);
+    registry.flush_pending().await;
+    assert_eq!(setup.revoked_lines(), 1, "no duplicate");
+}
+
+/// An append that times out but lands: the read that hands it out keeps it from being queued
+/// (or takes it out of the queue), so the retry never writes it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_append_that_lands_is_not_appended_again() {
+    let setup = Setup::new();
+    let registry = setup
+        .durable_registry()
+        .await
+        .with_append_timeout(Duration::from_millis(50));
+    let error = registry
+        .revoke(&setup.lease, "refused", Map::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, RevokeError::Timeout(_)), "{error}");
+    assert_eq!(registry.pending(), 1);
+    setup.gate.add_permits(10);
+    // The timed-out write lands after all (the double drops it, so land it by hand: the same
+    // bytes the store would have written).
+    let line = std::fs::read_to_string(pending_path(&setup.path)).unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&setup.path)
+        .unwrap()
+        .write_all(line.as_bytes())
+        .unwrap();
+    registry.flush_pending().await;
+    assert_eq!(setup.revoked_lines(), 1, "no duplicate");
+    assert_eq!(registry.pending(), 0);
+    assert_eq!(revoked_folded(&registry), 1);
 }

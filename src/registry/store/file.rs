@@ -1,8 +1,10 @@
 //! The journal as one file: followed by polling, appended to with O_APPEND.
 //!
 //! Invariant: every complete line is handed out exactly once per file generation; a partial
-//! last line is held until its newline arrives; a replaced file (new inode) or a truncated one
-//! (shorter than what we read) starts a new generation, read from its start. An append is one
+//! last line is held until its newline arrives; a replaced file (new inode), a truncated one
+//! (shorter than what we read) or a rewritten one (its first bytes or the bytes just before our
+//! offset differ from what we read there: truncated and rewritten past the old length between
+//! two polls) starts a new generation, read from its start. An append is one
 //! complete line in one `write`, after a newline if the file ends in a torn line, so our record
 //! never fuses with another writer's. Nothing here rewrites the file, and no file I/O runs on a
 //! runtime worker thread (it all goes through `spawn_blocking`). Reads are cancel-safe: lines
@@ -19,6 +21,12 @@ use std::time::Duration;
 
 /// How often the file is polled (new lines apply within this, well under 250 ms).
 pub const POLL_EVERY: Duration = Duration::from_millis(50);
+
+/// How many bytes at the start of the file, and just before the read offset, are kept and
+/// compared on every poll to notice a file truncated and rewritten in place between two polls
+/// (same inode, not shorter). Records carry millisecond timestamps, lease ids and signatures,
+/// so a rewrite that keeps both windows byte for byte rewrote nothing that matters.
+const WITNESS_BYTES: usize = 128;
 
 /// The journal file, followed and appended to.
 #[derive(Debug, Clone)]
@@ -50,6 +58,10 @@ struct Cursor {
     offset: u64,
     /// An unterminated last line, waiting for its newline.
     partial: Vec<u8>,
+    /// The file's first bytes as we read them (up to [`WITNESS_BYTES`]).
+    head: Vec<u8>,
+    /// The bytes just before `offset` as we read them (up to [`WITNESS_BYTES`]).
+    tail: Vec<u8>,
 }
 
 impl Cursor {
@@ -71,14 +83,16 @@ impl Cursor {
         let meta = file.metadata()?;
         let identity = Some((meta.dev(), meta.ino()));
         let mut restarted = false;
-        if identity != self.identity || meta.len() < self.offset {
+        if identity != self.identity || meta.len() < self.offset || !self.is_same_content(&file)? {
             if self.identity.is_some() {
-                tracing::info!(journal = %path.display(), "journal replaced or truncated: reading it from the start");
+                tracing::info!(journal = %path.display(), "journal replaced, truncated or rewritten: reading it from the start");
             }
             self.identity = identity;
             self.generation += 1;
             self.offset = 0;
             self.partial.clear();
+            self.head.clear();
+            self.tail.clear();
             restarted = true;
         }
         if meta.len() == self.offset {
@@ -86,13 +100,44 @@ impl Cursor {
         }
         file.seek(SeekFrom::Start(self.offset))?;
         let mut bytes = std::mem::take(&mut self.partial);
+        let kept = bytes.len();
         // The file may grow while we read: whatever `read_to_end` returns is consumed.
         let read = file.read_to_end(&mut bytes)?;
         self.offset += read as u64;
+        self.witness(&bytes[kept..]);
         let (lines, rest) = crate::registry::journal::split_lines(&bytes);
         let lines: Vec<Vec<u8>> = lines.map(<[u8]>::to_vec).collect();
         self.partial = rest.to_vec();
         Ok(self.batch(restarted, lines))
+    }
+
+    /// Whether the bytes we kept from the start of the file and from just before our offset
+    /// are still there. The file is at least `offset` long (checked before).
+    fn is_same_content(&self, file: &File) -> io::Result<bool> {
+        let mut buf = vec![0; self.head.len().max(self.tail.len())];
+        let head = &mut buf[..self.head.len()];
+        file.read_exact_at(head, 0)?;
+        if *head != self.head[..] {
+            return Ok(false);
+        }
+        let tail = &mut buf[..self.tail.len()];
+        file.read_exact_at(tail, self.offset - self.tail.len() as u64)?;
+        Ok(*tail == self.tail[..])
+    }
+
+    /// Keeps the witnesses up to date with `fresh`, the bytes just consumed.
+    fn witness(&mut self, fresh: &[u8]) {
+        let room = WITNESS_BYTES - self.head.len();
+        self.head.extend_from_slice(&fresh[..room.min(fresh.len())]);
+        if fresh.len() >= WITNESS_BYTES {
+            self.tail.clear();
+            self.tail
+                .extend_from_slice(&fresh[fresh.len() - WITNESS_BYTES..]);
+        } else {
+            self.tail.extend_from_slice(fresh);
+            let excess = self.tail.len().saturating_sub(WITNESS_BYTES);
+            self.tail.drain(..excess);
+        }
     }
 
     fn batch(&self, restarted: bool, lines: Vec<Vec<u8>>) -> Batch {

@@ -74,6 +74,62 @@ fn lines_once_partial_waits_rotation_and_truncation_restart() {
     assert_eq!(lines(&batch), [b"again"]);
 }
 
+/// Truncated and rewritten past the old length (or to the same length) within one poll: the
+/// inode and a length check alone would read on from the old offset and miss the rewritten
+/// lines. The kept first bytes, or the bytes before the offset, no longer match: read again.
+#[test]
+fn a_file_truncated_and_rewritten_within_one_poll_is_read_from_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::new(path.clone(), false);
+    let read = || store.inner.read_new().unwrap();
+    let rewrite = |bytes: &[u8]| {
+        // In place: same inode, as `truncate` then writes would leave it.
+        let mut f = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(bytes).unwrap();
+    };
+    std::fs::write(&path, b"one\ntwo\n").unwrap();
+    assert_eq!(lines(&read()), [&b"one"[..], b"two"]);
+
+    // Longer than before: the first bytes differ.
+    rewrite(b"uno\ndos\ntres\n");
+    let batch = read();
+    assert!(batch.restarted, "a rewrite starts a new generation");
+    assert_eq!(lines(&batch), [&b"uno"[..], b"dos", b"tres"]);
+    assert_eq!(
+        batch.position,
+        Position {
+            generation: 2,
+            offset: 13
+        }
+    );
+
+    // Same length, same first bytes: the bytes before our offset differ.
+    let long = vec![b'g'; 300];
+    let mut before = long.clone();
+    before.extend_from_slice(b"\nrevoked-a\n");
+    rewrite(&before);
+    assert_eq!(read().lines.len(), 2);
+    let mut after = long.clone();
+    after.extend_from_slice(b"\nrevoked-b\nstopped-c\n");
+    rewrite(&after);
+    let batch = read();
+    assert!(batch.restarted);
+    assert_eq!(lines(&batch), [&long[..], b"revoked-b", b"stopped-c"]);
+    assert_eq!(batch.position.generation, 4);
+
+    // Plain appends still read on, once.
+    writer(&path).write_all(b"more\n").unwrap();
+    let batch = read();
+    assert!(!batch.restarted);
+    assert_eq!(lines(&batch), [b"more"]);
+    assert!(read().lines.is_empty());
+}
+
 #[test]
 fn an_append_after_a_torn_line_starts_with_a_newline() {
     let dir = tempfile::tempdir().unwrap();
