@@ -285,7 +285,10 @@ mod tests {
             Reassembler::default().probe(&hello),
             Probe::Hello(Some("secure.test".into()))
         );
-        assert_eq!(probe_growing(&hello), Probe::Hello(Some("secure.test".into())));
+        assert_eq!(
+            probe_growing(&hello),
+            Probe::Hello(Some("secure.test".into()))
+        );
     }
 
     #[test]
@@ -298,7 +301,10 @@ mod tests {
             Probe::Hello(Some("denied.test".into()))
         );
         let tiny = reframe(&hello, 1);
-        assert_eq!(probe_growing(&tiny), Probe::Hello(Some("denied.test".into())));
+        assert_eq!(
+            probe_growing(&tiny),
+            Probe::Hello(Some("denied.test".into()))
+        );
     }
 
     #[test]
@@ -312,7 +318,11 @@ mod tests {
         );
         // Close to the bound (rustls itself takes handshake messages up to 0xffff).
         let big = client_hello("denied.test", vec![vec![b'a'; 250]; 250]);
-        assert!(big.len() > 60_000 && big.len() < MAX_HANDSHAKE, "{}", big.len());
+        assert!(
+            big.len() > 60_000 && big.len() < MAX_HANDSHAKE,
+            "{}",
+            big.len()
+        );
         assert_eq!(
             Reassembler::default().probe(&reframe(&big, 1000)),
             Probe::Hello(Some("denied.test".into()))
