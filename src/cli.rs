@@ -130,6 +130,10 @@ pub struct ServeArgs {
     /// Largest request head accepted, in bytes.
     #[arg(long, env = "LEASEGATE_MAX_HEADER_BYTES", default_value_t = 65536)]
     pub max_header_bytes: usize,
+    /// Close a CONNECT tunnel (`tls-unverifiable`) unless its first bytes are a TLS
+    /// ClientHello whose SNI the lease may reach (no plain-text or SNI-less tunnels).
+    #[arg(long, env = "LEASEGATE_REQUIRE_SNI")]
+    pub require_sni: bool,
     /// Admin API address (`off` to disable).
     #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
     pub admin: String,

@@ -52,7 +52,11 @@ pub struct ProxyConfig {
     pub max_connections_per_lease: usize,
     /// How long the metric series of a closed lease stay visible.
     pub series_grace: Duration,
+    /// The largest request head (request line and headers) served; larger heads get 431.
     pub max_header_bytes: usize,
+    /// A CONNECT tunnel whose first client bytes are not a ClientHello naming a host
+    /// (`--require-sni`) is closed as `tls-unverifiable`.
+    pub require_sni: bool,
     pub dns_timeout: Duration,
     pub connect_timeout: Duration,
     /// A forwarded request's upstream must send its response head within this
@@ -74,6 +78,7 @@ impl Default for ProxyConfig {
             max_connections_per_lease: 1_000,
             series_grace: crate::telemetry::metrics::GRACE,
             max_header_bytes: 64 * 1024,
+            require_sni: false,
             dns_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
             upstream_response_timeout: Duration::from_secs(60),
@@ -165,6 +170,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             max_connections_per_lease: args.max_connections_per_lease,
             series_grace: args.metrics_grace,
             max_header_bytes: args.max_header_bytes,
+            require_sni: args.require_sni,
             connect_timeout: args.connect_timeout,
             upstream_response_timeout: args.upstream_response_timeout,
             ..ProxyConfig::try_from(&args.policy)?

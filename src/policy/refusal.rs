@@ -24,6 +24,7 @@ pub enum Code {
     HostNotAllowed,
     AddressNotAllowed,
     SniMismatch,
+    TlsUnverifiable,
     HostMismatch,
     MethodNotAllowed,
     TooManyConnections,
@@ -33,7 +34,7 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 21] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -48,6 +49,7 @@ impl Code {
         Code::HostNotAllowed,
         Code::AddressNotAllowed,
         Code::SniMismatch,
+        Code::TlsUnverifiable,
         Code::HostMismatch,
         Code::MethodNotAllowed,
         Code::TooManyConnections,
@@ -72,6 +74,7 @@ impl Code {
             Code::HostNotAllowed => "host-not-allowed",
             Code::AddressNotAllowed => "address-not-allowed",
             Code::SniMismatch => "sni-mismatch",
+            Code::TlsUnverifiable => "tls-unverifiable",
             Code::HostMismatch => "host-mismatch",
             Code::MethodNotAllowed => "method-not-allowed",
             Code::TooManyConnections => "too-many-connections",
@@ -95,7 +98,8 @@ impl Code {
             | Code::HostDenied
             | Code::HostNotAllowed
             | Code::AddressNotAllowed
-            | Code::SniMismatch => StatusCode::FORBIDDEN,
+            | Code::SniMismatch
+            | Code::TlsUnverifiable => StatusCode::FORBIDDEN,
             Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
@@ -113,6 +117,7 @@ impl Code {
                 | Code::HostNotAllowed
                 | Code::AddressNotAllowed
                 | Code::SniMismatch
+                | Code::TlsUnverifiable
                 | Code::HostMismatch
         )
     }

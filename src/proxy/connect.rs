@@ -2,11 +2,14 @@
 //! ways, counted, until either side ends or the lease closes.
 //!
 //! Invariant: the upstream is dialled before the client hears 200 (so refusals are 403 and
-//! dial failures 502); the client's first bytes reach the upstream untouched unless they are
-//! a ClientHello naming a host the lease may not reach, in which case the tunnel is closed.
+//! dial failures 502); the client's first bytes reach the upstream untouched, and only once
+//! judged: a first byte of 0x16 must lead to a complete ClientHello (`tls-unverifiable`
+//! otherwise) whose SNI the lease may reach (`sni-mismatch` otherwise); under
+//! `--require-sni` anything but such a ClientHello is `tls-unverifiable`.
 
 use super::body::RelayEnd;
 use super::exchange::Exchange;
+use super::hello::{self, Probe, Reassembler, Unverifiable};
 use super::pipeline::Decision;
 use super::{empty, Body, ClientConn, Proxy};
 use crate::policy::refusal::{Code, Refusal};
@@ -20,9 +23,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// The most client bytes held back while waiting for a whole ClientHello.
-const MAX_HELLO: usize = 16 * 1024 + 5;
 
 pub async fn handle(
     proxy: Arc<Proxy>,
@@ -92,29 +92,39 @@ async fn tunnel(
     let mut client = TokioIo::new(upgraded);
     let token = decision.token.clone();
 
-    // The client's first bytes, held back until we know whether they are a ClientHello.
+    // The client's first bytes, held back until we know what they are.
     let mut first = Vec::with_capacity(4096);
-    let sni = tokio::select! {
+    let looked = tokio::select! {
         _ = token.cancelled() => return,
         _ = proxy.hard_stop.cancelled() => {
             ex.error = RelayEnd::Drained.describe();
             return;
         }
-        _ = tokio::time::sleep(proxy.config.tunnel_idle_timeout) => {
+        looked = look_at_first_bytes(&proxy, &mut client, &upstream, &mut first) => looked,
+    };
+    let require_sni = proxy.config.require_sni;
+    let checked = match looked {
+        FirstBytes::Idle => {
             ex.error = RelayEnd::Idle.describe();
             return;
         }
-        sni = read_client_hello(&mut client, &mut first) => sni,
-        // Server-speaks-first protocols: nothing to inspect.
-        _ = upstream.readable() => None,
-    };
-    if let Some(sni) = sni {
-        if let Err(refusal) = check_sni(&proxy, &decision, &sni, &mut ex) {
-            proxy.record_refusal(&mut ex, &refusal).await;
-            ex.error = Some(refusal.detail);
+        FirstBytes::ClientGone => {
+            ex.error = Some("the client closed the tunnel before its first bytes were read".into());
             return;
         }
+        FirstBytes::Hello(Some(sni)) => check_sni(&decision, &sni),
+        FirstBytes::Hello(None) if require_sni => Err(unverifiable(Unverifiable::NoSni)),
+        FirstBytes::NotTls if require_sni => Err(unverifiable(Unverifiable::NotTls)),
+        FirstBytes::ServerFirst if require_sni => Err(unverifiable(Unverifiable::ServerFirst)),
+        FirstBytes::Hello(None) | FirstBytes::NotTls | FirstBytes::ServerFirst => Ok(()),
+        FirstBytes::Unverifiable(why) => Err(unverifiable(why)),
+    };
+    if let Err(refusal) = checked.or_else(|refusal| proxy.policy_failure(&mut ex, refusal)) {
+        proxy.record_refusal(&mut ex, &refusal).await;
+        ex.error = Some(refusal.detail);
+        return;
     }
+    // Exactly the client's bytes, records as sent (zero-length ones included).
     ex.bytes_up.fetch_add(first.len() as u64, Ordering::Relaxed);
     if let Err(error) = upstream.write_all(&first).await {
         ex.error = Some(format!("upstream write: {error}"));
@@ -125,68 +135,81 @@ async fn tunnel(
     proxy.relay(client, upstream, &token, &mut ex).await;
 }
 
-/// Reads from the client until its bytes are known to be a ClientHello (returns its SNI, or
-/// an empty string for a hello without one) or known not to be (returns `None`).
-async fn read_client_hello<S: AsyncRead + Unpin>(
+/// What a tunnel's first client bytes turned out to be.
+enum FirstBytes {
+    /// A complete ClientHello, and its SNI if it has one.
+    Hello(Option<String>),
+    /// The first byte is not a TLS handshake record's.
+    NotTls,
+    /// The upstream spoke before the client sent anything (SMTP, SSH and the like).
+    ServerFirst,
+    /// Began like TLS (or had to, under `--require-sni`) but cannot be checked.
+    Unverifiable(Unverifiable),
+    /// Nothing either way for the tunnel idle timeout.
+    Idle,
+    /// The client closed (or failed) before its first bytes could be judged.
+    ClientGone,
+}
+
+/// Reads the client's first bytes into `buf`. Nothing is forwarded meanwhile: a first byte of
+/// 0x16 commits the client to a whole ClientHello within the header-read timeout.
+async fn look_at_first_bytes<S: AsyncRead + Unpin>(
+    proxy: &Proxy,
     client: &mut S,
+    upstream: &TcpStream,
     buf: &mut Vec<u8>,
-) -> Option<String> {
+) -> FirstBytes {
+    let config = &proxy.config;
+    // Without --require-sni a silent client is an idle tunnel; with it, it owes a ClientHello.
+    let silence = match config.require_sni {
+        true => config.header_read_timeout,
+        false => config.tunnel_idle_timeout,
+    };
+    tokio::select! {
+        read = client.read_buf(buf) => match read {
+            Ok(0) | Err(_) => return FirstBytes::ClientGone,
+            Ok(_) => {}
+        },
+        _ = upstream.readable() => return FirstBytes::ServerFirst,
+        _ = tokio::time::sleep(silence) => {
+            return match config.require_sni {
+                true => FirstBytes::Unverifiable(Unverifiable::Timeout),
+                false => FirstBytes::Idle,
+            };
+        }
+    }
+    if buf[0] != hello::HANDSHAKE {
+        return FirstBytes::NotTls;
+    }
+    tokio::time::timeout(config.header_read_timeout, read_client_hello(client, buf))
+        .await
+        .unwrap_or(FirstBytes::Unverifiable(Unverifiable::Timeout))
+}
+
+/// Reads until `buf` holds a whole ClientHello, or is known never to.
+async fn read_client_hello<S: AsyncRead + Unpin>(client: &mut S, buf: &mut Vec<u8>) -> FirstBytes {
+    let mut reassembler = Reassembler::default();
     loop {
-        match client_hello_sni(buf) {
-            Probe::Hello(sni) => return Some(sni.unwrap_or_default()),
-            Probe::NotHello => return None,
-            Probe::NeedMore if buf.len() >= MAX_HELLO => return None,
+        match reassembler.probe(buf) {
+            Probe::Hello(sni) => return FirstBytes::Hello(sni),
+            Probe::Unverifiable(why) => return FirstBytes::Unverifiable(why),
             Probe::NeedMore => {}
         }
         buf.reserve(4096);
         match client.read_buf(buf).await {
-            Ok(0) | Err(_) => return None,
+            // A client that gives up mid-hello sent nothing onward: closed, not refused.
+            Ok(0) | Err(_) => return FirstBytes::ClientGone,
             Ok(_) => {}
         }
     }
 }
 
-enum Probe {
-    NeedMore,
-    NotHello,
-    Hello(Option<String>),
-}
-
-/// Parses a TLS ClientHello with rustls's `Acceptor` (never completing a handshake).
-fn client_hello_sni(bytes: &[u8]) -> Probe {
-    match bytes.first() {
-        None => return Probe::NeedMore,
-        Some(0x16) => {}
-        Some(_) => return Probe::NotHello,
-    }
-    let mut acceptor = rustls::server::Acceptor::default();
-    let mut cursor = std::io::Cursor::new(bytes);
-    while (cursor.position() as usize) < bytes.len() {
-        match acceptor.read_tls(&mut cursor) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(_) => return Probe::NotHello,
-        }
-    }
-    match acceptor.accept() {
-        Ok(Some(accepted)) => {
-            Probe::Hello(accepted.client_hello().server_name().map(str::to_owned))
-        }
-        Ok(None) => Probe::NeedMore,
-        Err(_) => Probe::NotHello,
-    }
+fn unverifiable(why: Unverifiable) -> Refusal {
+    Refusal::new(Code::TlsUnverifiable, why.to_string())
 }
 
 /// An SNI that differs from the CONNECT host must itself be allowed for the lease.
-fn check_sni(
-    proxy: &Proxy,
-    decision: &Decision,
-    sni: &str,
-    ex: &mut Exchange,
-) -> Result<(), Refusal> {
-    if sni.is_empty() {
-        return Ok(());
-    }
+fn check_sni(decision: &Decision, sni: &str) -> Result<(), Refusal> {
     let target = &decision.target;
     let allowed = match parse_host(sni) {
         Ok(host) if host == target.host => return Ok(()),
@@ -196,14 +219,11 @@ fn check_sni(
     if allowed {
         return Ok(());
     }
-    proxy.policy_failure(
-        ex,
-        Refusal::new(
-            Code::SniMismatch,
-            format!(
-                "TLS SNI {sni:?} differs from the CONNECT host {} and is not allowed",
-                target.host
-            ),
+    Err(Refusal::new(
+        Code::SniMismatch,
+        format!(
+            "TLS SNI {sni:?} differs from the CONNECT host {} and is not allowed",
+            target.host
         ),
-    )
+    ))
 }

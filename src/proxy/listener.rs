@@ -226,6 +226,7 @@ async fn serve_http<I>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(proxy.config.header_read_timeout)
+        // hyper's floor is 8 KiB; the exact limit is `head_len`'s, in `dispatch`.
         .max_buf_size(proxy.config.max_header_bytes.max(8192))
         .keep_alive(true);
     let connection = builder.serve_connection(io, service).with_upgrades();
@@ -256,9 +257,85 @@ async fn dispatch(
     conn: Arc<ClientConn>,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    let limit = proxy.config.max_header_bytes;
+    let len = head_len(&req);
+    if len > limit {
+        return head_too_large(&proxy, &conn, &req, len, limit);
+    }
     if req.method() == http::Method::CONNECT {
         connect::handle(proxy, conn, req).await
     } else {
         forward::handle(proxy, conn, req).await
     }
+}
+
+/// The size of a request head written plainly: the request line, one `name: value` line per
+/// header and the blank line.
+///
+/// Counted here because hyper's `max_buf_size` bounds its read buffer, not the head: a head
+/// that arrives in one large read is parsed whole even when it is far past the buffer's size.
+/// hyper still stops a head that never ends once its buffer is full.
+fn head_len(req: &Request<Incoming>) -> usize {
+    let uri = req.uri();
+    let path = uri.path_and_query().map_or(0, |p| p.as_str().len());
+    let target = match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(authority)) => {
+            scheme.len() + "://".len() + authority.as_str().len() + path
+        }
+        (None, Some(authority)) => authority.as_str().len(),
+        _ => path,
+    };
+    let line = req.method().as_str().len() + " ".len() + target + " HTTP/1.1\r\n".len();
+    let headers: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + ": ".len() + value.len() + "\r\n".len())
+        .sum();
+    line + headers + "\r\n".len()
+}
+
+/// 431 for a head over `--max-header-bytes`, in a refusal's words (it is no policy refusal:
+/// there is no code, and nothing was identified or decided); the connection then closes, as
+/// what follows the head cannot be trusted to be framed.
+fn head_too_large(
+    proxy: &Proxy,
+    conn: &ClientConn,
+    req: &Request<Incoming>,
+    len: usize,
+    limit: usize,
+) -> Response<Body> {
+    use crate::telemetry::egress::{Kind, LoggedVerdict};
+    let kind = match req.method() == http::Method::CONNECT {
+        true => Kind::Connect,
+        false => Kind::Http,
+    };
+    let mut ex = super::exchange::Exchange::new(
+        proxy.telemetry.clone(),
+        kind,
+        req.method().as_str(),
+        conn.client,
+        conn.listener,
+    );
+    let status = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    let detail = format!("the request head is {len} bytes, over --max-header-bytes {limit}");
+    ex.verdict = LoggedVerdict::Refuse;
+    ex.status = Some(status.as_u16());
+    ex.error = Some(detail.clone());
+    let body = format!(
+        "leasegate refused {} {}: {detail}\n",
+        req.method(),
+        req.uri()
+    );
+    let mut response = Response::new(super::full(bytes::Bytes::from(body)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
 }

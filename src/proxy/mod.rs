@@ -10,6 +10,7 @@ pub mod connect;
 pub mod dialer;
 pub mod exchange;
 pub mod forward;
+pub mod hello;
 pub mod identify;
 pub mod lease_ports;
 pub mod listener;

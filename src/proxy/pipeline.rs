@@ -156,8 +156,10 @@ impl Proxy {
             return Ok(target);
         }
         if let Some(host) = headers.get(header::HOST) {
-            let named = host
-                .to_str()
+            // Normalised like the target (IDNA, case, trailing dot, default port), so only a
+            // real difference is a mismatch. hyper passes a non-ASCII value as raw bytes:
+            // a Unicode name arrives as UTF-8, which `to_str` would refuse.
+            let named = std::str::from_utf8(host.as_bytes())
                 .ok()
                 .and_then(|h| parse_authority(h, default_port).ok());
             if named.as_ref() != Some(&target) {

@@ -1,0 +1,382 @@
+//! Reading a TLS ClientHello out of a tunnel's first client bytes: the handshake message is
+//! reassembled across records by hand, parsed by rustls, and its SNI read from the message.
+//!
+//! Invariant: pure (no I/O). [`Probe::Hello`] means a complete ClientHello of at most
+//! [`MAX_HANDSHAKE`] bytes that rustls parsed, and its SNI is the `host_name` of its
+//! `server_name` extension exactly as sent — an SNI that is present but unreadable is
+//! [`Unverifiable`], never "no SNI". The caller's bytes are only read, never rewritten.
+
+/// The largest ClientHello handshake message (its 4-byte header included) we reassemble.
+pub const MAX_HANDSHAKE: usize = 64 * 1024;
+
+/// The most raw client bytes held back while reassembling: a [`MAX_HANDSHAKE`] message sent
+/// one byte per record costs six bytes a byte. Zero-length records carry nothing, so this is
+/// also what bounds a client that sends only those.
+pub const MAX_RAW: usize = 6 * MAX_HANDSHAKE;
+
+/// TLS record content type `handshake`, and the first byte of a tunnel that speaks TLS.
+pub const HANDSHAKE: u8 = 22;
+const CLIENT_HELLO: u8 = 1;
+/// RFC 8446 §5.1: a plaintext record carries at most 2^14 bytes.
+const MAX_FRAGMENT: usize = 16 * 1024;
+const RECORD_HEADER: usize = 5;
+
+/// Why the first bytes of a tunnel that began like TLS cannot be checked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unverifiable {
+    #[error("a TLS record of content type {0} arrived before the ClientHello was complete")]
+    NotHandshake(u8),
+    #[error("a TLS record header is malformed (version or length)")]
+    BadRecord,
+    #[error("the first TLS handshake message is of type {0}, not a ClientHello")]
+    NotClientHello(u8),
+    #[error("the ClientHello is larger than {MAX_HANDSHAKE} bytes")]
+    TooLarge,
+    #[error("the ClientHello did not arrive within {MAX_RAW} bytes of records")]
+    TooManyRecords,
+    #[error("the ClientHello does not parse: {0}")]
+    Malformed(String),
+    #[error("the ClientHello's server_name extension names no readable host")]
+    BadSni,
+    #[error("no complete ClientHello within the header-read timeout")]
+    Timeout,
+    #[error("the tunnel's first bytes are not a TLS ClientHello (--require-sni)")]
+    NotTls,
+    #[error("the upstream spoke before any ClientHello (--require-sni)")]
+    ServerFirst,
+    #[error("the ClientHello names no host (--require-sni)")]
+    NoSni,
+}
+
+/// What the bytes seen so far are.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Probe {
+    NeedMore,
+    /// A complete ClientHello, and its SNI if it has one.
+    Hello(Option<String>),
+    Unverifiable(Unverifiable),
+}
+
+/// Joins the fragments of the first handshake message across records, incrementally: each
+/// call looks only at whole records it has not consumed yet.
+///
+/// Hand-written (about 40 lines) because rustls cannot take the records as clients send them:
+/// it refuses zero-length handshake records (RFC 8446 forbids sending them, but OpenSSL
+/// accepts them, so an upstream would complete the handshake), and a probe that gives up is a
+/// bypass. The joined message then goes to rustls re-framed (see [`parse`]).
+#[derive(Debug, Default)]
+pub struct Reassembler {
+    /// Raw bytes of whole records consumed so far.
+    consumed: usize,
+    /// The handshake bytes of those records, in order.
+    handshake: Vec<u8>,
+}
+
+impl Reassembler {
+    /// Looks at `raw`, every byte the client sent so far (the same prefix each call, grown).
+    pub fn probe(&mut self, raw: &[u8]) -> Probe {
+        loop {
+            match self.message_len() {
+                Err(why) => return Probe::Unverifiable(why),
+                Ok(Some(len)) if self.handshake.len() >= len => {
+                    return parse(&self.handshake[..len]);
+                }
+                Ok(_) => {}
+            }
+            let Some(header) = raw.get(self.consumed..self.consumed + RECORD_HEADER) else {
+                return self.need_more(raw);
+            };
+            if header[0] != HANDSHAKE {
+                return Probe::Unverifiable(Unverifiable::NotHandshake(header[0]));
+            }
+            let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+            if header[1] != 3 || len > MAX_FRAGMENT {
+                return Probe::Unverifiable(Unverifiable::BadRecord);
+            }
+            let start = self.consumed + RECORD_HEADER;
+            let Some(fragment) = raw.get(start..start + len) else {
+                return self.need_more(raw);
+            };
+            self.handshake.extend_from_slice(fragment);
+            self.consumed = start + len;
+        }
+    }
+
+    /// The whole message's length once its header is in, checked against the bounds.
+    fn message_len(&self) -> Result<Option<usize>, Unverifiable> {
+        match self.handshake.first() {
+            Some(&kind) if kind != CLIENT_HELLO => return Err(Unverifiable::NotClientHello(kind)),
+            _ => {}
+        }
+        let Some(&[_, a, b, c]) = self.handshake.get(..4) else {
+            return Ok(None);
+        };
+        let len = 4 + (usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c));
+        if len > MAX_HANDSHAKE {
+            return Err(Unverifiable::TooLarge);
+        }
+        Ok(Some(len))
+    }
+
+    fn need_more(&self, raw: &[u8]) -> Probe {
+        if raw.len() >= MAX_RAW {
+            return Probe::Unverifiable(Unverifiable::TooManyRecords);
+        }
+        Probe::NeedMore
+    }
+}
+
+/// Parses one reassembled ClientHello message (header included).
+fn parse(message: &[u8]) -> Probe {
+    // rustls checks the whole message (lengths, extension syntax, duplicates). It is fed
+    // synthetic records of at most 2^14 bytes, never empty ones, and joins them itself.
+    let mut acceptor = rustls::server::Acceptor::default();
+    let mut accepted = false;
+    for chunk in message.chunks(MAX_FRAGMENT) {
+        let mut record = Vec::with_capacity(RECORD_HEADER + chunk.len());
+        record.extend_from_slice(&[HANDSHAKE, 3, 1]);
+        record.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        record.extend_from_slice(chunk);
+        let mut rest = record.as_slice();
+        while !rest.is_empty() {
+            if let Err(error) = acceptor.read_tls(&mut rest) {
+                return Probe::Unverifiable(Unverifiable::Malformed(error.to_string()));
+            }
+        }
+        match acceptor.accept() {
+            Ok(Some(_)) => {
+                accepted = true;
+                break;
+            }
+            Ok(None) => {}
+            Err((error, _)) => {
+                return Probe::Unverifiable(Unverifiable::Malformed(error.to_string()))
+            }
+        }
+    }
+    if !accepted {
+        return Probe::Unverifiable(Unverifiable::Malformed("incomplete".into()));
+    }
+    match sni_of(message) {
+        Some(sni) => sni.map_or(Probe::Unverifiable(Unverifiable::BadSni), |sni| {
+            Probe::Hello(Some(sni))
+        }),
+        None => Probe::Hello(None),
+    }
+}
+
+/// The `host_name` of a ClientHello's `server_name` extension: `None` without one,
+/// `Some(None)` when the extension is there but names no readable host.
+///
+/// Read by hand because rustls reports an SNI that is not a valid DNS name (an IP literal, an
+/// underscore, an unknown name type) as no SNI at all, and an upstream may still route on it.
+/// rustls has already checked the message's syntax, so a short read here is "no readable host".
+fn sni_of(message: &[u8]) -> Option<Option<String>> {
+    let mut hello = Reader(message.get(4..)?);
+    hello.take(2 + 32)?; // legacy_version, random
+    for prefix in [1, 2, 1] {
+        // session id, cipher suites, compression methods
+        let len = hello.length(prefix)?;
+        hello.take(len)?;
+    }
+    let len = hello.length(2).unwrap_or(0);
+    let mut extensions = Reader(hello.take(len)?);
+    while !extensions.0.is_empty() {
+        let kind = extensions.length(2)?;
+        let len = extensions.length(2)?;
+        let data = extensions.take(len)?;
+        if kind != 0 {
+            continue;
+        }
+        let name = (|| {
+            let mut list = Reader(data);
+            let len = list.length(2)?;
+            let mut names = Reader(list.take(len)?);
+            if names.take(1)? != [0] {
+                return None;
+            }
+            let len = names.length(2)?;
+            let name = names.take(len)?;
+            std::str::from_utf8(name).ok().map(str::to_owned)
+        })();
+        return Some(name);
+    }
+    None
+}
+
+/// A cursor over length-prefixed TLS structures.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = rest;
+        Some(head)
+    }
+
+    /// A big-endian length of `bytes` bytes.
+    fn length(&mut self, bytes: usize) -> Option<usize> {
+        Some(
+            self.take(bytes)?
+                .iter()
+                .fold(0, |len, &b| len << 8 | usize::from(b)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// What a rustls client sends first for `sni`, with `alpn` protocol names offered.
+    fn client_hello(sni: &str, alpn: Vec<Vec<u8>>) -> Vec<u8> {
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        config.alpn_protocols = alpn;
+        let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut out = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut out).unwrap();
+        }
+        out
+    }
+
+    /// The handshake bytes of `records`, re-framed `size` bytes per record.
+    fn reframe(records: &[u8], size: usize) -> Vec<u8> {
+        let mut handshake = Vec::new();
+        let mut at = 0;
+        while at < records.len() {
+            let len = usize::from(u16::from_be_bytes([records[at + 3], records[at + 4]]));
+            handshake.extend_from_slice(&records[at + 5..at + 5 + len]);
+            at += 5 + len;
+        }
+        let mut out = Vec::new();
+        for chunk in handshake.chunks(size) {
+            out.extend_from_slice(&[22, 3, 1]);
+            out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+            out.extend_from_slice(chunk);
+        }
+        out
+    }
+
+    fn probe_growing(raw: &[u8]) -> Probe {
+        // Byte by byte, as the slowest client would deliver it.
+        let mut reassembler = Reassembler::default();
+        for end in 1..=raw.len() {
+            match reassembler.probe(&raw[..end]) {
+                Probe::NeedMore => {}
+                done => return done,
+            }
+        }
+        Probe::NeedMore
+    }
+
+    #[test]
+    fn a_plain_hello_names_its_sni() {
+        let hello = client_hello("secure.test", vec![]);
+        assert_eq!(
+            Reassembler::default().probe(&hello),
+            Probe::Hello(Some("secure.test".into()))
+        );
+        assert_eq!(
+            probe_growing(&hello),
+            Probe::Hello(Some("secure.test".into()))
+        );
+    }
+
+    #[test]
+    fn zero_length_and_one_byte_records_are_reassembled() {
+        let hello = client_hello("denied.test", vec![]);
+        let mut raw = vec![22, 3, 1, 0, 0];
+        raw.extend_from_slice(&hello);
+        assert_eq!(
+            Reassembler::default().probe(&raw),
+            Probe::Hello(Some("denied.test".into()))
+        );
+        let tiny = reframe(&hello, 1);
+        assert_eq!(
+            probe_growing(&tiny),
+            Probe::Hello(Some("denied.test".into()))
+        );
+    }
+
+    #[test]
+    fn hellos_beyond_one_record_are_read_up_to_the_bound() {
+        // 80 ALPN names of 250 bytes: a ~20 KB hello, two records as rustls sends it.
+        let hello = client_hello("denied.test", vec![vec![b'a'; 250]; 80]);
+        assert!(hello.len() > 20_000);
+        assert_eq!(
+            Reassembler::default().probe(&hello),
+            Probe::Hello(Some("denied.test".into()))
+        );
+        // Close to the bound (rustls itself takes handshake messages up to 0xffff).
+        let big = client_hello("denied.test", vec![vec![b'a'; 250]; 250]);
+        assert!(
+            big.len() > 60_000 && big.len() < MAX_HANDSHAKE,
+            "{}",
+            big.len()
+        );
+        assert_eq!(
+            Reassembler::default().probe(&reframe(&big, 1000)),
+            Probe::Hello(Some("denied.test".into()))
+        );
+    }
+
+    #[test]
+    fn whatever_is_not_a_complete_hello_is_unverifiable() {
+        let hello = client_hello("secure.test", vec![]);
+        let unverifiable = |raw: &[u8]| match Reassembler::default().probe(raw) {
+            Probe::Unverifiable(why) => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            unverifiable(b"\x16garbage, not a record"),
+            Unverifiable::BadRecord
+        );
+        // An alert record between two fragments of the hello.
+        let mut split = reframe(&hello, 100);
+        split.splice(105..105, [21, 3, 1, 0, 2, 1, 0]);
+        assert_eq!(unverifiable(&split), Unverifiable::NotHandshake(21));
+        // A ServerHello-typed message.
+        assert_eq!(
+            unverifiable(&[22, 3, 1, 0, 4, 2, 0, 0, 0]),
+            Unverifiable::NotClientHello(2)
+        );
+        // A hello claiming more than the bound.
+        assert_eq!(
+            unverifiable(&[22, 3, 1, 0, 4, 1, 1, 0, 0]),
+            Unverifiable::TooLarge
+        );
+        // A hello whose body is junk.
+        assert!(matches!(
+            unverifiable(&[22, 3, 1, 0, 8, 1, 0, 0, 4, 3, 3, 0, 0]),
+            Unverifiable::Malformed(_)
+        ));
+        // Endless zero-length records.
+        let empties: Vec<u8> = [22, 3, 1, 0, 0].repeat(MAX_RAW / 5 + 1);
+        assert_eq!(unverifiable(&empties), Unverifiable::TooManyRecords);
+    }
+
+    #[test]
+    fn an_ip_literal_sni_is_reported_not_hidden() {
+        // rustls calls a hello whose SNI is an IP literal SNI-less; this one is rewritten in
+        // place to a same-length IP literal, so every length field stays right.
+        let mut hello = client_hello("abcdefgh.test", vec![]);
+        let at = hello
+            .windows(13)
+            .position(|w| w == b"abcdefgh.test")
+            .unwrap();
+        hello[at..at + 13].copy_from_slice(b"192.168.10.10");
+        assert_eq!(
+            Reassembler::default().probe(&hello),
+            Probe::Hello(Some("192.168.10.10".into()))
+        );
+    }
+}
