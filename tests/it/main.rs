@@ -1,6 +1,6 @@
 //! The integration suite: one binary, modules by area.
 
-mod boundary;
+mod boundary_tls;
 mod cli;
 mod conformance;
 mod fold;
