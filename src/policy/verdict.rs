@@ -4,10 +4,11 @@
 //! only if the lease and every ancestor allow it. Each lease's patterns are compiled once into
 //! hash sets, so a lookup costs O(labels in the host), whatever the number of patterns.
 
+use super::guard::embedded_ipv4;
 use super::pattern::HostPattern;
 use super::target::{parse_host, TargetHost};
 use std::collections::HashSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// The hash sets' hasher: foldhash, randomly seeded per process (hash flooding stays off the
 /// table), several times faster than SipHash on host-sized keys.
@@ -108,6 +109,11 @@ impl HostSet {
         self.any.then_some(Matched::Any)
     }
 
+    /// Whether `ip` is listed as an IP literal (one hash lookup).
+    pub fn lists_ip(&self, ip: IpAddr) -> bool {
+        self.ips.contains(&ip)
+    }
+
     /// Whether `host` is listed exactly (not through a wildcard).
     pub fn lists_exactly(&self, host: &TargetHost) -> bool {
         self.find(host) == Some(Matched::Exact)
@@ -154,6 +160,43 @@ pub enum HostVerdict<'a> {
     Denied(Decider<'a>),
     /// Some lease of the chain (the nearest such) has no allow pattern for the host.
     NotAllowed(Decider<'a>),
+}
+
+/// A resolved address that a deny list names as an IP literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeniedAddress<'a> {
+    /// The lease whose deny list names it (the nearest such).
+    pub lease_id: &'a str,
+    /// The resolved address.
+    pub addr: IpAddr,
+    /// The deny entry that matched: `addr`, or the IPv4 address it embeds.
+    pub listed: IpAddr,
+}
+
+/// The first resolved address any lease of the chain denies as an IP literal: a deny entry
+/// `203.0.113.7` refuses every name that resolves to it, not only the literal. IPv6 forms
+/// that embed an IPv4 address (mapped, NAT64, 6to4) are matched by that IPv4 address too.
+/// At most two hash lookups per address and lease.
+pub fn denied_address<'a>(
+    chain: impl IntoIterator<Item = (&'a str, &'a HostPolicy)> + Clone,
+    resolved: &[SocketAddr],
+) -> Option<DeniedAddress<'a>> {
+    for addr in resolved.iter().map(SocketAddr::ip) {
+        let embedded = embedded_ipv4(addr).map(IpAddr::V4);
+        for (lease_id, policy) in chain.clone() {
+            if let Some(listed) = std::iter::once(addr)
+                .chain(embedded)
+                .find(|&ip| policy.deny.lists_ip(ip))
+            {
+                return Some(DeniedAddress {
+                    lease_id,
+                    addr,
+                    listed,
+                });
+            }
+        }
+    }
+    None
 }
 
 /// Matches `host` against a chain, the lease itself first, then its ancestors.
@@ -285,6 +328,39 @@ mod tests {
                 lease_id: "child",
                 matched: Some(Matched::Any)
             })
+        );
+    }
+
+    #[test]
+    fn a_denied_ip_literal_matches_every_address_a_name_resolves_to() {
+        let child = HostPolicy::compile(&["*"], &[]);
+        let parent = HostPolicy::compile(&["*"], &["203.0.113.7", "*.evil.example"]);
+        let chain = [("child", &child), ("parent", &parent)];
+        let at = |ips: &[&str]| -> Vec<SocketAddr> {
+            ips.iter()
+                .map(|ip| SocketAddr::new(ip.parse().unwrap(), 443))
+                .collect()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            denied_address(chain.iter().copied(), &at(&["198.51.100.1", "203.0.113.7"])),
+            Some(DeniedAddress {
+                lease_id: "parent",
+                addr: ip("203.0.113.7"),
+                listed: ip("203.0.113.7")
+            })
+        );
+        assert_eq!(
+            denied_address(chain.iter().copied(), &at(&["64:ff9b::cb00:7107"])),
+            Some(DeniedAddress {
+                lease_id: "parent",
+                addr: ip("64:ff9b::cb00:7107"),
+                listed: ip("203.0.113.7")
+            })
+        );
+        assert_eq!(
+            denied_address(chain.iter().copied(), &at(&["203.0.113.8", "::1"])),
+            None
         );
     }
 }
