@@ -11,11 +11,11 @@
 use crate::admin::{self, AdminState};
 use crate::config::ServeConfig;
 use crate::contract::Timestamp;
+use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
 use crate::registry::Registry;
 use crate::telemetry::{EgressLog, Telemetry};
-use crate::policy::guard::LocalAddrs;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -429,10 +429,16 @@ mod tests {
             // 64:ff9b::/96 is globally reachable: judged by the embedded IPv4 address.
             ("64:ff9b::a00:1", Some("Private-Use")),
             ("64:ff9b::5db8:d822", None),
-            ("64:ff9b:1::5db8:d822", Some("IPv4-IPv6 Translat. (local-use NAT64)")),
+            (
+                "64:ff9b:1::5db8:d822",
+                Some("IPv4-IPv6 Translat. (local-use NAT64)"),
+            ),
             ("100::1", Some("Discard-Only Address Block")),
             ("100:0:0:1::1", Some("Dummy IPv6 Prefix")),
-            ("2001:0:4136:e378::1", Some("TEREDO (embeds an obscured IPv4)")),
+            (
+                "2001:0:4136:e378::1",
+                Some("TEREDO (embeds an obscured IPv4)"),
+            ),
             ("2001:1ff::1", Some("IETF Protocol Assignments")),
             // Globally reachable rows inside 2001::/23: guarded with it (strict).
             ("2001:1::1", Some("IETF Protocol Assignments")),

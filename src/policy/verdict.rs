@@ -5,8 +5,8 @@
 //! hash sets, so a lookup costs O(labels in the host), whatever the number of patterns.
 
 use super::guard::embedded_ipv4;
-use super::pattern::HostPattern;
-use super::target::{parse_host, TargetHost};
+use super::pattern::{HostPattern, MalformedPattern};
+use super::target::TargetHost;
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
@@ -27,6 +27,8 @@ pub struct HostSet {
     /// Bit `n` set: some suffix is `n` bytes long (bit 127: 127 or more). Most of a host's
     /// suffixes have a length no pattern has, and skip the hash lookup.
     suffix_lengths: u128,
+    /// Entries that are not patterns (kept to be reported; they match nothing).
+    malformed: Vec<MalformedPattern>,
 }
 
 fn length_bit(len: usize) -> u128 {
@@ -53,30 +55,35 @@ impl Matched<'_> {
 }
 
 impl HostSet {
+    /// Compiles a lease's list. A malformed entry is kept aside (see [`HostSet::malformed`])
+    /// and matches nothing: a bad spelling in a signed lease never widens what it grants.
     pub fn compile<S: AsRef<str>>(patterns: &[S]) -> HostSet {
         let mut set = HostSet::default();
         for pattern in patterns {
             match HostPattern::parse(pattern.as_ref()) {
-                HostPattern::Any => set.any = true,
-                HostPattern::Subdomains(suffix) => {
+                Ok(HostPattern::Any) => set.any = true,
+                Ok(HostPattern::Subdomains(suffix)) => {
                     set.suffix_lengths |= length_bit(suffix.len());
                     set.subdomains.insert(suffix.into());
                 }
-                // `0177.0.0.1` in a lease names the same host as `127.0.0.1` in a target.
-                HostPattern::Exact(name) => match parse_host(&name) {
-                    Ok(TargetHost::Ip(ip)) => {
+                // Parsing wrote IPv4 literals as dotted quads and checked names are normal.
+                Ok(HostPattern::Exact(name)) => match name.parse::<IpAddr>() {
+                    Ok(ip) => {
                         set.ips.insert(ip);
-                    }
-                    Ok(TargetHost::Name(normal)) => {
-                        set.names.insert(normal.into());
                     }
                     Err(_) => {
                         set.names.insert(name.into());
                     }
                 },
+                Err(malformed) => set.malformed.push(malformed),
             }
         }
         set
+    }
+
+    /// The entries that are not patterns: they match nothing.
+    pub fn malformed(&self) -> &[MalformedPattern] {
+        &self.malformed
     }
 
     /// The pattern of this set that matches `host`, if any (exact first, then the nearest
@@ -133,6 +140,27 @@ impl HostPolicy {
             allow: HostSet::compile(allow),
             deny: HostSet::compile(deny),
         }
+    }
+
+    /// [`HostPolicy::compile`] for a lease of the journal, warning once (a lease is compiled
+    /// once per fold) about each entry that is not a pattern and so matches nothing. The one
+    /// side effect in `policy`: a log line, so an operator learns a grant is narrower than
+    /// its issuer meant.
+    pub fn compile_lease<S: AsRef<str>>(lease_id: &str, allow: &[S], deny: &[S]) -> HostPolicy {
+        let policy = HostPolicy::compile(allow, deny);
+        for (list, set) in [("allow.hosts", &policy.allow), ("deny.hosts", &policy.deny)] {
+            for bad in set.malformed() {
+                tracing::warn!(lease = lease_id, list, pattern = %bad.pattern, why = %bad.why, "a host entry of the lease is not a pattern: it matches nothing");
+            }
+        }
+        policy
+    }
+
+    /// Every malformed entry, with the list it is in (`allow.hosts` or `deny.hosts`).
+    pub fn malformed(&self) -> impl Iterator<Item = (&'static str, &MalformedPattern)> {
+        let allow = self.allow.malformed().iter().map(|m| ("allow.hosts", m));
+        let deny = self.deny.malformed().iter().map(|m| ("deny.hosts", m));
+        allow.chain(deny)
     }
 }
 
@@ -362,5 +390,47 @@ mod tests {
             denied_address(chain.iter().copied(), &at(&["203.0.113.8", "::1"])),
             None
         );
+    }
+
+    #[test]
+    fn a_malformed_pattern_allows_nothing_and_denies_nothing() {
+        let spellings = [
+            "*.",
+            "*..",
+            "*x.com",
+            "https://x.com",
+            "x.com:443",
+            "*.1.2.3.4",
+            "1.2.3.4.5",
+            "a_b.x.com",
+            "xn--zz.x.com",
+            "x.com/",
+            "*.*",
+            "**",
+        ];
+        let allow = HostPolicy::compile(&spellings, &[]);
+        assert_eq!(allow.allow.malformed().len(), spellings.len());
+        let deny = HostPolicy::compile(&["*"], &spellings);
+        for target in [
+            "x.com",
+            "a.x.com",
+            "www.x.com",
+            "1.2.3.4",
+            "127.0.0.1",
+            "xx.com",
+            "a_b.x.com",
+        ] {
+            assert!(
+                matches!(
+                    verdict(&[("a", &allow)], target),
+                    HostVerdict::NotAllowed(_)
+                ),
+                "{target} allowed by a malformed pattern"
+            );
+            assert!(
+                matches!(verdict(&[("a", &deny)], target), HostVerdict::Allowed(_)),
+                "{target} denied by a malformed pattern"
+            );
+        }
     }
 }
