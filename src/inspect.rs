@@ -6,8 +6,9 @@
 use crate::config::ProxyConfig;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
+use crate::policy::pattern::MalformedPattern;
 use crate::policy::refusal::Refusal;
-use crate::policy::{HostVerdict, TargetHost};
+use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::{ClientConn, Proxy};
 use crate::registry::{journal, Ledger, Registry};
@@ -53,18 +54,52 @@ fn verify_lease(value: Value, keyring: Option<&Keyring>, now: Timestamp) -> Vec<
             .map(|i| problem(if i.path.is_empty() { "/" } else { &i.path }, i.message))
             .collect(),
         Err(e) => vec![problem("/", e.to_string())],
-        Ok(lease) => match lease.lifetime(now) {
-            Lifetime::Live => vec![],
-            Lifetime::NotYetValid => vec![problem(
-                "/issued_at",
-                format!("not valid until {} (now {now})", lease.issued_at),
-            )],
-            Lifetime::Expired => vec![problem(
-                "/expires_at",
-                format!("expired at {} (now {now})", lease.expires_at),
-            )],
-        },
+        Ok(lease) => {
+            let mut problems: Vec<Problem> = malformed_patterns(&lease)
+                .map(|(list, index, bad)| {
+                    problem(
+                        &format!("/manifest/{list}/hosts/{index}"),
+                        malformed_reason(&lease.id, list, &bad),
+                    )
+                })
+                .collect();
+            match lease.lifetime(now) {
+                Lifetime::Live => {}
+                Lifetime::NotYetValid => problems.push(problem(
+                    "/issued_at",
+                    format!("not valid until {} (now {now})", lease.issued_at),
+                )),
+                Lifetime::Expired => problems.push(problem(
+                    "/expires_at",
+                    format!("expired at {} (now {now})", lease.expires_at),
+                )),
+            }
+            problems
+        }
     }
+}
+
+/// The entries of a lease's host lists that are not patterns: (list, index, why).
+fn malformed_patterns(
+    lease: &Lease,
+) -> impl Iterator<Item = (&'static str, usize, MalformedPattern)> + '_ {
+    let list = |name: &'static str, hosts: &'_ [String]| {
+        hosts
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, h)| HostPattern::parse(h).err().map(|bad| (name, i, bad)))
+            .collect::<Vec<_>>()
+    };
+    list("allow", &lease.allow_hosts)
+        .into_iter()
+        .chain(list("deny", &lease.deny_hosts))
+}
+
+fn malformed_reason(lease_id: &str, list: &str, bad: &MalformedPattern) -> String {
+    format!(
+        "lease {lease_id}: {list}.hosts entry '{}' is not a host pattern and matches nothing: {}",
+        bad.pattern, bad.why
+    )
 }
 
 fn verify_journal(text: &[u8], keyring: Option<&Keyring>) -> Vec<Problem> {
@@ -72,13 +107,24 @@ fn verify_journal(text: &[u8], keyring: Option<&Keyring>) -> Vec<Problem> {
         Some(k) => Ledger::new(k.clone()),
         None => Ledger::unverified(),
     };
-    journal::fold_bytes(&mut ledger, text)
+    let mut problems: Vec<Problem> = journal::fold_bytes(&mut ledger, text)
         .into_iter()
         .map(|p| Problem {
             place: format!("line {}", p.line),
             reason: p.error.to_string(),
         })
-        .collect()
+        .collect();
+    // A lease that loaded may still carry entries that are not patterns (its signer's
+    // mistake): they match nothing, which narrows the grant silently unless said here.
+    for lease in ledger.leases() {
+        for (list, index, bad) in malformed_patterns(lease) {
+            problems.push(Problem {
+                place: format!("lease {} {list}.hosts[{index}]", lease.id),
+                reason: malformed_reason(&lease.id, list, &bad),
+            });
+        }
+    }
+    problems
 }
 
 /// One row of `leases`.
@@ -91,6 +137,8 @@ pub struct LeaseRow {
     pub expires_at: Timestamp,
     pub allow_hosts: Vec<String>,
     pub deny_hosts: Vec<String>,
+    /// Entries of either list that are not host patterns (they match nothing).
+    pub malformed_hosts: Vec<String>,
 }
 
 /// The folded status table at `now`, in grant order.
@@ -107,9 +155,15 @@ pub fn lease_rows(ledger: &Ledger, now: Timestamp) -> Vec<LeaseRow> {
             expires_at: lease.expires_at,
             allow_hosts: lease.allow_hosts.clone(),
             deny_hosts: lease.deny_hosts.clone(),
+            malformed_hosts: malformed_patterns(lease)
+                .map(|(_, _, bad)| bad.pattern)
+                .collect(),
         })
         .collect()
 }
+
+/// The marker `leases` puts before a host entry that is not a pattern.
+pub const MALFORMED_MARKER: char = '!';
 
 /// Renders rows as an aligned text table.
 pub fn render_table(rows: &[LeaseRow]) -> String {
@@ -131,8 +185,8 @@ pub fn render_table(rows: &[LeaseRow]) -> String {
                 r.agent.clone(),
                 r.status.to_owned(),
                 r.expires_at.to_string(),
-                join_or_dash(&r.allow_hosts),
-                join_or_dash(&r.deny_hosts),
+                join_marked(&r.allow_hosts, &r.malformed_hosts),
+                join_marked(&r.deny_hosts, &r.malformed_hosts),
             ]
         })
         .collect();
@@ -156,15 +210,27 @@ pub fn render_table(rows: &[LeaseRow]) -> String {
     for row in &cells {
         line(row.iter().map(String::as_str).collect());
     }
+    if rows.iter().any(|r| !r.malformed_hosts.is_empty()) {
+        out.push_str(&format!(
+            "{MALFORMED_MARKER} not a host pattern: it matches nothing (`leasegate verify` says why)\n"
+        ));
+    }
     out
 }
 
-fn join_or_dash(hosts: &[String]) -> String {
+/// The hosts, comma-separated, each malformed one behind the marker; `-` for none.
+fn join_marked(hosts: &[String], malformed: &[String]) -> String {
     if hosts.is_empty() {
-        "-".into()
-    } else {
-        hosts.join(",")
+        return "-".into();
     }
+    let shown: Vec<String> = hosts
+        .iter()
+        .map(|h| match malformed.contains(h) {
+            true => format!("{MALFORMED_MARKER}{h}"),
+            false => h.clone(),
+        })
+        .collect();
+    shown.join(",")
 }
 
 /// What `check` found: the refusal, if any, what decided the verdict, and what phase 5 saw.

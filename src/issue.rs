@@ -10,6 +10,8 @@ use crate::contract::lease::sign;
 use crate::contract::record;
 use crate::contract::schema::WRITTEN_VERSION;
 use crate::contract::{Key, Keyring, Lease, LeaseError, RecordError, Timestamp};
+use crate::policy::pattern::MalformedPattern;
+use crate::policy::target::{parse_host, TargetHost};
 use crate::policy::HostPattern;
 use crate::registry::revocation::{issuer_revocation, RevocationError};
 use crate::registry::{journal, store, ChainError, Ledger};
@@ -40,6 +42,8 @@ pub enum IssueError {
     Record(#[from] RecordError),
     #[error("TTL {0:?} is too long")]
     Ttl(Duration),
+    #[error("{list} host {0}", list = .1)]
+    Pattern(MalformedPattern, &'static str),
 }
 
 /// What to issue.
@@ -72,31 +76,59 @@ fn fold(journal_path: &Path, key: &Key) -> Result<Ledger, IssueError> {
         })
 }
 
-fn normalise_hosts(hosts: &[String]) -> Vec<String> {
+/// The patterns as the lease will carry them: each checked (a spelling that is not a pattern
+/// is refused, saying why) and written in its normal form (lower case, no trailing dot, an
+/// international name as A-labels, an IPv4 literal as a dotted quad).
+fn normalise_hosts(hosts: &[String], list: &'static str) -> Result<Vec<String>, IssueError> {
     hosts
         .iter()
-        .map(|h| h.trim().trim_end_matches('.').to_ascii_lowercase())
+        .map(|host| {
+            let text = host.trim();
+            HostPattern::parse(&to_a_labels(text))
+                .map(|pattern| pattern.to_string())
+                .map_err(|mut e| {
+                    e.pattern = text.to_owned();
+                    IssueError::Pattern(e, list)
+                })
+        })
         .collect()
+}
+
+/// `text` with an international name (after an optional `*.`) written as A-labels; anything
+/// else unchanged, for [`HostPattern::parse`] to judge.
+fn to_a_labels(text: &str) -> String {
+    if text.is_ascii() {
+        return text.to_owned();
+    }
+    let (wildcard, name) = match text.strip_prefix("*.") {
+        Some(name) => ("*.", name),
+        None => ("", text),
+    };
+    match parse_host(name) {
+        Ok(TargetHost::Name(name)) => format!("{wildcard}{name}"),
+        _ => text.to_owned(),
+    }
 }
 
 /// Signs a lease and appends its `granted` record.
 pub fn issue(journal_path: &Path, key: &Key, request: &IssueRequest) -> Result<Issued, IssueError> {
     let ttl_ms =
         i64::try_from(request.ttl.as_millis()).map_err(|_| IssueError::Ttl(request.ttl))?;
-    let allow = normalise_hosts(&request.allow_hosts);
-    let deny = normalise_hosts(&request.deny_hosts);
+    let allow = normalise_hosts(&request.allow_hosts, "allow")?;
+    let deny = normalise_hosts(&request.deny_hosts, "deny")?;
     let mut expires_at = request.now.saturating_add_millis(ttl_ms);
     if let Some(parent_id) = &request.parent {
         let ledger = fold(journal_path, key)?;
         let chain = ledger.check_chain(parent_id, request.now)?;
         let parent = &chain[0];
+        // A malformed entry of the parent contains nothing.
         let parent_allow: Vec<HostPattern> = parent
             .allow_hosts
             .iter()
-            .map(|h| HostPattern::parse(h))
+            .filter_map(|h| HostPattern::parse(h).ok())
             .collect();
         for host in &allow {
-            let pattern = HostPattern::parse(host);
+            let pattern = HostPattern::parse(host).map_err(|e| IssueError::Pattern(e, "allow"))?;
             if !parent_allow.iter().any(|p| p.contains(&pattern)) {
                 return Err(IssueError::NotContained {
                     host: host.clone(),

@@ -3,6 +3,7 @@
 //! metric series on timers, serve until told to stop.
 //!
 //! Invariant: the guard knows every address we listen on (proxy, admin, the per-lease range)
+//! and, for wildcard listeners, every interface address of the host (read again every 30 s)
 //! before the first connection is accepted, so no request can be routed back into leasegate;
 //! `/readyz` is 200 only between "journal loaded and every listener bound" and the start of a
 //! drain.
@@ -10,11 +11,12 @@
 use crate::admin::{self, AdminState};
 use crate::config::ServeConfig;
 use crate::contract::Timestamp;
+use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
 use crate::registry::Registry;
 use crate::telemetry::{EgressLog, Telemetry};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,6 +94,58 @@ fn tls_acceptor(
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
+/// How often the host's interface addresses are read again: DHCP, VPNs and hot-plugged
+/// interfaces change them while we run.
+const LOCAL_ADDRS_EVERY: Duration = Duration::from_secs(30);
+
+/// Every address of the host's interfaces. If they cannot be read the list is empty and
+/// logged: loopback and the unspecified address are recognised without it.
+fn interface_addrs() -> Vec<IpAddr> {
+    match nix::ifaddrs::getifaddrs() {
+        Ok(interfaces) => {
+            let mut addrs: Vec<IpAddr> = interfaces
+                .filter_map(|interface| {
+                    let address = interface.address?;
+                    address
+                        .as_sockaddr_in()
+                        .map(|a| IpAddr::V4(a.ip()))
+                        .or_else(|| address.as_sockaddr_in6().map(|a| IpAddr::V6(a.ip())))
+                })
+                .collect();
+            addrs.sort_unstable();
+            addrs.dedup();
+            addrs
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading the interface addresses failed: a wildcard listener's non-loopback addresses are not recognised as ours");
+            Vec::new()
+        }
+    }
+}
+
+/// Reads the interface addresses into `local` (off the runtime's threads: getifaddrs is a
+/// blocking netlink exchange).
+async fn read_local_addrs(local: &LocalAddrs) {
+    if let Ok(addrs) = tokio::task::spawn_blocking(interface_addrs).await {
+        if **local.load() != addrs {
+            tracing::debug!(?addrs, "interface addresses");
+            local.store(Arc::new(addrs));
+        }
+    }
+}
+
+/// Keeps the guard's interface addresses current until `shutdown`.
+async fn refresh_local_addrs(local: LocalAddrs, every: Duration, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => read_local_addrs(&local).await,
+        }
+    }
+}
+
 /// How often closed leases' metric series are looked for: half the grace (a series goes at
 /// most grace + 2 periods after its lease closed), at most every 30 s, at least 10 ms apart.
 fn prune_every(grace: Duration) -> Duration {
@@ -151,6 +205,8 @@ impl Server {
         if let Some((range, ip)) = &config.lease_ports {
             proxy_config.guard.own_ranges.push((*ip, range.clone()));
         }
+        let local = proxy_config.guard.local.clone();
+        read_local_addrs(&local).await;
         let registry = Arc::new(registry);
         let telemetry = Arc::new(Telemetry::new(egress, proxy_config.series_grace));
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
@@ -165,6 +221,11 @@ impl Server {
                 .clone()
                 .run_reaper(proxy.pool.idle_for() / 2, background.clone()),
         );
+        tokio::spawn(refresh_local_addrs(
+            local,
+            LOCAL_ADDRS_EVERY,
+            background.clone(),
+        ));
         tokio::spawn(prune_series(
             proxy.clone(),
             prune_every(proxy.config.series_grace),

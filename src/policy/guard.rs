@@ -6,9 +6,10 @@
 
 use super::target::TargetHost;
 use super::verdict::HostPolicy;
+use arc_swap::ArcSwap;
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 /// A socket address that passed the guard: the only kind of address the proxy dials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,35 +27,76 @@ impl std::fmt::Display for UpstreamAddr {
     }
 }
 
-/// Ranges no request reaches by default, with the reason shown in refusals.
+/// Ranges no request reaches by default, with the reason shown in refusals: every entry of
+/// the IANA IPv4 and IPv6 Special-Purpose Address Registries whose "Globally Reachable" is
+/// False or N/A, named as the registry names it, plus multicast, deprecated site-local, SIIT
+/// and the cloud-metadata addresses. The most specific range gives the reason.
+///
+/// Strict, on purpose: a globally reachable exception *inside* a guarded block (192.0.0.9/32
+/// and 192.0.0.10/32 in 192.0.0.0/24; 2001:1::1-3/128, 2001:3::/32, 2001:4:112::/48,
+/// 2001:20::/28 and 2001:30::/28 in 2001::/23) stays guarded with its block: no agent needs
+/// anycast PCP, TURN or AMT relays through an egress proxy, and `--allow-private` exempts one.
+/// Transition forms that embed an IPv4 address (::ffff:0:0/96 IPv4-mapped, 64:ff9b::/96,
+/// 6to4 2002::/16, ::a.b.c.d) are judged by that IPv4 address instead (see
+/// [`guarded_reason`]): the registry's rows for them never reach this table.
+const GUARDED_TABLE: &[(&str, &str)] = &[
+    // IANA IPv4 Special-Purpose Address Registry.
+    ("0.0.0.0/8", "\"This network\""),
+    ("0.0.0.0/32", "\"This host on this network\""),
+    ("10.0.0.0/8", "Private-Use"),
+    ("100.64.0.0/10", "Shared Address Space (CGNAT)"),
+    ("127.0.0.0/8", "Loopback"),
+    ("169.254.0.0/16", "Link Local (cloud metadata)"),
+    ("172.16.0.0/12", "Private-Use"),
+    ("192.0.0.0/24", "IETF Protocol Assignments"),
+    ("192.0.0.0/29", "IPv4 Service Continuity Prefix"),
+    ("192.0.0.8/32", "IPv4 dummy address"),
+    ("192.0.0.170/32", "NAT64/DNS64 Discovery"),
+    ("192.0.0.171/32", "NAT64/DNS64 Discovery"),
+    ("192.0.2.0/24", "Documentation (TEST-NET-1)"),
+    ("192.88.99.0/24", "Deprecated (6to4 Relay Anycast)"),
+    ("192.168.0.0/16", "Private-Use"),
+    ("198.18.0.0/15", "Benchmarking"),
+    ("198.51.100.0/24", "Documentation (TEST-NET-2)"),
+    ("203.0.113.0/24", "Documentation (TEST-NET-3)"),
+    ("240.0.0.0/4", "Reserved"),
+    ("255.255.255.255/32", "Limited Broadcast"),
+    // Not special-purpose, but never a unicast upstream.
+    ("224.0.0.0/4", "Multicast"),
+    // Cloud metadata services (Azure wire server, Alibaba Cloud; AWS's IPv6 one below).
+    ("168.63.129.16/32", "cloud metadata"),
+    ("100.100.100.200/32", "cloud metadata"),
+    // IANA IPv6 Special-Purpose Address Registry.
+    ("::1/128", "Loopback Address"),
+    ("::/128", "Unspecified Address"),
+    ("64:ff9b:1::/48", "IPv4-IPv6 Translat. (local-use NAT64)"),
+    ("100::/64", "Discard-Only Address Block"),
+    ("100:0:0:1::/64", "Dummy IPv6 Prefix"),
+    ("2001::/23", "IETF Protocol Assignments"),
+    ("2001::/32", "TEREDO (embeds an obscured IPv4)"),
+    ("2001:2::/48", "Benchmarking"),
+    ("2001:10::/28", "Deprecated (previously ORCHID)"),
+    ("2001:db8::/32", "Documentation"),
+    ("3fff::/20", "Documentation"),
+    ("5f00::/16", "Segment Routing (SRv6) SIDs"),
+    ("fc00::/7", "Unique-Local"),
+    ("fe80::/10", "Link-Local Unicast"),
+    // Not in the registry: deprecated site-local (RFC 3879), SIIT's IPv4-translated form
+    // (RFC 2765: reaches an IPv4 host through a translator the guard cannot see), multicast.
+    ("fec0::/10", "Site-Local (deprecated)"),
+    ("::ffff:0:0:0/96", "IPv4-translated (SIIT)"),
+    ("ff00::/8", "Multicast"),
+    ("fd00:ec2::254/128", "cloud metadata"),
+];
+
+/// [`GUARDED_TABLE`] parsed, most specific range first.
 static GUARDED: LazyLock<Vec<(IpNet, &'static str)>> = LazyLock::new(|| {
-    [
-        ("0.0.0.0/8", "unspecified (0/8)"),
-        ("127.0.0.0/8", "loopback"),
-        ("10.0.0.0/8", "private"),
-        ("172.16.0.0/12", "private"),
-        ("192.168.0.0/16", "private"),
-        ("100.64.0.0/10", "CGNAT shared space"),
-        ("169.254.0.0/16", "link-local (cloud metadata)"),
-        ("168.63.129.16/32", "cloud metadata"),
-        ("100.100.100.200/32", "cloud metadata"),
-        ("192.0.0.0/24", "IETF protocol assignments"),
-        ("198.18.0.0/15", "benchmarking"),
-        ("224.0.0.0/4", "multicast"),
-        ("240.0.0.0/4", "reserved (240/4)"),
-        ("255.255.255.255/32", "broadcast"),
-        ("::/128", "unspecified"),
-        ("::1/128", "loopback"),
-        ("fe80::/10", "link-local"),
-        ("fc00::/7", "unique local (private)"),
-        ("fd00:ec2::254/128", "cloud metadata"),
-        ("ff00::/8", "multicast"),
-        ("64:ff9b:1::/48", "local-use NAT64"),
-        ("2001::/32", "Teredo (embeds an obscured IPv4)"),
-    ]
-    .into_iter()
-    .map(|(net, why)| (net.parse().expect("static range"), why))
-    .collect()
+    let mut table: Vec<(IpNet, &'static str)> = GUARDED_TABLE
+        .iter()
+        .map(|(net, why)| (net.parse().expect("static range"), *why))
+        .collect();
+    table.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
+    table
 });
 
 /// Why `ip` is guarded, if it is. IPv6 forms that embed an IPv4 address (mapped, the
@@ -69,7 +111,7 @@ pub fn guarded_reason(ip: IpAddr) -> Option<&'static str> {
         .map(|(_, why)| *why)
 }
 
-fn embedded_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
+pub(crate) fn embedded_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
     let IpAddr::V6(v6) = ip else { return None };
     let s = v6.segments();
     let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
@@ -139,6 +181,10 @@ pub struct Checked {
     pub blocked: Vec<Blocked>,
 }
 
+/// The host's own interface addresses, as the server last read them: a wildcard listener
+/// answers on every one of them. Shared, so the server can refresh it while requests read it.
+pub type LocalAddrs = Arc<ArcSwap<Vec<IpAddr>>>;
+
 /// The guard's configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
@@ -148,16 +194,22 @@ pub struct Guard {
     pub own: Vec<SocketAddr>,
     /// Port ranges leasegate may listen on (per-lease ports) at an address; never dialled.
     pub own_ranges: Vec<(IpAddr, std::ops::RangeInclusive<u16>)>,
+    /// Every interface address of this host (refreshed by the server), so that a wildcard
+    /// listener's non-loopback addresses count as ours too.
+    pub local: LocalAddrs,
 }
 
 impl Guard {
     /// Whether dialling `addr` would reach one of our own listeners.
     pub fn is_loop(&self, addr: SocketAddr) -> bool {
         let ip = embedded_ipv4(addr.ip()).map_or(addr.ip(), IpAddr::V4);
-        // A wildcard listener answers on every local address we can name.
+        let local = self.local.load();
+        // A wildcard listener answers on every local address: loopback, unspecified, and each
+        // interface's (an `--allow-private` range may hold the host's own LAN address).
         let same_host = |own: IpAddr| {
             own == ip
-                || (own.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+                || (own.is_unspecified()
+                    && (ip.is_loopback() || ip.is_unspecified() || local.contains(&ip)))
                 || (ip.is_unspecified() && own.is_loopback())
         };
         self.own
@@ -279,6 +331,7 @@ mod tests {
             allow_private: vec!["10.9.0.0/16".parse().unwrap()],
             own: vec![addr("127.0.0.1:3128")],
             own_ranges: vec![(ip("127.0.0.1"), 40000..=40010)],
+            ..Guard::default()
         };
         let candidates = [
             addr("127.0.0.1:8080"),
@@ -327,6 +380,124 @@ mod tests {
         let guard = Guard::default();
         let checked = guard.check(&[addr("169.254.169.254:80")], None, false);
         assert_eq!(checked.dialable.len(), 1);
-        assert_eq!(checked.blocked[0].why, "link-local (cloud metadata)");
+        assert_eq!(checked.blocked[0].why, "Link Local (cloud metadata)");
+    }
+
+    /// One address per row of the IANA Special-Purpose Address Registries (IPv4 and IPv6),
+    /// with the reason the guard gives, or `None` where the row is globally reachable and
+    /// lies outside every guarded block.
+    #[test]
+    fn one_row_per_special_purpose_registry_entry() {
+        let rows: &[(&str, Option<&str>)] = &[
+            // IPv4 registry.
+            ("0.1.2.3", Some("\"This network\"")),
+            ("0.0.0.0", Some("\"This host on this network\"")),
+            ("10.20.30.40", Some("Private-Use")),
+            ("100.64.1.1", Some("Shared Address Space (CGNAT)")),
+            ("127.0.0.53", Some("Loopback")),
+            ("169.254.169.254", Some("Link Local (cloud metadata)")),
+            ("172.31.255.1", Some("Private-Use")),
+            ("192.0.0.100", Some("IETF Protocol Assignments")),
+            ("192.0.0.5", Some("IPv4 Service Continuity Prefix")),
+            ("192.0.0.8", Some("IPv4 dummy address")),
+            // Globally reachable, but inside 192.0.0.0/24: guarded with it (strict).
+            ("192.0.0.9", Some("IETF Protocol Assignments")),
+            ("192.0.0.10", Some("IETF Protocol Assignments")),
+            ("192.0.0.170", Some("NAT64/DNS64 Discovery")),
+            ("192.0.0.171", Some("NAT64/DNS64 Discovery")),
+            ("192.0.2.7", Some("Documentation (TEST-NET-1)")),
+            ("192.31.196.1", None),
+            ("192.52.193.1", None),
+            ("192.88.99.1", Some("Deprecated (6to4 Relay Anycast)")),
+            ("192.168.1.1", Some("Private-Use")),
+            ("192.175.48.1", None),
+            ("198.19.255.254", Some("Benchmarking")),
+            ("198.51.100.7", Some("Documentation (TEST-NET-2)")),
+            ("203.0.113.7", Some("Documentation (TEST-NET-3)")),
+            ("250.1.2.3", Some("Reserved")),
+            ("255.255.255.255", Some("Limited Broadcast")),
+            // Kept beside the registry.
+            ("239.255.255.250", Some("Multicast")),
+            ("168.63.129.16", Some("cloud metadata")),
+            ("100.100.100.200", Some("cloud metadata")),
+            // IPv6 registry.
+            ("::1", Some("Loopback Address")),
+            ("::", Some("Unspecified Address")),
+            // IPv4-mapped: judged by the IPv4 address it embeds.
+            ("::ffff:192.168.0.1", Some("Private-Use")),
+            ("::ffff:93.184.216.34", None),
+            // 64:ff9b::/96 is globally reachable: judged by the embedded IPv4 address.
+            ("64:ff9b::a00:1", Some("Private-Use")),
+            ("64:ff9b::5db8:d822", None),
+            (
+                "64:ff9b:1::5db8:d822",
+                Some("IPv4-IPv6 Translat. (local-use NAT64)"),
+            ),
+            ("100::1", Some("Discard-Only Address Block")),
+            ("100:0:0:1::1", Some("Dummy IPv6 Prefix")),
+            (
+                "2001:0:4136:e378::1",
+                Some("TEREDO (embeds an obscured IPv4)"),
+            ),
+            ("2001:1ff::1", Some("IETF Protocol Assignments")),
+            // Globally reachable rows inside 2001::/23: guarded with it (strict).
+            ("2001:1::1", Some("IETF Protocol Assignments")),
+            ("2001:1::2", Some("IETF Protocol Assignments")),
+            ("2001:1::3", Some("IETF Protocol Assignments")),
+            ("2001:3::1", Some("IETF Protocol Assignments")),
+            ("2001:4:112::1", Some("IETF Protocol Assignments")),
+            ("2001:20::1", Some("IETF Protocol Assignments")),
+            ("2001:30::1", Some("IETF Protocol Assignments")),
+            ("2001:2::1", Some("Benchmarking")),
+            ("2001:10::1", Some("Deprecated (previously ORCHID)")),
+            ("2001:db8::1", Some("Documentation")),
+            // 6to4 (N/A): judged by the embedded IPv4 address.
+            ("2002:c000:0207::1", Some("Documentation (TEST-NET-1)")),
+            ("2002:5db8:d822::1", None),
+            ("2620:4f:8000::1", None),
+            ("3fff:fff::1", Some("Documentation")),
+            ("5f00::1", Some("Segment Routing (SRv6) SIDs")),
+            ("fd12:3456::1", Some("Unique-Local")),
+            ("fe80::1", Some("Link-Local Unicast")),
+            // Kept beside the registry.
+            ("fec0::1", Some("Site-Local (deprecated)")),
+            ("::ffff:0:5db8:d822", Some("IPv4-translated (SIIT)")),
+            ("ff02::1", Some("Multicast")),
+            ("fd00:ec2::254", Some("cloud metadata")),
+        ];
+        for (addr, want) in rows {
+            assert_eq!(guarded_reason(ip(addr)), *want, "{addr}");
+        }
+    }
+
+    #[test]
+    fn a_wildcard_listener_loops_on_every_local_interface_address() {
+        let guard = Guard {
+            own: vec![addr("0.0.0.0:3128"), addr("0.0.0.0:3129")],
+            own_ranges: vec![(ip("::"), 40000..=40010)],
+            ..Guard::default()
+        };
+        assert!(!guard.is_loop(addr("10.1.2.3:3129")), "not ours yet");
+        guard
+            .local
+            .store(Arc::new(vec![ip("10.1.2.3"), ip("fd12::5")]));
+        assert!(guard.is_loop(addr("10.1.2.3:3129")));
+        assert!(guard.is_loop(addr("[::ffff:10.1.2.3]:3128")));
+        assert!(guard.is_loop(addr("[fd12::5]:40003")));
+        assert!(!guard.is_loop(addr("10.1.2.3:8080")), "another port");
+        assert!(!guard.is_loop(addr("10.1.2.4:3129")), "another host");
+        // Even when an operator range exempts the host's LAN, it is never dialable.
+        let exempt = Guard {
+            allow_private: vec!["10.0.0.0/8".parse().unwrap()],
+            ..guard.clone()
+        };
+        let checked = exempt.check(&[addr("10.1.2.3:3129")], None, false);
+        assert!(checked.dialable.is_empty());
+        // A listener on one address is not reachable through another.
+        let specific = Guard {
+            own: vec![addr("127.0.0.1:3129")],
+            ..guard.clone()
+        };
+        assert!(!specific.is_loop(addr("10.1.2.3:3129")));
     }
 }

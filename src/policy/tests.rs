@@ -575,7 +575,10 @@ proptest! {
         b in pattern_text(),
         hosts in prop::collection::vec(target_host(), 1..16),
     ) {
-        let (pa, pb) = (HostPattern::parse(&a), HostPattern::parse(&b));
+        // A malformed spelling (`::1`) is no pattern: it contains and matches nothing.
+        let (Ok(pa), Ok(pb)) = (HostPattern::parse(&a), HostPattern::parse(&b)) else {
+            return Ok(());
+        };
         prop_assert!(pa.contains(&pa), "{} contains itself", a);
         if pa.contains(&pb) {
             let (sa, sb) = (HostSet::compile(&[&a]), HostSet::compile(&[&b]));

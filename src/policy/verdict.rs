@@ -4,10 +4,11 @@
 //! only if the lease and every ancestor allow it. Each lease's patterns are compiled once into
 //! hash sets, so a lookup costs O(labels in the host), whatever the number of patterns.
 
-use super::pattern::HostPattern;
-use super::target::{parse_host, TargetHost};
+use super::guard::embedded_ipv4;
+use super::pattern::{HostPattern, MalformedPattern};
+use super::target::TargetHost;
 use std::collections::HashSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// The hash sets' hasher: foldhash, randomly seeded per process (hash flooding stays off the
 /// table), several times faster than SipHash on host-sized keys.
@@ -26,6 +27,8 @@ pub struct HostSet {
     /// Bit `n` set: some suffix is `n` bytes long (bit 127: 127 or more). Most of a host's
     /// suffixes have a length no pattern has, and skip the hash lookup.
     suffix_lengths: u128,
+    /// Entries that are not patterns (kept to be reported; they match nothing).
+    malformed: Vec<MalformedPattern>,
 }
 
 fn length_bit(len: usize) -> u128 {
@@ -52,30 +55,35 @@ impl Matched<'_> {
 }
 
 impl HostSet {
+    /// Compiles a lease's list. A malformed entry is kept aside (see [`HostSet::malformed`])
+    /// and matches nothing: a bad spelling in a signed lease never widens what it grants.
     pub fn compile<S: AsRef<str>>(patterns: &[S]) -> HostSet {
         let mut set = HostSet::default();
         for pattern in patterns {
             match HostPattern::parse(pattern.as_ref()) {
-                HostPattern::Any => set.any = true,
-                HostPattern::Subdomains(suffix) => {
+                Ok(HostPattern::Any) => set.any = true,
+                Ok(HostPattern::Subdomains(suffix)) => {
                     set.suffix_lengths |= length_bit(suffix.len());
                     set.subdomains.insert(suffix.into());
                 }
-                // `0177.0.0.1` in a lease names the same host as `127.0.0.1` in a target.
-                HostPattern::Exact(name) => match parse_host(&name) {
-                    Ok(TargetHost::Ip(ip)) => {
+                // Parsing wrote IPv4 literals as dotted quads and checked names are normal.
+                Ok(HostPattern::Exact(name)) => match name.parse::<IpAddr>() {
+                    Ok(ip) => {
                         set.ips.insert(ip);
-                    }
-                    Ok(TargetHost::Name(normal)) => {
-                        set.names.insert(normal.into());
                     }
                     Err(_) => {
                         set.names.insert(name.into());
                     }
                 },
+                Err(malformed) => set.malformed.push(malformed),
             }
         }
         set
+    }
+
+    /// The entries that are not patterns: they match nothing.
+    pub fn malformed(&self) -> &[MalformedPattern] {
+        &self.malformed
     }
 
     /// The pattern of this set that matches `host`, if any (exact first, then the nearest
@@ -108,6 +116,11 @@ impl HostSet {
         self.any.then_some(Matched::Any)
     }
 
+    /// Whether `ip` is listed as an IP literal (one hash lookup).
+    pub fn lists_ip(&self, ip: IpAddr) -> bool {
+        self.ips.contains(&ip)
+    }
+
     /// Whether `host` is listed exactly (not through a wildcard).
     pub fn lists_exactly(&self, host: &TargetHost) -> bool {
         self.find(host) == Some(Matched::Exact)
@@ -127,6 +140,27 @@ impl HostPolicy {
             allow: HostSet::compile(allow),
             deny: HostSet::compile(deny),
         }
+    }
+
+    /// [`HostPolicy::compile`] for a lease of the journal, warning once (a lease is compiled
+    /// once per fold) about each entry that is not a pattern and so matches nothing. The one
+    /// side effect in `policy`: a log line, so an operator learns a grant is narrower than
+    /// its issuer meant.
+    pub fn compile_lease<S: AsRef<str>>(lease_id: &str, allow: &[S], deny: &[S]) -> HostPolicy {
+        let policy = HostPolicy::compile(allow, deny);
+        for (list, set) in [("allow.hosts", &policy.allow), ("deny.hosts", &policy.deny)] {
+            for bad in set.malformed() {
+                tracing::warn!(lease = lease_id, list, pattern = %bad.pattern, why = %bad.why, "a host entry of the lease is not a pattern: it matches nothing");
+            }
+        }
+        policy
+    }
+
+    /// Every malformed entry, with the list it is in (`allow.hosts` or `deny.hosts`).
+    pub fn malformed(&self) -> impl Iterator<Item = (&'static str, &MalformedPattern)> {
+        let allow = self.allow.malformed().iter().map(|m| ("allow.hosts", m));
+        let deny = self.deny.malformed().iter().map(|m| ("deny.hosts", m));
+        allow.chain(deny)
     }
 }
 
@@ -154,6 +188,43 @@ pub enum HostVerdict<'a> {
     Denied(Decider<'a>),
     /// Some lease of the chain (the nearest such) has no allow pattern for the host.
     NotAllowed(Decider<'a>),
+}
+
+/// A resolved address that a deny list names as an IP literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeniedAddress<'a> {
+    /// The lease whose deny list names it (the nearest such).
+    pub lease_id: &'a str,
+    /// The resolved address.
+    pub addr: IpAddr,
+    /// The deny entry that matched: `addr`, or the IPv4 address it embeds.
+    pub listed: IpAddr,
+}
+
+/// The first resolved address any lease of the chain denies as an IP literal: a deny entry
+/// `203.0.113.7` refuses every name that resolves to it, not only the literal. IPv6 forms
+/// that embed an IPv4 address (mapped, NAT64, 6to4) are matched by that IPv4 address too.
+/// At most two hash lookups per address and lease.
+pub fn denied_address<'a>(
+    chain: impl IntoIterator<Item = (&'a str, &'a HostPolicy)> + Clone,
+    resolved: &[SocketAddr],
+) -> Option<DeniedAddress<'a>> {
+    for addr in resolved.iter().map(SocketAddr::ip) {
+        let embedded = embedded_ipv4(addr).map(IpAddr::V4);
+        for (lease_id, policy) in chain.clone() {
+            if let Some(listed) = std::iter::once(addr)
+                .chain(embedded)
+                .find(|&ip| policy.deny.lists_ip(ip))
+            {
+                return Some(DeniedAddress {
+                    lease_id,
+                    addr,
+                    listed,
+                });
+            }
+        }
+    }
+    None
 }
 
 /// Matches `host` against a chain, the lease itself first, then its ancestors.
@@ -286,5 +357,80 @@ mod tests {
                 matched: Some(Matched::Any)
             })
         );
+    }
+
+    #[test]
+    fn a_denied_ip_literal_matches_every_address_a_name_resolves_to() {
+        let child = HostPolicy::compile(&["*"], &[]);
+        let parent = HostPolicy::compile(&["*"], &["203.0.113.7", "*.evil.example"]);
+        let chain = [("child", &child), ("parent", &parent)];
+        let at = |ips: &[&str]| -> Vec<SocketAddr> {
+            ips.iter()
+                .map(|ip| SocketAddr::new(ip.parse().unwrap(), 443))
+                .collect()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            denied_address(chain.iter().copied(), &at(&["198.51.100.1", "203.0.113.7"])),
+            Some(DeniedAddress {
+                lease_id: "parent",
+                addr: ip("203.0.113.7"),
+                listed: ip("203.0.113.7")
+            })
+        );
+        assert_eq!(
+            denied_address(chain.iter().copied(), &at(&["64:ff9b::cb00:7107"])),
+            Some(DeniedAddress {
+                lease_id: "parent",
+                addr: ip("64:ff9b::cb00:7107"),
+                listed: ip("203.0.113.7")
+            })
+        );
+        assert_eq!(
+            denied_address(chain.iter().copied(), &at(&["203.0.113.8", "::1"])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_malformed_pattern_allows_nothing_and_denies_nothing() {
+        let spellings = [
+            "*.",
+            "*..",
+            "*x.com",
+            "https://x.com",
+            "x.com:443",
+            "*.1.2.3.4",
+            "1.2.3.4.5",
+            "a_b.x.com",
+            "xn--zz.x.com",
+            "x.com/",
+            "*.*",
+            "**",
+        ];
+        let allow = HostPolicy::compile(&spellings, &[]);
+        assert_eq!(allow.allow.malformed().len(), spellings.len());
+        let deny = HostPolicy::compile(&["*"], &spellings);
+        for target in [
+            "x.com",
+            "a.x.com",
+            "www.x.com",
+            "1.2.3.4",
+            "127.0.0.1",
+            "xx.com",
+            "a_b.x.com",
+        ] {
+            assert!(
+                matches!(
+                    verdict(&[("a", &allow)], target),
+                    HostVerdict::NotAllowed(_)
+                ),
+                "{target} allowed by a malformed pattern"
+            );
+            assert!(
+                matches!(verdict(&[("a", &deny)], target), HostVerdict::Allowed(_)),
+                "{target} denied by a malformed pattern"
+            );
+        }
     }
 }

@@ -3,12 +3,14 @@
 //! upgrades relayed once the upstream agrees.
 //!
 //! Invariant: what reaches the upstream names the same host the decision was made for — the
-//! `Host` header must agree with the absolute URI, and the connection is to a checked address.
+//! `Host` header must agree with the absolute URI, and the connection is to a checked address
+//! and was opened for the same lease (a pooled connection is never lent to another lease).
 
 use super::body::Metered;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
 use super::pipeline::Decision;
+use super::upstream::PoolKey;
 use super::{empty, Body, ClientConn, Proxy};
 use crate::policy::refusal::{Code, Refusal};
 use crate::policy::{Target, UpstreamAddr};
@@ -121,16 +123,21 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// A pooled connection to one of `addrs`, or a new one.
+/// A connection of `lease_id`'s own pool to one of `addrs`, or a new one.
 async fn sender_for(
     proxy: &Proxy,
+    lease_id: &str,
     addrs: &[UpstreamAddr],
     upgrade: bool,
     ex: &mut Exchange,
 ) -> Result<(SendRequest<Body>, UpstreamAddr), Refusal> {
     if !upgrade {
         for &addr in addrs {
-            if let Some(sender) = proxy.pool.checkout(addr) {
+            let key = PoolKey {
+                lease_id: lease_id.to_owned(),
+                addr,
+            };
+            if let Some(sender) = proxy.pool.checkout(&key) {
                 ex.dialed = Some(addr);
                 return Ok((sender, addr));
             }
@@ -223,7 +230,8 @@ async fn send(
     let body_sent = (!body.is_end_stream()).then(|| body.on_end());
     let request = Request::from_parts(parts, body.boxed_unsync());
 
-    let (mut sender, addr) = sender_for(proxy, &decision.addrs, upgrade, ex).await?;
+    let (mut sender, addr) =
+        sender_for(proxy, &decision.lease_id, &decision.addrs, upgrade, ex).await?;
     // The upstream's time to answer counts from the end of the request body: a slow upload
     // is not the upstream's fault.
     let timeout = proxy.config.upstream_response_timeout;
@@ -254,7 +262,11 @@ async fn send(
         }
     };
     if !upgrade {
-        proxy.pool.checkin(addr, sender);
+        let key = PoolKey {
+            lease_id: decision.lease_id,
+            addr,
+        };
+        proxy.pool.checkin(key, sender);
     }
     Ok(Forwarded {
         response,

@@ -21,7 +21,7 @@ use crate::contract::{Lease, Timestamp};
 use crate::policy::guard::Exception;
 use crate::policy::refusal::{host_refusal, Code, Refusal};
 use crate::policy::target::{parse_authority, TargetHost};
-use crate::policy::verdict::decide as verdict_over;
+use crate::policy::verdict::{decide as verdict_over, denied_address};
 use crate::policy::{HostPolicy, HostVerdict, Target, UpstreamAddr};
 use crate::registry::revocation::RefusedEgress;
 use crate::registry::Snapshot;
@@ -212,6 +212,27 @@ impl Proxy {
                 .await
                 .map_err(|e| Refusal::new(Code::DnsFailed, e.to_string()))?,
         };
+        // A deny entry that is an IP literal denies every name resolving to it (deny beats
+        // every exception): host-denied, naming the address and the lease.
+        if let Some(denied) =
+            denied_address(policies(&admitted.snapshot, &admitted.chain), &resolved)
+        {
+            let via = if denied.addr == denied.listed {
+                String::new()
+            } else {
+                format!(" (embedding {})", denied.listed)
+            };
+            self.policy_failure(
+                ex,
+                Refusal::new(
+                    Code::HostDenied,
+                    format!(
+                        "{} resolves to {}{via}, denied by {} in lease {}",
+                        target.host, denied.addr, denied.listed, denied.lease_id
+                    ),
+                ),
+            )?;
+        }
         let exception = Exception::for_target(
             policies(&admitted.snapshot, &admitted.chain).map(|(_, p)| p),
             &target.host,

@@ -1,8 +1,9 @@
 //! Our side toward upstreams: name resolution and the pool of idle forwarded-request
 //! connections.
 //!
-//! Invariant: the pool is keyed by the checked address ([`UpstreamAddr`]), never by a name, so
-//! a rebinding name cannot reuse a connection to an address it no longer resolves to.
+//! Invariant: the pool is keyed by the lease and the checked address ([`PoolKey`]), never by a
+//! name, so a rebinding name cannot reuse a connection to an address it no longer resolves
+//! to, and one lease's connection never carries another lease's request.
 
 use super::body::Body;
 use crate::policy::UpstreamAddr;
@@ -160,21 +161,31 @@ fn fallback_resolver() -> TokioResolver {
         .build()
 }
 
-/// Idle connections kept per upstream address.
-const IDLE_PER_ADDR: usize = 32;
+/// Idle connections kept per lease and upstream address.
+const IDLE_PER_KEY: usize = 32;
 /// How long an idle connection may wait for reuse, by default.
 pub const IDLE_FOR: Duration = Duration::from_secs(60);
 /// The reaper never runs more often than this (a zero idle time must not spin).
 const REAP_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 
+/// Whose idle connection it is: the lease that opened it and the checked address it reaches.
+/// A connection is the lease's own (its bytes were metered and its requests logged under
+/// that lease; an upstream may tie state such as cookies or auth to it), so it is never lent
+/// to another lease, even one allowed the same address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub lease_id: String,
+    pub addr: UpstreamAddr,
+}
+
 /// A pooled connection and when it went idle.
 type Idle = (SendRequest<Body>, Instant);
 
-/// Idle HTTP/1.1 connections to upstreams, keyed by checked address. A key exists only while
+/// Idle HTTP/1.1 connections to upstreams, keyed by lease and checked address. A key exists only while
 /// it holds a connection: checkout and the reaper remove the keys they empty, so addresses
 /// visited once do not stay in the map.
 pub struct Pool {
-    idle: Mutex<HashMap<UpstreamAddr, Vec<Idle>>>,
+    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
     /// How long an idle connection may wait for reuse.
     idle_for: Duration,
 }
@@ -201,10 +212,10 @@ impl Pool {
         !sender.is_closed() && since.elapsed() < self.idle_for
     }
 
-    /// An idle, ready connection to `addr`, if one is pooled.
-    pub fn checkout(&self, addr: UpstreamAddr) -> Option<SendRequest<Body>> {
+    /// An idle, ready connection of `key`'s lease to its address, if one is pooled.
+    pub fn checkout(&self, key: &PoolKey) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(&addr)?;
+        let list = idle.get_mut(key)?;
         let mut found = None;
         while let Some((sender, since)) = list.pop() {
             if sender.is_ready() && since.elapsed() < self.idle_for {
@@ -213,20 +224,20 @@ impl Pool {
             }
         }
         if list.is_empty() {
-            idle.remove(&addr);
+            idle.remove(key);
         }
         found
     }
 
     /// Returns a connection to the pool once its current exchange has finished.
-    pub fn checkin(self: &Arc<Pool>, addr: UpstreamAddr, mut sender: SendRequest<Body>) {
+    pub fn checkin(self: &Arc<Pool>, key: PoolKey, mut sender: SendRequest<Body>) {
         let pool = self.clone();
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-                let list = idle.entry(addr).or_default();
+                let list = idle.entry(key).or_default();
                 list.retain(|entry| pool.is_reusable(entry));
-                if list.len() < IDLE_PER_ADDR {
+                if list.len() < IDLE_PER_KEY {
                     list.push((sender, Instant::now()));
                 }
             }
@@ -242,7 +253,7 @@ impl Pool {
         });
     }
 
-    /// Upstream addresses with at least one idle connection.
+    /// Keys (lease and upstream address) with at least one idle connection.
     pub fn keys(&self) -> usize {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -351,14 +362,17 @@ mod tests {
     }
 
     /// A connection to a local listener, as the pool holds it, and the server side of it.
-    async fn connection() -> (UpstreamAddr, SendRequest<Body>, TcpStream) {
+    async fn connection() -> (PoolKey, SendRequest<Body>, TcpStream) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
         let guard = Guard {
             allow_private: vec!["127.0.0.1/32".parse().unwrap()],
             ..Guard::default()
         };
-        let addr = guard.check(&[at], None, true).dialable[0];
+        let addr = PoolKey {
+            lease_id: "lease-a".into(),
+            addr: guard.check(&[at], None, true).dialable[0],
+        };
         let (client, accepted) = tokio::join!(TcpStream::connect(at), listener.accept());
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client.unwrap()))
             .await
@@ -383,20 +397,20 @@ mod tests {
     async fn a_reap_forgets_connections_the_upstream_closed_and_their_key() {
         let pool = Arc::new(Pool::default());
         let (addr, sender, server_side) = connection().await;
-        pool.checkin(addr, sender);
+        pool.checkin(addr.clone(), sender);
         assert!(reaped_to(&pool, 1).await, "the connection was pooled");
         pool.reap();
         assert_eq!(pool.keys(), 1, "a live idle connection stays");
         drop(server_side);
         assert!(reaped_to(&pool, 0).await, "closed upstream: key removed");
-        assert!(pool.checkout(addr).is_none());
+        assert!(pool.checkout(&addr).is_none());
     }
 
     #[tokio::test]
     async fn a_reap_forgets_connections_idle_too_long() {
         let pool = Arc::new(Pool::with_idle(Duration::from_millis(50)));
         let (addr, sender, _server_side) = connection().await;
-        pool.checkin(addr, sender);
+        pool.checkin(addr.clone(), sender);
         for _ in 0..100 {
             if pool.keys() == 1 {
                 break;
@@ -418,7 +432,7 @@ mod tests {
                 .run_reaper(Duration::from_millis(10), stop.clone()),
         );
         let (addr, sender, _server_side) = connection().await;
-        pool.checkin(addr, sender);
+        pool.checkin(addr.clone(), sender);
         let mut seen = false;
         for _ in 0..500 {
             seen |= pool.keys() == 1;
@@ -433,9 +447,26 @@ mod tests {
 
         let pool = Arc::new(Pool::default());
         let (addr, sender, _server_side) = connection().await;
-        pool.checkin(addr, sender);
+        pool.checkin(addr.clone(), sender);
         assert!(reaped_to(&pool, 1).await);
-        assert!(pool.checkout(addr).is_some());
+        assert!(pool.checkout(&addr).is_some());
         assert_eq!(pool.keys(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_lent_only_to_the_lease_that_opened_it() {
+        let pool = Arc::new(Pool::default());
+        let (key, sender, _server_side) = connection().await;
+        pool.checkin(key.clone(), sender);
+        assert!(reaped_to(&pool, 1).await, "the connection was pooled");
+        let other = PoolKey {
+            lease_id: "lease-b".into(),
+            ..key.clone()
+        };
+        assert!(
+            pool.checkout(&other).is_none(),
+            "another lease, same address"
+        );
+        assert!(pool.checkout(&key).is_some(), "its own lease");
     }
 }

@@ -76,7 +76,8 @@ impl Snapshot {
     fn compile_since(&mut self, granted: usize) {
         for lease in self.ledger.granted_since(granted) {
             if !self.policies.contains_key(&lease.id) {
-                let policy = HostPolicy::compile(&lease.allow_hosts, &lease.deny_hosts);
+                let policy =
+                    HostPolicy::compile_lease(&lease.id, &lease.allow_hosts, &lease.deny_hosts);
                 self.policies.insert(lease.id.clone(), Arc::new(policy));
             }
         }

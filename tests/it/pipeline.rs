@@ -85,13 +85,32 @@ async fn ask(
     outcome.map_err(|refusal| refusal.code)
 }
 
+/// The detail of the refusal phases 1–5 give a CONNECT on `lease`'s own port.
+async fn refusal_detail(proxy: &Proxy, lease: &str, authority: &str) -> String {
+    let conn = ClientConn::detached(proxy, Some(lease));
+    let mut ex = Exchange::new(
+        proxy.telemetry.clone(),
+        Kind::Connect,
+        "CONNECT",
+        conn.client,
+        conn.listener,
+    );
+    match proxy
+        .decide(&conn, &HeaderMap::new(), authority, None, &mut ex)
+        .await
+    {
+        Ok(_) => panic!("{authority} was allowed"),
+        Err(refusal) => refusal.detail,
+    }
+}
+
 /// A CONNECT on `lease`'s own port.
 async fn connect_on_port(proxy: &Proxy, lease: &str, authority: &str) -> Result<(), Code> {
     ask(proxy, Some(lease), &[], Kind::Connect, "CONNECT", authority).await
 }
 
 /// Addresses of every kind the guard refuses by default, IPv4 and IPv6 and embedded forms.
-const GUARDED: [&str; 26] = [
+const GUARDED: [&str; 38] = [
     "0.0.0.1",
     "127.0.0.1",
     "10.0.0.1",
@@ -118,6 +137,19 @@ const GUARDED: [&str; 26] = [
     "[64:ff9b::a9fe:a9fe]",
     "[2002:a9fe:a9fe::1]",
     "[::10.0.0.1]",
+    // Special-purpose registry rows the guard once missed.
+    "192.0.2.1",
+    "198.51.100.1",
+    "203.0.113.1",
+    "192.88.99.1",
+    "[fec0::1]",
+    "[::ffff:0:5db8:d822]",
+    "[100::1]",
+    "[2001:db8::1]",
+    "[3fff::1]",
+    "[5f00::1]",
+    "[2001:2::1]",
+    "[2002:c000:201::1]",
 ];
 
 #[tokio::test]
@@ -408,5 +440,77 @@ async fn check_and_serve_decide_alike() {
     assert!(
         h.revocations().await.is_empty(),
         "on-refusal log: nothing revoked"
+    );
+}
+
+#[tokio::test]
+async fn a_denied_ip_literal_refuses_names_resolving_to_it_before_any_dial() {
+    let h = Harness::new();
+    let denying = || h.lease(&["*"], &["203.0.113.7"]);
+    let (sneaky, nat64, mixed) = (denying(), denying(), denying());
+    let parent = h.lease(&["*"], &["198.51.100.9"]);
+    let child = h.lease_with(
+        &["*"],
+        &[],
+        Some(&parent),
+        Timestamp::now(),
+        Duration::from_secs(600),
+    );
+    let resolve = [
+        ("sneaky.test", "203.0.113.7"),
+        ("nat64.test", "64:ff9b::cb00:7107"),
+        ("mixed.test", "93.184.216.34"),
+        ("mixed.test", "203.0.113.7"),
+        ("parents.test", "198.51.100.9"),
+        ("fine.test", "203.0.113.8"),
+    ];
+    let mut config = h.config(&resolve);
+    // The documentation ranges are guarded; exempt them so only the deny list can refuse.
+    config.guard.allow_private = vec![
+        "203.0.113.0/24".parse().unwrap(),
+        "198.51.100.0/24".parse().unwrap(),
+    ];
+    let dialer = Arc::new(RecordingDialer::default());
+    let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
+    for (lease, target) in [
+        (&sneaky, "sneaky.test:443"),
+        (&nat64, "nat64.test:443"),
+        (&mixed, "mixed.test:443"),
+        (&child, "parents.test:443"),
+    ] {
+        let outcome = connect_on_port(&proxy, lease, target).await;
+        assert_eq!(outcome, Err(Code::HostDenied), "{target}");
+        assert!(
+            dialer.dialled.lock().unwrap().is_empty(),
+            "{target} was dialled"
+        );
+    }
+    // The refusal names the address and the lease whose deny list holds it.
+    let said = refusal_detail(&proxy, &nat64, "nat64.test:443").await;
+    assert_eq!(
+        said,
+        format!("nat64.test resolves to 64:ff9b::cb00:7107 (embedding 203.0.113.7), denied by 203.0.113.7 in lease {nat64}")
+    );
+    let said = refusal_detail(&proxy, &child, "parents.test:443").await;
+    assert!(said.contains(&format!("in lease {parent}")), "{said}");
+
+    // The control: an address the deny list does not name is dialled.
+    let other = h.lease(&["*"], &["203.0.113.7"]);
+    let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
+    let outcome = connect_on_port(&proxy, &other, "fine.test:443").await;
+    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+    assert_eq!(
+        std::mem::take(&mut *dialer.dialled.lock().unwrap()),
+        ["203.0.113.8:443".parse::<SocketAddr>().unwrap()]
+    );
+
+    // Report mode only reports: the denied address is dialled, nothing is revoked.
+    config.mode = leasegate::proxy::Mode::Report;
+    let proxy = offline_proxy(&h, config, dialer.clone()).await;
+    let outcome = connect_on_port(&proxy, &other, "sneaky.test:443").await;
+    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+    assert_eq!(
+        *dialer.dialled.lock().unwrap(),
+        ["203.0.113.7:443".parse::<SocketAddr>().unwrap()]
     );
 }
