@@ -1,5 +1,6 @@
 //! The integration suite: one binary, modules by area.
 
+mod boundary;
 mod cli;
 mod conformance;
 mod fold;
