@@ -148,16 +148,12 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 .collect();
             json_response(StatusCode::OK, json!({ "leases": leases }))
         }
-        (&Method::GET, ["leases", id]) => match lease_view(
-            &state,
-            id,
-            Timestamp::now(),
-            TOP_HOSTS,
-            with_credentials,
-        ) {
-            Some(view) => json_response(StatusCode::OK, view),
-            None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
-        },
+        (&Method::GET, ["leases", id]) => {
+            match lease_view(&state, id, Timestamp::now(), TOP_HOSTS, with_credentials) {
+                Some(view) => json_response(StatusCode::OK, view),
+                None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
+            }
+        }
         (&Method::POST, ["leases", id, "revoke"]) => {
             let id = id.to_string();
             revoke(&state, &id, req).await

@@ -313,8 +313,8 @@ mod tests {
                 ),
                 "{addr}"
             );
-            let with_token = serve_config(&["--admin", addr, "--admin-token-file", "TOKEN_FILE"])
-                .unwrap();
+            let with_token =
+                serve_config(&["--admin", addr, "--admin-token-file", "TOKEN_FILE"]).unwrap();
             assert_eq!(with_token.admin_token.as_deref(), Some("s3cret"));
             let insecure = serve_config(&["--admin", addr, "--admin-insecure"]).unwrap();
             assert!(insecure.admin_insecure && insecure.admin_token.is_none());
@@ -330,7 +330,10 @@ mod tests {
         assert_eq!(config.proxy.header_read_timeout, Duration::from_secs(5));
         assert_eq!(config.proxy.max_connections_per_client, 256);
         assert_eq!(config.proxy.credentials, Credentials::Id);
-        assert_eq!(ProxyConfig::default().header_read_timeout, Duration::from_secs(5));
+        assert_eq!(
+            ProxyConfig::default().header_read_timeout,
+            Duration::from_secs(5)
+        );
         assert_eq!(ProxyConfig::default().max_connections_per_client, 256);
         assert!(matches!(
             serve_config(&["--max-connections-per-client", "0"]),

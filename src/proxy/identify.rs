@@ -45,15 +45,14 @@ fn check_tags(
 ) -> Result<(), Refusal> {
     for tag in &identity.tags {
         match tag {
-            Some(tag) => {
-                // A lease we do not know has no key: its token cannot verify.
-                if !key.is_some_and(|key| token::verify(key, &identity.lease_id, tag)) {
-                    return Err(unknown(&format!(
-                        "the token for lease {} does not verify",
-                        identity.lease_id
-                    )));
-                }
+            // A lease we do not know has no key: its token cannot verify.
+            Some(tag) if !key.is_some_and(|key| token::verify(key, &identity.lease_id, tag)) => {
+                return Err(unknown(&format!(
+                    "the token for lease {} does not verify",
+                    identity.lease_id
+                )))
             }
+            Some(_) => {}
             None if credentials == Credentials::Token => {
                 return Err(Refusal::new(
                     Code::LeaseMissing,
@@ -258,11 +257,18 @@ mod tests {
         let bare = identify(&headers(&[("x-lease-id", A.into())]), None).unwrap();
         let refusal = check_tags(&bare, Credentials::Token, Some(&key)).unwrap_err();
         assert_eq!(refusal.code, Code::LeaseMissing);
-        assert!(refusal.detail.contains("token is required"), "{}", refusal.detail);
+        assert!(
+            refusal.detail.contains("token is required"),
+            "{}",
+            refusal.detail
+        );
         assert!(check_tags(&bare, Credentials::Id, Some(&key)).is_ok());
         // A wrong tag is refused in id mode too: a tag that is there is always checked.
-        let forged = identify(&headers(&[("x-lease-id", format!("{A}.AAAAAAAAAAAAAAAAAAAAAA"))]), None)
-            .unwrap();
+        let forged = identify(
+            &headers(&[("x-lease-id", format!("{A}.AAAAAAAAAAAAAAAAAAAAAA"))]),
+            None,
+        )
+        .unwrap();
         for mode in [Credentials::Token, Credentials::Id] {
             assert_eq!(
                 check_tags(&forged, mode, Some(&key)).unwrap_err().code,
@@ -271,12 +277,17 @@ mod tests {
         }
         // A bare id next to a valid token still fails in token mode.
         let mixed = identify(
-            &headers(&[("x-lease-id", A.into()), ("proxy-authorization", format!("Bearer {token}"))]),
+            &headers(&[
+                ("x-lease-id", A.into()),
+                ("proxy-authorization", format!("Bearer {token}")),
+            ]),
             None,
         )
         .unwrap();
         assert_eq!(
-            check_tags(&mixed, Credentials::Token, Some(&key)).unwrap_err().code,
+            check_tags(&mixed, Credentials::Token, Some(&key))
+                .unwrap_err()
+                .code,
             Code::LeaseMissing
         );
         // The per-lease port needs no credential.
@@ -284,7 +295,10 @@ mod tests {
         assert!(check_tags(&port, Credentials::Token, None).is_ok());
         // A tag after a malformed id is still a malformed id.
         assert_eq!(
-            code(identify(&headers(&[("x-lease-id", format!("{}.x", A.to_uppercase()))]), None)),
+            code(identify(
+                &headers(&[("x-lease-id", format!("{}.x", A.to_uppercase()))]),
+                None
+            )),
             Code::LeaseUnknown
         );
     }

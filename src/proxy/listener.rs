@@ -206,7 +206,10 @@ pub async fn serve(
         let Some(slot) = proxy.clients.try_take(client.ip(), per_client) else {
             proxy.tasks.spawn(refuse_connection(
                 stream,
-                format!("{per_client} open from {} already", client.ip().to_canonical()),
+                format!(
+                    "{per_client} open from {} already",
+                    client.ip().to_canonical()
+                ),
             ));
             continue;
         };

@@ -67,8 +67,10 @@ pub enum Destination {
 /// Lines waiting for the writer before new ones are dropped.
 const CAPACITY: usize = 8192;
 
-/// What the writer task receives.
+/// What the writer task receives. Lines are nearly every message: boxing them to shrink the
+/// rare `Close` would cost an allocation per line.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Message {
     Line(EgressEvent),
     /// Write what came before, flush and sync, answer, and stop.

@@ -1,7 +1,9 @@
 //! Closing the boundary (issue 10): lease tokens and who sees credentials, one client against
 //! the connection limit, the header timeout on idle keep-alive, and egress lines at drain.
 
-use crate::harness::{admin_get, curl, http_origin, status_of, streaming_tunnel, until_closed, Harness};
+use crate::harness::{
+    admin_get, curl, http_origin, status_of, streaming_tunnel, until_closed, Harness,
+};
 use crate::support::{leasegate, leasegate_command};
 use leasegate::config::Credentials;
 use leasegate::contract::{token, Key};
@@ -51,7 +53,11 @@ async fn token_mode_admits_tokens_only() {
         )
     };
 
-    let bare = exchange(TcpStream::connect(server.addr).await.unwrap(), &get(lease.clone())).await;
+    let bare = exchange(
+        TcpStream::connect(server.addr).await.unwrap(),
+        &get(lease.clone()),
+    )
+    .await;
     assert_eq!(status_of(&bare), 407, "{bare}");
     assert_eq!(header(&bare, "x-leasegate-refusal"), Some("lease-missing"));
     assert!(bare.contains("token is required"), "{bare}");
@@ -59,18 +65,28 @@ async fn token_mode_admits_tokens_only() {
     let forged = token::mint(&Key::generate(), &lease);
     let answer = exchange(TcpStream::connect(server.addr).await.unwrap(), &get(forged)).await;
     assert_eq!(status_of(&answer), 407, "{answer}");
-    assert_eq!(header(&answer, "x-leasegate-refusal"), Some("lease-unknown"));
+    assert_eq!(
+        header(&answer, "x-leasegate-refusal"),
+        Some("lease-unknown")
+    );
 
     let good = token::mint(&h.key, &lease);
     let url = format!("http://origin.test:{port}/");
-    let out = curl(&["-x", &format!("http://agent:{good}@{}", server.addr), &url], &[]).await;
+    let out = curl(
+        &["-x", &format!("http://agent:{good}@{}", server.addr), &url],
+        &[],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", out.stderr);
     let bearer = exchange(TcpStream::connect(server.addr).await.unwrap(), &get(good)).await;
     assert_eq!(status_of(&bearer), 200, "{bearer}");
 
     let lines = h.egress_lines(4).await;
     // An unproven credential is not the lease's traffic: the refusals name no lease.
-    assert!(lines[..2].iter().all(|l| l["lease_id"].is_null()), "{lines:?}");
+    assert!(
+        lines[..2].iter().all(|l| l["lease_id"].is_null()),
+        "{lines:?}"
+    );
     assert!(lines[2..].iter().all(|l| l["lease_id"] == lease.as_str()));
     assert!(h.revocations().await.is_empty());
 }
@@ -120,12 +136,20 @@ async fn the_admin_api_shows_credentials_only_to_an_authenticated_caller() {
     let echo = ["--", "sh", "-c", "echo $HTTPS_PROXY"];
     let key = h.key_path.to_str().unwrap();
     let token_path = token_file.to_str().unwrap();
-    for extra in [vec!["--admin-token-file", token_path], vec!["--admin-token-file", token_path, "--key-file", key]] {
+    for extra in [
+        vec!["--admin-token-file", token_path],
+        vec!["--admin-token-file", token_path, "--key-file", key],
+    ] {
         let mut args = vec!["run", "--lease", &lease, "--admin", &admin];
         args.extend(extra);
         args.extend(echo);
         let out = leasegate(&args).await;
-        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), with_token);
     }
     server.shutdown().await;
@@ -140,7 +164,15 @@ async fn the_admin_api_shows_credentials_only_to_an_authenticated_caller() {
     let out = leasegate(&args).await;
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs the token"));
-    let mut args = vec!["run", "--lease", &lease, "--admin", &admin, "--key-file", key];
+    let mut args = vec![
+        "run",
+        "--lease",
+        &lease,
+        "--admin",
+        &admin,
+        "--key-file",
+        key,
+    ];
     args.extend(echo);
     let out = leasegate(&args).await;
     assert_eq!(
@@ -154,11 +186,21 @@ fn issue_prints_the_token_second_and_token_mints_the_same() {
     let h = Harness::new();
     let (journal, key) = (h.journal.to_str().unwrap(), h.key_path.to_str().unwrap());
     let out = leasegate_command(&[
-        "issue", "--journal", journal, "--key-file", key, "--allow-host", "example.com",
+        "issue",
+        "--journal",
+        journal,
+        "--key-file",
+        key,
+        "--allow-host",
+        "example.com",
     ])
     .output()
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
@@ -208,7 +250,10 @@ async fn one_client_cannot_take_every_connection_slot() {
     let mut flooders = Vec::with_capacity(flood);
     for _ in 0..flood {
         let mut stream = connect_from("127.0.0.2", server.addr).await;
-        stream.write_all(b"GET http://origin.test/ HTTP/1.1\r\nX-Slow: ").await.unwrap();
+        stream
+            .write_all(b"GET http://origin.test/ HTTP/1.1\r\nX-Slow: ")
+            .await
+            .unwrap();
         flooders.push(stream);
     }
     // Each trickles a byte every 100 ms until told to stop; answers what it heard.
@@ -262,11 +307,18 @@ async fn one_client_cannot_take_every_connection_slot() {
     for trickle in trickles {
         let heard = String::from_utf8_lossy(&trickle.await.unwrap()).into_owned();
         if heard.starts_with("HTTP/1.1 429") {
-            assert!(heard.contains("x-leasegate-refusal: too-many-connections"), "{heard}");
+            assert!(
+                heard.contains("x-leasegate-refusal: too-many-connections"),
+                "{heard}"
+            );
             refused += 1;
         }
     }
-    assert_eq!(refused, flood - per_client, "all beyond the per-client limit got 429");
+    assert_eq!(
+        refused,
+        flood - per_client,
+        "all beyond the per-client limit got 429"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
