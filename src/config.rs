@@ -274,7 +274,8 @@ mod tests {
 
     /// `serve` flags as the binary would parse them, with a key file that exists.
     fn serve_config(extra: &[&str]) -> Result<ServeConfig, ConfigError> {
-        let dir = tempfile_dir();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         let key = dir.join("k.key");
         std::fs::write(&key, crate::contract::Key::generate().to_file_text()).unwrap();
         let token = dir.join("admin-token");
@@ -295,12 +296,6 @@ mod tests {
             unreachable!()
         };
         ServeConfig::try_from(*args)
-    }
-
-    fn tempfile_dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("leasegate-config-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 
     #[test]
