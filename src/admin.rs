@@ -2,10 +2,13 @@
 //! recent refusals.
 //!
 //! Invariant: with a token configured, nothing but `/healthz` answers without it; every answer
-//! but `/metrics` is JSON, errors included.
+//! but `/metrics` is JSON, errors included. A credential (a `proxy_url` carrying a lease id
+//! or token) is shown only to a caller that presented the configured token: with no token
+//! configured nobody is authenticated, so nobody gets one.
 
+use crate::config::Credentials;
 use crate::contract::lease::is_lease_id;
-use crate::contract::{Event, Timestamp};
+use crate::contract::{token, Event, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::revocation::RevocationError;
@@ -81,11 +84,18 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     json_response(status, json!({"error": message.into()}))
 }
 
-/// Whether the request carries the admin token (compared in constant time).
+/// Whether the request may use the admin API: it carries the admin token (compared in
+/// constant time), or none is configured.
 fn is_authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
+    state.token.is_none() || is_authenticated(state, req)
+}
+
+/// Whether the request proved who it is: a token is configured and the request carries it.
+/// Only such a caller is shown credentials.
+fn is_authenticated(state: &AdminState, req: &Request<Incoming>) -> bool {
     use subtle::ConstantTimeEq;
     let Some(token) = &state.token else {
-        return true;
+        return false;
     };
     req.headers()
         .get(header::AUTHORIZATION)
@@ -117,6 +127,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         }
     }
     let method = req.method().clone();
+    let with_credentials = is_authenticated(&state, &req);
     match (&method, segments.as_slice()) {
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => {
@@ -139,15 +150,16 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             let leases: Vec<Value> = snapshot
                 .ledger
                 .leases()
-                .filter_map(|l| lease_view(&state, &l.id, now, 0))
+                .filter_map(|l| lease_view(&state, &l.id, now, 0, with_credentials))
                 .collect();
             json_response(StatusCode::OK, json!({ "leases": leases }))
         }
-        (&Method::GET, ["leases", id]) => match lease_view(&state, id, Timestamp::now(), TOP_HOSTS)
-        {
-            Some(view) => json_response(StatusCode::OK, view),
-            None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
-        },
+        (&Method::GET, ["leases", id]) => {
+            match lease_view(&state, id, Timestamp::now(), TOP_HOSTS, with_credentials) {
+                Some(view) => json_response(StatusCode::OK, view),
+                None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
+            }
+        }
         (&Method::POST, ["leases", id, "revoke"]) => {
             let id = id.to_string();
             revoke(&state, &id, req).await
@@ -272,13 +284,33 @@ async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Respons
 }
 
 /// One lease as the admin API shows it, with its counters (and its top hosts if `top` > 0).
-pub fn lease_view(state: &AdminState, id: &str, now: Timestamp, top: usize) -> Option<Value> {
+/// `with_credentials`: the caller is authenticated, so `proxy_url` may carry the lease's
+/// credential (its id, or its token in token mode); otherwise it carries none.
+pub fn lease_view(
+    state: &AdminState,
+    id: &str,
+    now: Timestamp,
+    top: usize,
+    with_credentials: bool,
+) -> Option<Value> {
     let snapshot = state.proxy.registry.snapshot();
     let lease = snapshot.ledger.lease(id)?;
     let port = state.ports.as_ref().and_then(|p| p.port_of(id));
-    let proxy_url = match (port, &state.ports) {
-        (Some(port), Some(ports)) => format!("http://{}", SocketAddr::new(ports.bind, port)),
-        _ => format!("http://agent:{id}@{}", state.proxy_addr),
+    let credentials = state.proxy.config.credentials;
+    let credential = match credentials {
+        _ if !with_credentials => None,
+        Credentials::Id => Some(id.to_owned()),
+        Credentials::Token => snapshot
+            .ledger
+            .keyring()
+            .and_then(|ring| ring.get(&lease.key_fingerprint))
+            .map(|key| token::mint(key, id)),
+    };
+    let proxy_url = match (port, &state.ports, credential) {
+        // A lease's own port needs no credential.
+        (Some(port), Some(ports), _) => format!("http://{}", SocketAddr::new(ports.bind, port)),
+        (_, _, Some(credential)) => format!("http://agent:{credential}@{}", state.proxy_addr),
+        (_, _, None) => format!("http://{}", state.proxy_addr),
     };
     let counters = state.proxy.telemetry.metrics.lease(id).unwrap_or_default();
     let count = |verdict: LoggedVerdict| -> u64 {
@@ -300,6 +332,10 @@ pub fn lease_view(state: &AdminState, id: &str, now: Timestamp, top: usize) -> O
         "deny_hosts": lease.deny_hosts,
         "port": port,
         "proxy_url": proxy_url,
+        "credentials": match credentials {
+            Credentials::Id => "id",
+            Credentials::Token => "token",
+        },
         "counters": {
             "requests": counters.total_requests(),
             "allowed": count(LoggedVerdict::Allow),

@@ -49,6 +49,26 @@ pub enum Command {
     Check(CheckArgs),
     /// Run an agent command pointed at its lease (proxy variables set, exit code passed through).
     Run(RunArgs),
+    /// Print the proxy token of a lease (`<lease-id>.<tag>`, for `--credentials token`).
+    Token(TokenArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The lease.
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: String,
+    /// The key the lease is signed with.
+    #[arg(long, env = "LEASEGATE_KEY_FILE")]
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CredentialsArg {
+    /// The lease id alone is the credential.
+    Id,
+    /// `<lease-id>.<tag>` (see `leasegate token`); a bare lease id is refused.
+    Token,
 }
 
 #[derive(Debug, Args)]
@@ -56,9 +76,15 @@ pub struct RunArgs {
     /// The lease the agent runs under.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: String,
-    /// The proxy to use with the lease id as credentials when the lease has no port of its own.
+    /// The proxy to use, with the lease's credential, when the lease has no port of its own.
     #[arg(long, env = "LEASEGATE_PROXY")]
     pub proxy: Option<String>,
+    /// The lease's key: mints the proxy token locally (for `serve --credentials token`).
+    #[arg(long, env = "LEASEGATE_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The admin API's bearer token; an authenticated admin API also hands out the token.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// The admin API of the running proxy.
     #[arg(
         long,
@@ -124,8 +150,9 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allow_hosts: Vec<String>,
-    /// Time a client has to send its request headers.
-    #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    /// Time a client has to send a request head: the first, and the next on an idle
+    /// keep-alive connection.
+    #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: std::time::Duration,
     /// Largest request head accepted, in bytes.
     #[arg(long, env = "LEASEGATE_MAX_HEADER_BYTES", default_value_t = 65536)]
@@ -149,6 +176,16 @@ pub struct ServeArgs {
     /// Client connections open at once, in total (beyond: 429 too-many-connections).
     #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
+    /// Client connections open at once from one source IP address (beyond: 429).
+    #[arg(
+        long,
+        env = "LEASEGATE_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 256
+    )]
+    pub max_connections_per_client: usize,
+    /// What a credential on the shared listener must be: the lease id, or its token.
+    #[arg(long, env = "LEASEGATE_CREDENTIALS", value_enum, default_value = "id")]
+    pub credentials: CredentialsArg,
     /// Client connections open at once per lease.
     #[arg(
         long,
@@ -171,6 +208,9 @@ pub struct ServeArgs {
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Let --admin bind beyond loopback without --admin-token-file (warned at every start).
+    #[arg(long, env = "LEASEGATE_ADMIN_INSECURE")]
+    pub admin_insecure: bool,
     /// Time allowed for one upstream connect.
     #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: std::time::Duration,

@@ -34,6 +34,17 @@ pub enum OnRefusal {
     Log,
 }
 
+/// `--credentials`: what a credential on the shared listener must prove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Credentials {
+    /// The lease id alone is the credential (anyone who learns the id can spend the lease).
+    #[default]
+    Id,
+    /// `<lease-id>.<tag>`: the tag is a MAC under the lease's key, so knowing the id (from
+    /// the journal, the admin API, a log line) is not enough.
+    Token,
+}
+
 /// What the proxy needs to decide and connect, validated.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -44,12 +55,19 @@ pub struct ProxyConfig {
     /// Phase 5 resolves names. False only for `check` without `--resolve`: names are judged
     /// but not resolved (IP literals are still guarded).
     pub resolve_names: bool,
+    /// What a credential must prove (`--credentials`).
+    pub credentials: Credentials,
+    /// Time to send a request head: the first one, and each next one on an idle keep-alive
+    /// connection (hyper restarts the timer whenever it waits for a head).
     pub header_read_timeout: Duration,
     /// A tunnel (or upgraded connection) with no bytes either way for this long is closed.
     pub tunnel_idle_timeout: Duration,
     /// Client connections at once, in total and per lease (`too-many-connections`).
     pub max_connections: usize,
     pub max_connections_per_lease: usize,
+    /// Client connections at once from one source IP, counted at accept, before any byte is
+    /// parsed (so one client cannot hold every slot of `max_connections`).
+    pub max_connections_per_client: usize,
     /// How long the metric series of a closed lease stay visible.
     pub series_grace: Duration,
     /// The largest request head (request line and headers) served; larger heads get 431.
@@ -72,10 +90,12 @@ impl Default for ProxyConfig {
             guard: Guard::default(),
             resolver: Resolver::system(),
             resolve_names: true,
-            header_read_timeout: Duration::from_secs(10),
+            credentials: Credentials::Id,
+            header_read_timeout: Duration::from_secs(5),
             tunnel_idle_timeout: Duration::from_secs(3600),
             max_connections: 10_000,
             max_connections_per_lease: 1_000,
+            max_connections_per_client: 256,
             series_grace: crate::telemetry::metrics::GRACE,
             max_header_bytes: 64 * 1024,
             require_sni: false,
@@ -104,6 +124,9 @@ pub struct ServeConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Bearer token every admin route but `/healthz` requires.
     pub admin_token: Option<String>,
+    /// `--admin-insecure`: the admin API binds beyond loopback without a token (warned at
+    /// every start).
+    pub admin_insecure: bool,
     /// How long a drain waits for requests and tunnels before closing them.
     pub drain_timeout: Duration,
 }
@@ -119,6 +142,14 @@ pub enum ConfigError {
     Keys(#[from] KeyError),
     #[error("--admin {0:?}: expected ADDR:PORT or `off`")]
     Admin(String),
+    #[error(
+        "--admin {0} is reachable beyond loopback but has no --admin-token-file: anyone who \
+         reaches it could list leases and revoke them. Give it a token, bind 127.0.0.1, or \
+         pass --admin-insecure to accept the risk"
+    )]
+    AdminExposed(SocketAddr),
+    #[error("--max-connections-per-client must be at least 1")]
+    PerClientLimit,
     #[error("--resolve {0:?}: expected NAME=ADDR with an IP address")]
     Resolve(String),
     #[error("reading {path}: {source}")]
@@ -164,10 +195,18 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 cli::OnRefusalArg::Revoke => OnRefusal::Revoke,
                 cli::OnRefusalArg::Log => OnRefusal::Log,
             },
+            credentials: match args.credentials {
+                cli::CredentialsArg::Id => Credentials::Id,
+                cli::CredentialsArg::Token => Credentials::Token,
+            },
             header_read_timeout: args.header_read_timeout,
             tunnel_idle_timeout: args.tunnel_idle_timeout,
             max_connections: args.max_connections,
             max_connections_per_lease: args.max_connections_per_lease,
+            max_connections_per_client: match args.max_connections_per_client {
+                0 => return Err(ConfigError::PerClientLimit),
+                n => n,
+            },
             series_grace: args.metrics_grace,
             max_header_bytes: args.max_header_bytes,
             require_sni: args.require_sni,
@@ -185,6 +224,21 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 .to_owned(),
             None => String::new(),
         };
+        let admin = match args.admin.as_str() {
+            "off" => None,
+            addr => Some(
+                addr.parse::<SocketAddr>()
+                    .map_err(|_| ConfigError::Admin(addr.to_owned()))?,
+            ),
+        };
+        let admin_token = Some(admin_token).filter(|t| !t.is_empty());
+        // Fail closed: an admin API others can reach lists every lease and revokes any of
+        // them, so beyond loopback it needs a token unless the operator says otherwise.
+        if let Some(addr) = admin {
+            if !addr.ip().is_loopback() && admin_token.is_none() && !args.admin_insecure {
+                return Err(ConfigError::AdminExposed(addr));
+            }
+        }
         Ok(ServeConfig {
             listen: args.listen,
             journal: args.journal.ok_or(ConfigError::NoJournal)?,
@@ -195,16 +249,11 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 path => Destination::File(path.into()),
             }),
             proxy,
-            admin: match args.admin.as_str() {
-                "off" => None,
-                addr => Some(
-                    addr.parse()
-                        .map_err(|_| ConfigError::Admin(addr.to_owned()))?,
-                ),
-            },
+            admin,
             lease_ports: args.lease_ports.map(|range| (range, args.lease_port_bind)),
             tls: args.tls_cert.zip(args.tls_key),
-            admin_token: Some(admin_token).filter(|t| !t.is_empty()),
+            admin_token,
+            admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
         })
     }
@@ -223,4 +272,76 @@ pub fn parse_resolve(pairs: &[String]) -> Result<HashMap<String, Vec<IpAddr>>, C
         map.entry(name.to_ascii_lowercase()).or_default().push(addr);
     }
     Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `serve` flags as the binary would parse them, with a key file that exists.
+    fn serve_config(extra: &[&str]) -> Result<ServeConfig, ConfigError> {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        let key = dir.join("k.key");
+        std::fs::write(&key, crate::contract::Key::generate().to_file_text()).unwrap();
+        let token = dir.join("admin-token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let mut argv = vec![
+            "leasegate".to_owned(),
+            "serve".into(),
+            "--journal".into(),
+            dir.join("j.jsonl").display().to_string(),
+            "--key-file".into(),
+            key.display().to_string(),
+        ];
+        for arg in extra {
+            argv.push(arg.replace("TOKEN_FILE", &token.display().to_string()));
+        }
+        let cli = cli::Cli::try_parse_from(argv).unwrap();
+        let cli::Command::Serve(args) = cli.command else {
+            unreachable!()
+        };
+        ServeConfig::try_from(*args)
+    }
+
+    #[test]
+    fn an_exposed_admin_api_needs_a_token_or_an_explicit_override() {
+        for addr in ["0.0.0.0:3129", "[::]:3129", "10.1.2.3:3129"] {
+            assert!(
+                matches!(
+                    serve_config(&["--admin", addr]),
+                    Err(ConfigError::AdminExposed(_))
+                ),
+                "{addr}"
+            );
+            let with_token =
+                serve_config(&["--admin", addr, "--admin-token-file", "TOKEN_FILE"]).unwrap();
+            assert_eq!(with_token.admin_token.as_deref(), Some("s3cret"));
+            let insecure = serve_config(&["--admin", addr, "--admin-insecure"]).unwrap();
+            assert!(insecure.admin_insecure && insecure.admin_token.is_none());
+        }
+        for addr in ["127.0.0.1:3129", "[::1]:3129", "off"] {
+            assert!(serve_config(&["--admin", addr]).is_ok(), "{addr}");
+        }
+    }
+
+    #[test]
+    fn connection_defaults_bound_a_slow_or_greedy_client() {
+        let config = serve_config(&[]).unwrap();
+        assert_eq!(config.proxy.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(config.proxy.max_connections_per_client, 256);
+        assert_eq!(config.proxy.credentials, Credentials::Id);
+        assert_eq!(
+            ProxyConfig::default().header_read_timeout,
+            Duration::from_secs(5)
+        );
+        assert_eq!(ProxyConfig::default().max_connections_per_client, 256);
+        assert!(matches!(
+            serve_config(&["--max-connections-per-client", "0"]),
+            Err(ConfigError::PerClientLimit)
+        ));
+        let token = serve_config(&["--credentials", "token"]).unwrap();
+        assert_eq!(token.proxy.credentials, Credentials::Token);
+    }
 }

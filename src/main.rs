@@ -5,7 +5,8 @@ use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use leasegate::cli::{self, Cli, Command};
 use leasegate::config::{ProxyConfig, ServeConfig};
-use leasegate::contract::{Key, Keyring, Timestamp};
+use leasegate::contract::lease::is_lease_id;
+use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::dev;
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
         Command::Run(args) => return run_agent(args),
+        Command::Token(args) => token(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -83,8 +85,23 @@ fn issue_lease(args: cli::IssueArgs) -> Result<()> {
     )?;
     // `leasegate issue ... | head -1` closes the pipe after the first line: not an error.
     let mut out = std::io::stdout().lock();
+    // Line 1 the lease id, line 2 its proxy token (`--credentials token`), line 3 expiry.
     let _ = writeln!(out, "{}", issued.lease_id)
+        .and_then(|()| writeln!(out, "{}", token::mint(&key, &issued.lease_id)))
         .and_then(|()| writeln!(out, "expires_at {}", issued.expires_at));
+    Ok(())
+}
+
+/// `token`: the proxy token of a lease, from the key it is signed with.
+fn token(args: cli::TokenArgs) -> Result<()> {
+    if !is_lease_id(&args.lease) {
+        return Err(anyhow!(
+            "{:?} is not a lease id (a lower-case UUID)",
+            args.lease
+        ));
+    }
+    let key = Key::load(&args.key_file)?;
+    println!("{}", token::mint(&key, &args.lease));
     Ok(())
 }
 
@@ -192,9 +209,16 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
         None
     };
     let egress_on_stdout = args.egress_log.as_deref() == Some("-");
+    // In token mode the demo lease's credential is its token, minted with the dev key.
+    let dev_credential = match (&dev_lease, args.credentials, args.key_files.first()) {
+        (Some(lease), cli::CredentialsArg::Token, Some(key)) => {
+            Some(token::mint(&Key::load(key)?, lease))
+        }
+        (lease, _, _) => lease.clone(),
+    };
     let server = Server::start(ServeConfig::try_from(args)?).await?;
-    if let Some(lease) = dev_lease {
-        let url = format!("http://agent:{lease}@{}", server.addr);
+    if let (Some(lease), Some(credential)) = (dev_lease, dev_credential) {
+        let url = format!("http://agent:{credential}@{}", server.addr);
         println!("leasegate (dev) on {} with demo lease {lease}", server.addr);
         println!("export HTTPS_PROXY={url} HTTP_PROXY={url}");
     } else if egress_on_stdout {
@@ -260,10 +284,18 @@ fn run_agent(args: cli::RunArgs) -> ExitCode {
             return ExitCode::from(125);
         }
     };
+    let auth = match run_auth(&args) {
+        Ok(auth) => auth,
+        Err(e) => {
+            eprintln!("leasegate run: {e}");
+            return ExitCode::from(125);
+        }
+    };
     match runtime.block_on(run::run(
         &args.lease,
         args.proxy.as_deref(),
         &args.admin,
+        &auth,
         &args.command,
     )) {
         Ok(code) => ExitCode::from(code),
@@ -272,4 +304,26 @@ fn run_agent(args: cli::RunArgs) -> ExitCode {
             ExitCode::from(125)
         }
     }
+}
+
+/// The key and admin token `run` was given, loaded.
+fn run_auth(args: &cli::RunArgs) -> Result<run::RunAuth, run::RunError> {
+    let read_error = |path: &std::path::Path, reason: String| run::RunError::Read {
+        path: path.display().to_string(),
+        reason,
+    };
+    let key = match &args.key_file {
+        Some(path) => Some(Key::load(path).map_err(|e| read_error(path, e.to_string()))?),
+        None => None,
+    };
+    let admin_token = match &args.admin_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| read_error(path, e.to_string()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    Ok(run::RunAuth { key, admin_token })
 }

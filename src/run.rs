@@ -2,7 +2,10 @@
 //!
 //! Invariant: the child starts only if the admin API says the lease opens now; it sees the
 //! proxy in every variable clients read (upper and lower case), no `NO_PROXY`, and its exit
-//! code (or 128+signal) becomes ours. SIGINT and SIGTERM reach the child.
+//! code (or 128+signal) becomes ours. SIGINT and SIGTERM reach the child. Its credential is
+//! the lease's token when one is at hand (minted from `--key-file`, or handed out by an admin
+//! API we authenticated to), else the lease id; a proxy in token mode with no token at hand
+//! is an error before the child starts, not a 407 inside it.
 
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
@@ -25,10 +28,29 @@ pub enum RunError {
     },
     #[error("cannot start {0}: {1}")]
     Spawn(String, std::io::Error),
+    #[error(
+        "the proxy needs the token of lease {0} (--credentials token): give --key-file, or \
+         --admin-token-file so that the admin API hands it out"
+    )]
+    NoToken(String),
+    #[error("reading {path}: {reason}")]
+    Read { path: String, reason: String },
 }
 
-/// Asks the admin API for `GET /leases/{id}`; `None` for 404.
-pub async fn lookup(admin: &str, lease: &str) -> Result<Option<Value>, RunError> {
+/// The credentials `run` may use: the lease's key (mints its token) and the admin API token.
+#[derive(Debug, Default)]
+pub struct RunAuth {
+    pub key: Option<crate::contract::Key>,
+    pub admin_token: Option<String>,
+}
+
+/// Asks the admin API for `GET /leases/{id}` (with `admin_token` as bearer token); `None`
+/// for 404.
+pub async fn lookup(
+    admin: &str,
+    lease: &str,
+    admin_token: Option<&str>,
+) -> Result<Option<Value>, RunError> {
     let base =
         url::Url::parse(admin).map_err(|e| RunError::Url(admin.to_owned(), e.to_string()))?;
     let admin_error = |reason: String| RunError::Admin {
@@ -48,8 +70,12 @@ pub async fn lookup(admin: &str, lease: &str) -> Result<Option<Value>, RunError>
         .await
         .map_err(|e| admin_error(e.to_string()))?;
     tokio::spawn(connection);
-    let request = http::Request::get(format!("/leases/{lease}"))
-        .header(http::header::HOST, format!("{host}:{port}"))
+    let mut request = http::Request::get(format!("/leases/{lease}"))
+        .header(http::header::HOST, format!("{host}:{port}"));
+    if let Some(token) = admin_token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| admin_error(e.to_string()))?;
     let response = sender
@@ -73,20 +99,36 @@ pub async fn lookup(admin: &str, lease: &str) -> Result<Option<Value>, RunError>
 }
 
 /// The proxy URL for a lease: its own port if it has one, else `proxy` (or the admin's
-/// credential URL) carrying the lease id as the password.
-pub fn proxy_url(view: &Value, lease: &str, proxy: Option<&str>) -> Result<String, RunError> {
+/// proxy URL) carrying the lease's credential as the password: `token` if given, else the
+/// one the admin API put in its URL (only for an authenticated caller), else the lease id —
+/// unless the admin API says the proxy wants tokens.
+pub fn proxy_url(
+    view: &Value,
+    lease: &str,
+    proxy: Option<&str>,
+    token: Option<&str>,
+) -> Result<String, RunError> {
     let admin_url = view["proxy_url"].as_str().unwrap_or_default().to_owned();
     if !view["port"].is_null() {
         return Ok(admin_url);
     }
-    let Some(proxy) = proxy else {
-        return Ok(admin_url);
-    };
+    let base = proxy.unwrap_or(&admin_url);
     let mut url =
-        url::Url::parse(proxy).map_err(|e| RunError::Url(proxy.to_owned(), e.to_string()))?;
+        url::Url::parse(base).map_err(|e| RunError::Url(base.to_owned(), e.to_string()))?;
+    let handed_out = url::Url::parse(&admin_url)
+        .ok()
+        .and_then(|u| u.password().map(str::to_owned));
+    let credential = match (token, handed_out) {
+        (Some(token), _) => token.to_owned(),
+        (None, Some(credential)) => credential,
+        (None, None) if view["credentials"] == "token" => {
+            return Err(RunError::NoToken(lease.to_owned()))
+        }
+        (None, None) => lease.to_owned(),
+    };
     url.set_username("agent")
-        .and_then(|()| url.set_password(Some(lease)))
-        .map_err(|()| RunError::Url(proxy.to_owned(), "cannot carry credentials".into()))?;
+        .and_then(|()| url.set_password(Some(&credential)))
+        .map_err(|()| RunError::Url(base.to_owned(), "cannot carry credentials".into()))?;
     Ok(url.as_str().trim_end_matches('/').to_owned())
 }
 
@@ -113,10 +155,11 @@ pub async fn run(
     lease: &str,
     proxy: Option<&str>,
     admin: &str,
+    auth: &RunAuth,
     command: &[String],
 ) -> Result<u8, RunError> {
     let shown = command.join(" ");
-    let view = lookup(admin, lease)
+    let view = lookup(admin, lease, auth.admin_token.as_deref())
         .await?
         .ok_or_else(|| RunError::UnknownLease(lease.to_owned()))?;
     let status = view["status"].as_str().unwrap_or("unknown");
@@ -127,7 +170,11 @@ pub async fn run(
             command: shown,
         });
     }
-    let url = proxy_url(&view, lease, proxy)?;
+    let token = auth
+        .key
+        .as_ref()
+        .map(|key| crate::contract::token::mint(key, lease));
+    let url = proxy_url(&view, lease, proxy, token.as_deref())?;
     let (set, unset) = agent_env(&url, lease);
     let mut child = tokio::process::Command::new(&command[0]);
     child

@@ -41,6 +41,9 @@ pub enum StartError {
     Tls(String),
 }
 
+/// How long a drain waits, after closing what was left, for the last exchanges to end.
+const AFTER_HARD_STOP: Duration = Duration::from_secs(5);
+
 /// A running proxy.
 pub struct Server {
     /// The bound proxy address (useful with port 0).
@@ -244,6 +247,17 @@ impl Server {
             accepting.clone(),
         ));
         let admin_addr = admin.as_ref().map(|(_, a)| *a);
+        if config.admin_insecure {
+            if let Some(admin_addr) = admin_addr.filter(|a| !a.ip().is_loopback()) {
+                if config.admin_token.is_none() {
+                    tracing::warn!(
+                        %admin_addr,
+                        "--admin-insecure: the admin API is reachable beyond loopback without a \
+                         token; anyone who reaches it can list and revoke leases"
+                    );
+                }
+            }
+        }
         let admin = match admin {
             Some((admin_listener, admin_addr)) => {
                 let state = Arc::new(AdminState {
@@ -280,7 +294,8 @@ impl Server {
     }
 
     /// Graceful drain: stop accepting, `/readyz` turns 503, requests in flight and tunnels get
-    /// up to the drain timeout, then whatever is left is closed.
+    /// up to the drain timeout, then whatever is left is closed. Returns once every exchange
+    /// has ended and the egress log holds its line, synced to disk.
     pub async fn shutdown(self) {
         if let Some(admin) = &self.admin {
             admin.ready.store(false, Ordering::SeqCst);
@@ -298,9 +313,25 @@ impl Server {
                 "drain timed out: closing what is left"
             );
             self.proxy.hard_stop.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(2), self.proxy.tasks.wait()).await;
+        }
+        // Every tunnel and request watches hard_stop, so what is left ends promptly; the
+        // bound only keeps a stuck task from holding the process forever.
+        let exchanges = &self.proxy.telemetry.exchanges;
+        exchanges.close();
+        let ended = async {
+            self.proxy.tasks.wait().await;
+            exchanges.wait().await;
+        };
+        if tokio::time::timeout(AFTER_HARD_STOP, ended).await.is_err() {
+            tracing::error!(
+                tasks = self.proxy.tasks.len(),
+                exchanges = exchanges.len(),
+                "exchanges still open after the drain: their egress lines are lost"
+            );
         }
         self.background.cancel();
+        // Last: every line is queued now; write, sync and stop the writer before we return.
+        self.proxy.telemetry.egress.close().await;
         tracing::info!("stopped");
     }
 }

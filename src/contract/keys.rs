@@ -107,6 +107,11 @@ impl Key {
         self.mac(bytes).verify_slice(&expected).is_ok()
     }
 
+    /// The raw HMAC-SHA256 of `bytes` (for derived credentials such as proxy tokens).
+    pub fn hmac(&self, bytes: &[u8]) -> [u8; 32] {
+        self.mac(bytes).finalize().into_bytes().into()
+    }
+
     fn mac(&self, bytes: &[u8]) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.raw).expect("HMAC takes any key length");
         mac.update(bytes);

@@ -10,6 +10,7 @@ pub mod record;
 pub mod rules;
 pub mod schema;
 pub mod timestamp;
+pub mod token;
 
 pub use keys::{Key, Keyring};
 pub use lease::{Lease, LeaseError};

@@ -1,7 +1,8 @@
 //! The per-request context and the logging phase: one egress line per request or tunnel.
 //!
 //! Invariant: an [`Exchange`] writes its egress line exactly once, when it is dropped — so
-//! every path (refusal, error, success, client gone, lease closed) logs, and none logs twice.
+//! every path (refusal, error, success, client gone, lease closed) logs, and none logs twice;
+//! it is counted in `Telemetry::exchanges` until its line is queued.
 
 use crate::contract::Timestamp;
 use crate::policy::refusal::Code;
@@ -43,6 +44,9 @@ pub struct Exchange {
     pub revoked: Option<bool>,
     /// The lease's token: if it fired, the line says the lease closed the exchange.
     pub token: Option<CancellationToken>,
+    /// Counts this exchange as open until it is dropped (fields drop after `Drop::drop` has
+    /// queued the line), so a shutdown waits for the line.
+    _open: tokio_util::task::task_tracker::TaskTrackerToken,
 }
 
 impl Exchange {
@@ -54,6 +58,7 @@ impl Exchange {
         listener: SocketAddr,
     ) -> Exchange {
         Exchange {
+            _open: telemetry.exchanges.token(),
             telemetry,
             lease_known: false,
             decided: false,

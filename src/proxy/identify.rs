@@ -1,10 +1,16 @@
-//! Which lease a request belongs to: per-lease port, `Proxy-Authorization`, `X-Lease-Id`.
+//! Which lease a request belongs to: per-lease port, `Proxy-Authorization`, `X-Lease-Id`;
+//! and, with `--credentials token`, whether each credential carries the lease's token.
 //!
 //! Invariant: two different lease ids in one request are a conflict, never a choice; a
-//! malformed credential is `lease-unknown`, no credential at all `lease-missing`.
+//! malformed credential is `lease-unknown`, no credential at all `lease-missing`. A tag that
+//! is present is always verified (in either mode); in token mode a bare lease id is
+//! `lease-missing` and a tag that does not verify under the lease's own key `lease-unknown`.
 
+use crate::config::Credentials;
 use crate::contract::lease::is_lease_id;
+use crate::contract::{token, Key};
 use crate::policy::refusal::{Code, Refusal};
+use crate::registry::Snapshot;
 use base64::Engine;
 use http::HeaderMap;
 
@@ -13,6 +19,51 @@ use http::HeaderMap;
 pub struct Identity {
     pub lease_id: String,
     pub label: Option<String>,
+    /// One entry per credential that named the lease: its token tag, `None` for a bare id.
+    /// Empty when only the per-lease port names it.
+    pub tags: Vec<Option<String>>,
+}
+
+/// Checks the tags of `identity` against the key its lease is signed with, looked up in
+/// `snapshot` (the lease's key fingerprint in the registry's keyring).
+pub fn authenticate(
+    identity: &Identity,
+    credentials: Credentials,
+    snapshot: &Snapshot,
+) -> Result<(), Refusal> {
+    let key = snapshot
+        .ledger
+        .lease(&identity.lease_id)
+        .and_then(|lease| snapshot.ledger.keyring()?.get(&lease.key_fingerprint));
+    check_tags(identity, credentials, key)
+}
+
+fn check_tags(
+    identity: &Identity,
+    credentials: Credentials,
+    key: Option<&Key>,
+) -> Result<(), Refusal> {
+    for tag in &identity.tags {
+        match tag {
+            // A lease we do not know has no key: its token cannot verify.
+            Some(tag) if !key.is_some_and(|key| token::verify(key, &identity.lease_id, tag)) => {
+                return Err(unknown(&format!(
+                    "the token for lease {} does not verify",
+                    identity.lease_id
+                )))
+            }
+            Some(_) => {}
+            None if credentials == Credentials::Token => {
+                return Err(Refusal::new(
+                    Code::LeaseMissing,
+                    "a lease token is required, not a bare lease id: put <lease-id>.<tag> in the \
+                     proxy URL (`leasegate token`, or line 2 of `leasegate issue`)",
+                ))
+            }
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// The header carrying a lease id without credentials syntax.
@@ -33,10 +84,7 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
             .to_str()
             .map_err(|_| unknown("X-Lease-Id is not text"))?
             .trim();
-        named.push(Identity {
-            lease_id: checked_id(text)?,
-            label: None,
-        });
+        named.push(checked(text, None)?);
     }
     let label = named.iter().find_map(|i| i.label.clone());
     let first = match port_lease {
@@ -60,6 +108,7 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
     Ok(Identity {
         lease_id: first,
         label,
+        tags: named.into_iter().flat_map(|i| i.tags).collect(),
     })
 }
 
@@ -74,10 +123,7 @@ fn parse_authorization(text: &str) -> Result<Identity, Refusal> {
         .ok_or_else(|| unknown("malformed Proxy-Authorization"))?;
     let rest = rest.trim();
     if scheme.eq_ignore_ascii_case("bearer") {
-        return Ok(Identity {
-            lease_id: checked_id(rest)?,
-            label: None,
-        });
+        return checked(rest, None);
     }
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err(unknown(
@@ -95,19 +141,21 @@ fn parse_authorization(text: &str) -> Result<Identity, Refusal> {
     } else {
         (password, (!user.is_empty()).then(|| user.to_owned()))
     };
-    Ok(Identity {
-        lease_id: checked_id(id)?,
-        label,
-    })
+    checked(id, label)
 }
 
-/// A lease id has the contract's form (lower-case UUID).
-fn checked_id(text: &str) -> Result<String, Refusal> {
-    if is_lease_id(text) {
-        Ok(text.to_owned())
-    } else {
-        Err(unknown("the lease id is not a lower-case UUID"))
+/// One credential, `<lease-id>` or `<lease-id>.<tag>`; the lease id has the contract's form
+/// (lower-case UUID).
+fn checked(credential: &str, label: Option<String>) -> Result<Identity, Refusal> {
+    let (id, tag) = token::split(credential);
+    if !is_lease_id(id) {
+        return Err(unknown("the lease id is not a lower-case UUID"));
     }
+    Ok(Identity {
+        lease_id: id.to_owned(),
+        label,
+        tags: vec![tag.map(str::to_owned)],
+    })
 }
 
 #[cfg(test)]
@@ -151,7 +199,8 @@ mod tests {
             with_label,
             Identity {
                 lease_id: A.into(),
-                label: Some("agent".into())
+                label: Some("agent".into()),
+                tags: vec![None],
             }
         );
         let as_user = identify(
@@ -170,6 +219,88 @@ mod tests {
         assert_eq!(header.lease_id, A);
         let port = identify(&HeaderMap::new(), Some(B)).unwrap();
         assert_eq!(port.lease_id, B);
+        assert!(port.tags.is_empty());
+    }
+
+    #[test]
+    fn token_mode_needs_a_verifying_tag_on_every_credential() {
+        let key = Key::generate();
+        let token = token::mint(&key, A);
+        let forms = [
+            ("proxy-authorization", basic(&format!("agent:{token}"))),
+            ("proxy-authorization", basic(&format!("{token}:"))),
+            ("proxy-authorization", format!("Bearer {token}")),
+            ("x-lease-id", token.clone()),
+        ];
+        for (name, value) in &forms {
+            let identity = identify(&headers(&[(name, value.clone())]), None).unwrap();
+            assert_eq!(identity.lease_id, A, "{value}");
+            for mode in [Credentials::Token, Credentials::Id] {
+                assert!(check_tags(&identity, mode, Some(&key)).is_ok(), "{value}");
+            }
+            let other = Key::generate();
+            assert_eq!(
+                check_tags(&identity, Credentials::Token, Some(&other))
+                    .unwrap_err()
+                    .code,
+                Code::LeaseUnknown,
+                "a tag under another key: {value}"
+            );
+            assert_eq!(
+                check_tags(&identity, Credentials::Token, None)
+                    .unwrap_err()
+                    .code,
+                Code::LeaseUnknown,
+                "a lease without a key: {value}"
+            );
+        }
+        let bare = identify(&headers(&[("x-lease-id", A.into())]), None).unwrap();
+        let refusal = check_tags(&bare, Credentials::Token, Some(&key)).unwrap_err();
+        assert_eq!(refusal.code, Code::LeaseMissing);
+        assert!(
+            refusal.detail.contains("token is required"),
+            "{}",
+            refusal.detail
+        );
+        assert!(check_tags(&bare, Credentials::Id, Some(&key)).is_ok());
+        // A wrong tag is refused in id mode too: a tag that is there is always checked.
+        let forged = identify(
+            &headers(&[("x-lease-id", format!("{A}.AAAAAAAAAAAAAAAAAAAAAA"))]),
+            None,
+        )
+        .unwrap();
+        for mode in [Credentials::Token, Credentials::Id] {
+            assert_eq!(
+                check_tags(&forged, mode, Some(&key)).unwrap_err().code,
+                Code::LeaseUnknown
+            );
+        }
+        // A bare id next to a valid token still fails in token mode.
+        let mixed = identify(
+            &headers(&[
+                ("x-lease-id", A.into()),
+                ("proxy-authorization", format!("Bearer {token}")),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            check_tags(&mixed, Credentials::Token, Some(&key))
+                .unwrap_err()
+                .code,
+            Code::LeaseMissing
+        );
+        // The per-lease port needs no credential.
+        let port = identify(&HeaderMap::new(), Some(A)).unwrap();
+        assert!(check_tags(&port, Credentials::Token, None).is_ok());
+        // A tag after a malformed id is still a malformed id.
+        assert_eq!(
+            code(identify(
+                &headers(&[("x-lease-id", format!("{}.x", A.to_uppercase()))]),
+                None
+            )),
+            Code::LeaseUnknown
+        );
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! the optional TLS handshake, the HTTP/1.1 server with its header timeout, and dispatch of
 //! each request to CONNECT or forwarding.
 //!
-//! Invariant: every accepted connection holds one `max_connections` permit for as long as it
-//! (or a tunnel it became) lives, is counted once against each lease it is tied to, and closes
-//! when any of those leases closes.
+//! Invariant: every accepted connection holds one slot of its source IP
+//! (`max_connections_per_client`, taken first, before a byte is read) and one
+//! `max_connections` permit for as long as it (or a tunnel it became) lives, is counted once
+//! against each lease it is tied to, and closes when any of those leases closes.
 
 use super::state::Proxy;
 use super::{connect, forward, Body};
@@ -14,7 +15,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -36,6 +37,58 @@ pub struct ClientConn {
     /// This connection's place under `max_connections`, held as long as the connection (or
     /// the tunnel it became) lives; `None` for `check`'s connection, which is not a socket.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its place under `max_connections_per_client`, held as long as the permit.
+    _slot: Option<ClientSlot>,
+}
+
+/// Open connections per source IP address (`max_connections_per_client`).
+#[derive(Debug, Default)]
+pub struct ClientCounts {
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl ClientCounts {
+    /// A slot for one more connection from `ip`, or `None` when it already has `limit`.
+    pub fn try_take(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<ClientSlot> {
+        // One client whatever the socket family: `::ffff:a.b.c.d` is a.b.c.d.
+        let ip = ip.to_canonical();
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(ip).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot {
+            counts: self.clone(),
+            ip,
+        })
+    }
+
+    /// Connections open from `ip` now.
+    pub fn open(&self, ip: IpAddr) -> usize {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(&ip.to_canonical()).copied().unwrap_or(0)
+    }
+}
+
+/// One connection's place in [`ClientCounts`]; given back when dropped.
+#[derive(Debug)]
+pub struct ClientSlot {
+    counts: Arc<ClientCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            // No entry per client that has gone: the map stays as small as what is open.
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl ClientConn {
@@ -45,6 +98,7 @@ impl ClientConn {
         listener: SocketAddr,
         port_lease: Option<String>,
         permit: tokio::sync::OwnedSemaphorePermit,
+        slot: ClientSlot,
     ) -> ClientConn {
         ClientConn {
             client,
@@ -54,6 +108,7 @@ impl ClientConn {
             linked: Mutex::new(HashMap::new()),
             telemetry: proxy.telemetry.clone(),
             _permit: Some(permit),
+            _slot: Some(slot),
         }
     }
 
@@ -69,6 +124,7 @@ impl ClientConn {
             linked: Mutex::new(HashMap::new()),
             telemetry: proxy.telemetry.clone(),
             _permit: None,
+            _slot: None,
         }
     }
 
@@ -145,10 +201,23 @@ pub async fn serve(
                 }
             },
         };
+        // Per client first: a client at its limit must not use up a slot of the total.
+        let per_client = proxy.config.max_connections_per_client;
+        let Some(slot) = proxy.clients.try_take(client.ip(), per_client) else {
+            proxy.tasks.spawn(refuse_connection(
+                stream,
+                format!(
+                    "{per_client} open from {} already",
+                    client.ip().to_canonical()
+                ),
+            ));
+            continue;
+        };
         let Ok(permit) = proxy.connections.clone().try_acquire_owned() else {
-            proxy
-                .tasks
-                .spawn(refuse_connection(stream, proxy.config.max_connections));
+            proxy.tasks.spawn(refuse_connection(
+                stream,
+                format!("all {} in use", proxy.config.max_connections),
+            ));
             continue;
         };
         let conn = Arc::new(ClientConn::accepted(
@@ -157,6 +226,7 @@ pub async fn serve(
             local,
             port_lease.clone(),
             permit,
+            slot,
         ));
         let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
         proxy.tasks.clone().spawn(async move {
@@ -165,11 +235,11 @@ pub async fn serve(
     }
 }
 
-/// Answers a connection over the total limit with 429 and closes it.
-async fn refuse_connection(mut stream: TcpStream, limit: usize) {
+/// Answers a connection over the total or the per-client limit with 429 and closes it;
+/// `why` says which.
+async fn refuse_connection(mut stream: TcpStream, why: String) {
     use tokio::io::AsyncWriteExt;
-    let body =
-        format!("leasegate refused the connection: too-many-connections (all {limit} in use)\n");
+    let body = format!("leasegate refused the connection: too-many-connections ({why})\n");
     let response = format!(
         "HTTP/1.1 429 Too Many Requests\r\nx-leasegate-refusal: too-many-connections\r\n\
          content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",

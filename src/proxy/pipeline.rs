@@ -122,9 +122,12 @@ impl Proxy {
         ex: &mut Exchange,
     ) -> Result<Admitted, Refusal> {
         let identity = identify::identify(headers, conn.port_lease.as_deref())?;
+        let snapshot = self.registry.snapshot();
+        // Before the exchange names the lease: an unproven credential is not the lease's
+        // traffic (no series, no revocation on its account).
+        identify::authenticate(&identity, self.config.credentials, &snapshot)?;
         ex.lease_id = Some(identity.lease_id.clone());
         ex.label = identity.label;
-        let snapshot = self.registry.snapshot();
         ex.lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
         let now = Timestamp::now();
         let chain = snapshot

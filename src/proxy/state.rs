@@ -25,6 +25,8 @@ pub struct Proxy {
     pub dialer: Arc<dyn Dialer>,
     /// One permit per open client connection (`max_connections`).
     pub connections: Arc<tokio::sync::Semaphore>,
+    /// Open client connections per source IP (`max_connections_per_client`).
+    pub clients: Arc<super::listener::ClientCounts>,
     /// Cancelled when a drain's time is up: open tunnels and upgraded connections close.
     pub hard_stop: CancellationToken,
     /// Every connection and tunnel task, so a drain can wait for them.
@@ -37,6 +39,7 @@ impl Proxy {
     pub fn new(config: ProxyConfig, registry: Arc<Registry>, telemetry: Arc<Telemetry>) -> Proxy {
         Proxy {
             connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+            clients: Arc::default(),
             config,
             registry,
             telemetry,

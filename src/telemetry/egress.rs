@@ -2,7 +2,9 @@
 //!
 //! Invariant: requests never wait on the disk. Lines go through a bounded channel to one
 //! writer task; when the channel is full the line is dropped and counted, never stalled on.
-//! Each line validates against `schemas/egress-event.schema.json`.
+//! [`EgressLog::close`] returns only once every line queued before it is written and synced,
+//! so a process that closes its log before exiting loses none. Each line validates against
+//! `schemas/egress-event.schema.json`.
 
 use crate::contract::Timestamp;
 use serde::Serialize;
@@ -10,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// CONNECT tunnel or forwarded request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -65,10 +67,49 @@ pub enum Destination {
 /// Lines waiting for the writer before new ones are dropped.
 const CAPACITY: usize = 8192;
 
+/// What the writer task receives. Lines are nearly every message: boxing them to shrink the
+/// rare `Close` would cost an allocation per line.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Message {
+    Line(EgressEvent),
+    /// Write what came before, flush and sync, answer, and stop.
+    Close(oneshot::Sender<()>),
+}
+
+/// Where the writer writes; a file is synced on close.
+enum Sink {
+    File(tokio::fs::File),
+    Stdout(tokio::io::Stdout),
+}
+
+impl Sink {
+    async fn write(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::File(file) => {
+                file.write_all(buf).await?;
+                file.flush().await
+            }
+            Sink::Stdout(out) => {
+                out.write_all(buf).await?;
+                out.flush().await
+            }
+        }
+    }
+
+    /// Makes what was written durable (a file's data on disk; stdout has nothing to sync).
+    async fn sync(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(file) => file.sync_all().await,
+            Sink::Stdout(out) => out.flush().await,
+        }
+    }
+}
+
 /// The sending side of the egress log (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct EgressLog {
-    tx: Option<mpsc::Sender<EgressEvent>>,
+    tx: Option<mpsc::Sender<Message>>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -83,9 +124,9 @@ impl EgressLog {
 
     /// Opens the destination and spawns its writer on the current runtime.
     pub async fn open(destination: Destination) -> std::io::Result<EgressLog> {
-        let mut sink: Box<dyn tokio::io::AsyncWrite + Send + Unpin> = match &destination {
-            Destination::Stdout => Box::new(tokio::io::stdout()),
-            Destination::File(path) => Box::new(
+        let mut sink = match &destination {
+            Destination::Stdout => Sink::Stdout(tokio::io::stdout()),
+            Destination::File(path) => Sink::File(
                 tokio::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -93,24 +134,32 @@ impl EgressLog {
                     .await?,
             ),
         };
-        let (tx, mut rx) = mpsc::channel::<EgressEvent>(CAPACITY);
+        let (tx, mut rx) = mpsc::channel::<Message>(CAPACITY);
         tokio::spawn(async move {
             let mut batch = Vec::with_capacity(64);
             let mut buf = Vec::with_capacity(64 * 1024);
-            while rx.recv_many(&mut batch, 256).await > 0 {
+            let mut closing = None;
+            while closing.is_none() && rx.recv_many(&mut batch, 256).await > 0 {
                 buf.clear();
-                for event in batch.drain(..) {
-                    if serde_json::to_writer(&mut buf, &event).is_ok() {
-                        buf.push(b'\n');
+                for message in batch.drain(..) {
+                    match message {
+                        Message::Line(event) => {
+                            if serde_json::to_writer(&mut buf, &event).is_ok() {
+                                buf.push(b'\n');
+                            }
+                        }
+                        Message::Close(ack) => closing = Some(ack),
                     }
                 }
-                let written = async {
-                    sink.write_all(&buf).await?;
-                    sink.flush().await
-                };
-                if let Err(error) = written.await {
+                if let Err(error) = sink.write(&buf).await {
                     tracing::error!(%error, "egress log write failed");
                 }
+            }
+            if let Some(ack) = closing {
+                if let Err(error) = sink.sync().await {
+                    tracing::error!(%error, "egress log sync failed");
+                }
+                let _ = ack.send(());
             }
         });
         Ok(EgressLog {
@@ -122,9 +171,22 @@ impl EgressLog {
     /// Queues a line; drops and counts it if the writer is behind.
     pub fn record(&self, event: EgressEvent) {
         if let Some(tx) = &self.tx {
-            if tx.try_send(event).is_err() {
+            if tx.try_send(Message::Line(event)).is_err() {
+                // Full, or closed already: either way the line is lost, and counted.
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Writes every line queued so far, syncs the file and stops the writer; returns once
+    /// that is done. Lines recorded afterwards are dropped and counted. Call it last, after
+    /// every exchange has ended (`Server::shutdown` does).
+    pub async fn close(&self) {
+        let Some(tx) = &self.tx else { return };
+        let (ack, done) = oneshot::channel();
+        // `send`, not `try_send`: closing waits for room rather than losing the close.
+        if tx.send(Message::Close(ack)).await.is_ok() {
+            let _ = done.await;
         }
     }
 

@@ -1,6 +1,8 @@
 //! What leasegate records about traffic: the egress log, metrics and recent refusals.
 //!
-//! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all three.
+//! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all three;
+//! every exchange still open is counted in [`Telemetry::exchanges`], so a shutdown can wait
+//! for its line before closing the egress log.
 
 pub mod egress;
 pub mod metrics;
@@ -18,6 +20,9 @@ pub struct Telemetry {
     pub egress: EgressLog,
     pub metrics: Arc<Metrics>,
     pub refusals: refusals::RefusalRing,
+    /// One token per live exchange (released after its line is queued): what a shutdown waits
+    /// for before it closes the egress log.
+    pub exchanges: tokio_util::task::TaskTracker,
 }
 
 impl Telemetry {
@@ -27,6 +32,7 @@ impl Telemetry {
             egress,
             metrics: Arc::new(Metrics::with_grace(series_grace)),
             refusals: refusals::RefusalRing::default(),
+            exchanges: tokio_util::task::TaskTracker::new(),
         }
     }
 

@@ -341,6 +341,7 @@ impl Harness {
             lease_ports: ports.map(|range| (range, "127.0.0.1".parse().unwrap())),
             tls: None,
             admin_token: None,
+            admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
         }
     }

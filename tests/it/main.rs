@@ -1,5 +1,6 @@
 //! The integration suite: one binary, modules by area.
 
+mod boundary_ops;
 mod boundary_guard;
 mod boundary_tls;
 mod cli;
