@@ -1,7 +1,7 @@
 //! The integration suite: one binary, modules by area.
 
-mod boundary_ops;
 mod boundary_guard;
+mod boundary_ops;
 mod boundary_tls;
 mod cli;
 mod conformance;
