@@ -63,12 +63,6 @@ impl ClientCounts {
             ip,
         })
     }
-
-    /// Connections open from `ip` now.
-    pub fn open(&self, ip: IpAddr) -> usize {
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.get(&ip.to_canonical()).copied().unwrap_or(0)
-    }
 }
 
 /// One connection's place in [`ClientCounts`]; given back when dropped.
