@@ -210,6 +210,7 @@ fn metrics(state: &AdminState) -> Response<Body> {
     let mut leases_by_status: Vec<(&'static str, u64)> = by_status.into_iter().collect();
     leases_by_status.sort();
     let stats = ledger.stats();
+    let store = state.proxy.registry.store_health();
     let figures = RegistryFigures {
         leases_by_status,
         journal_lines: Event::ALL
@@ -223,6 +224,8 @@ fn metrics(state: &AdminState) -> Response<Body> {
             .collect(),
         journal_append_failures: state.proxy.registry.append_failures(),
         journal_pending_revocations: state.proxy.registry.pending() as u64,
+        store_lag_seconds: store.lag.as_secs_f64(),
+        store_reconnects: store.reconnects,
         egress_dropped: telemetry.egress.dropped(),
     };
     let mut response = Response::new(full(metrics::render(&telemetry.metrics, figures)));

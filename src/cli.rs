@@ -2,6 +2,7 @@
 //!
 //! Invariant: raw arguments only; validation and loading happen in `config`.
 
+use crate::registry::JournalLocation;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -116,9 +117,12 @@ pub struct ServeArgs {
     /// Where the proxy listens.
     #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128")]
     pub listen: std::net::SocketAddr,
-    /// The lease journal (required unless --dev).
+    /// The lease journal: a file, or a NATS JetStream stream
+    /// (`nats://HOST:PORT[,HOST:PORT...]/STREAM`). Required unless --dev.
     #[arg(long, env = "LEASEGATE_JOURNAL", required_unless_present = "dev")]
-    pub journal: Option<PathBuf>,
+    pub journal: Option<JournalLocation>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Keys leases are signed with (repeatable, for rotation).
     #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',')]
     pub key_files: Vec<PathBuf>,
@@ -330,8 +334,10 @@ pub struct VerifyArgs {
     /// The instant to check a lease's lifetime at (default: now).
     #[arg(long, env = "LEASEGATE_NOW")]
     pub now: Option<String>,
-    /// A lease (JSON) or a journal (JSON Lines); `-` for stdin.
-    pub file: PathBuf,
+    /// A lease (JSON), a journal (JSON Lines) or a stream (`nats://...`); `-` for stdin.
+    pub file: JournalLocation,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -343,12 +349,35 @@ pub struct LeasesArgs {
     pub json: bool,
 }
 
+/// How a stream journal is reached (`--journal nats://...`), and where local state lives.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// A NATS credentials file (JWT and NKey seed).
+    #[arg(long, env = "LEASEGATE_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// CA certificates (PEM) for the NATS servers; TLS is then required.
+    #[arg(long, env = "LEASEGATE_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Replicas of a stream leasegate creates (an existing stream keeps its own).
+    #[arg(long, env = "LEASEGATE_NATS_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub nats_replicas: u8,
+    /// Without contact with the stream this long, `/readyz` turns 503 (the last known lease
+    /// state stays enforced).
+    #[arg(long, env = "LEASEGATE_STORE_STALE_AFTER", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub store_stale_after: std::time::Duration,
+    /// Local state: a stream journal's queue of pending revocations.
+    #[arg(long, env = "LEASEGATE_DATA_DIR", default_value = ".leasegate")]
+    pub data_dir: PathBuf,
+}
+
 /// A journal and the keys its leases are signed with (`leases`, `check`).
 #[derive(Debug, Args)]
 pub struct LedgerArgs {
-    /// The lease journal (JSON Lines).
+    /// The lease journal: a file (JSON Lines) or `nats://HOST:PORT[,...]/STREAM`.
     #[arg(long, env = "LEASEGATE_JOURNAL")]
-    pub journal: PathBuf,
+    pub journal: JournalLocation,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Keys the leases are signed with (repeatable).
     #[arg(
         long = "key-file",

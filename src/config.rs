@@ -9,6 +9,8 @@ use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
 use crate::policy::Guard;
 use crate::proxy::upstream::Resolver;
+use crate::registry::store::NatsOptions;
+use crate::registry::{JournalLocation, StoreOptions};
 use crate::telemetry::egress::Destination;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -111,7 +113,9 @@ impl Default for ProxyConfig {
 pub struct ServeConfig {
     /// The shared proxy listener.
     pub listen: SocketAddr,
-    pub journal: PathBuf,
+    pub journal: JournalLocation,
+    /// How a stream journal is reached; where local state lives.
+    pub store: StoreOptions,
     pub keyring: Keyring,
     /// `None`: no egress log.
     pub egress: Option<Destination>,
@@ -183,6 +187,20 @@ impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
     }
 }
 
+impl From<&cli::StoreArgs> for StoreOptions {
+    fn from(args: &cli::StoreArgs) -> StoreOptions {
+        StoreOptions {
+            nats: NatsOptions {
+                creds: args.nats_creds.clone(),
+                tls_ca: args.nats_tls_ca.clone(),
+                replicas: usize::from(args.nats_replicas),
+                stale_after: args.store_stale_after,
+            },
+            data_dir: args.data_dir.clone(),
+        }
+    }
+}
+
 impl TryFrom<cli::ServeArgs> for ServeConfig {
     type Error = ConfigError;
 
@@ -242,6 +260,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
         Ok(ServeConfig {
             listen: args.listen,
             journal: args.journal.ok_or(ConfigError::NoJournal)?,
+            store: StoreOptions::from(&args.store),
             keyring: Keyring::load(&args.key_files, args.allow_test_key)?
                 .requiring_record_signatures(args.require_record_signatures),
             egress: args.egress_log.as_deref().map(|d| match d {

@@ -9,6 +9,7 @@ use crate::cli::ServeArgs;
 use crate::contract::keys::KeyError;
 use crate::contract::{Key, Timestamp};
 use crate::issue::{self, IssueError, IssueRequest};
+use crate::registry::JournalLocation;
 use std::io::Write;
 use std::path::Path;
 
@@ -17,6 +18,10 @@ pub const DEV_DIR: &str = ".leasegate";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
+    #[error(
+        "--dev issues its demo lease into a file journal; give --journal a file, or leave it out"
+    )]
+    StreamJournal,
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -69,10 +74,13 @@ pub fn prepare(args: &mut ServeArgs) -> Result<String, DevError> {
     if !key_path.exists() {
         write_key_file(&key_path, &Key::generate())?;
     }
-    let journal = args
+    let journal = match args
         .journal
-        .get_or_insert_with(|| dir.join("journal.jsonl"))
-        .clone();
+        .get_or_insert_with(|| JournalLocation::File(dir.join("journal.jsonl")))
+    {
+        JournalLocation::File(path) => path.clone(),
+        JournalLocation::Nats(_) => return Err(DevError::StreamJournal),
+    };
     if args.key_files.is_empty() {
         args.key_files.push(key_path.clone());
     }

@@ -11,13 +11,13 @@ use crate::policy::refusal::Refusal;
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::{ClientConn, Proxy};
-use crate::registry::{journal, Ledger, Registry};
+use crate::registry::open::open_registry;
+use crate::registry::{journal, JournalLocation, Ledger, OpenError, StoreOptions};
 use crate::telemetry::egress::{Kind, LoggedVerdict};
 use crate::telemetry::{EgressLog, Telemetry};
 use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
-use std::path::Path;
 use std::sync::Arc;
 
 /// One problem `verify` found.
@@ -248,13 +248,14 @@ pub struct Explanation {
 /// as if the request arrived on the lease's own port. Names are resolved only with
 /// `config.resolve_names`; nothing is dialled and nothing is written.
 pub async fn check(
-    journal: &Path,
+    journal: &JournalLocation,
+    store: &StoreOptions,
     keyring: Keyring,
     config: ProxyConfig,
     lease_id: &str,
     target: &str,
-) -> std::io::Result<Explanation> {
-    let registry = Arc::new(Registry::load(journal.to_path_buf(), keyring, false).await?);
+) -> Result<Explanation, OpenError> {
+    let registry = Arc::new(open_registry(journal, keyring, store, false).await?);
     let telemetry = Arc::new(Telemetry::new(EgressLog::disabled(), config.series_grace));
     let proxy = Proxy::new(config, registry, telemetry.clone());
     let conn = ClientConn::detached(&proxy, Some(lease_id));

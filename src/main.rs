@@ -10,7 +10,8 @@ use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::dev;
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
-use leasegate::registry::{journal, Ledger};
+use leasegate::registry::open;
+use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
 use std::io::{Read, Write};
@@ -143,12 +144,24 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
             Err(e) => return usage_error(e.into()),
         },
     };
-    let name = args.file.display().to_string();
+    let name = args.file.to_string();
     let mut text = Vec::new();
-    let read = if name == "-" {
-        std::io::stdin().read_to_end(&mut text).map(drop)
-    } else {
-        std::fs::read(&args.file).map(|t| text = t)
+    let read = match &args.file {
+        JournalLocation::File(_) if name == "-" => std::io::stdin()
+            .read_to_end(&mut text)
+            .map(drop)
+            .map_err(anyhow::Error::from),
+        JournalLocation::File(path) => std::fs::read(path)
+            .map(|t| text = t)
+            .map_err(anyhow::Error::from),
+        stream => {
+            block_on(open::read_lines(stream, &StoreOptions::from(&args.store))).map(|lines| {
+                for line in lines {
+                    text.extend_from_slice(&line);
+                    text.push(b'\n');
+                }
+            })
+        }
     };
     if let Err(e) = read {
         return usage_error(anyhow!("cannot read {name}: {e}"));
@@ -175,9 +188,25 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
 fn load_ledger(args: &cli::LedgerArgs) -> Result<Ledger> {
     let keyring = Keyring::load(&args.key_files, args.allow_test_key)?
         .requiring_record_signatures(args.require_record_signatures);
-    let (ledger, _) = journal::load(&args.journal, Ledger::new(keyring))
-        .with_context(|| format!("reading {}", args.journal.display()))?;
+    let (ledger, _) = block_on(open::fold(
+        &args.journal,
+        Ledger::new(keyring),
+        &StoreOptions::from(&args.store),
+    ))?;
     Ok(ledger)
+}
+
+/// Runs `future` on a current-thread runtime (the read-only commands).
+fn block_on<T, E, F>(future: F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    E: Into<anyhow::Error>,
+{
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(future)
+        .map_err(Into::into)
 }
 
 fn leases(args: cli::LeasesArgs) -> Result<()> {
@@ -253,12 +282,13 @@ fn check(args: cli::CheckArgs) -> Result<()> {
     let explanation = runtime
         .block_on(inspect::check(
             &args.ledger.journal,
+            &StoreOptions::from(&args.ledger.store),
             keyring,
             config,
             &args.lease,
             &args.target,
         ))
-        .with_context(|| format!("reading {}", args.ledger.journal.display()))?;
+        .with_context(|| format!("reading {}", args.ledger.journal))?;
     match &explanation.refusal {
         None => println!("allow"),
         Some(r) => println!("refuse {} {}", r.code, r.code.status().as_u16()),

@@ -14,7 +14,8 @@ use crate::contract::Timestamp;
 use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
-use crate::registry::Registry;
+use crate::registry::open::open_registry;
+use crate::registry::OpenError;
 use crate::telemetry::{EgressLog, Telemetry};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -25,11 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("reading the journal {path}: {source}")]
-    Journal {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Journal(#[from] OpenError),
     #[error("listening on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -178,12 +176,8 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
 impl Server {
     /// Loads the journal, binds the listeners and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
-        let registry = Registry::load(config.journal.clone(), config.keyring.clone(), true)
-            .await
-            .map_err(|source| StartError::Journal {
-                path: config.journal.display().to_string(),
-                source,
-            })?;
+        let registry =
+            open_registry(&config.journal, config.keyring.clone(), &config.store, true).await?;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,

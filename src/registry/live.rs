@@ -212,8 +212,16 @@ impl Registry {
         self.append_failures.load(Ordering::Relaxed)
     }
 
+    /// How following the store stands (lag, reconnections, a problem).
+    pub fn store_health(&self) -> super::store::StoreHealth {
+        self.store.health()
+    }
+
     /// Why the journal is not in a state to serve from (`/readyz`), or `None`.
     pub fn journal_problem(&self) -> Option<String> {
+        if let Some(problem) = self.store.health().problem {
+            return Some(problem);
+        }
         let failing = self.health().failing.clone();
         let pending = self.pending.len();
         match (failing, pending) {

@@ -3,6 +3,7 @@
 pub mod journal;
 pub mod ledger;
 pub mod live;
+pub mod open;
 pub mod pending;
 pub mod revocation;
 pub mod store;
@@ -13,4 +14,5 @@ pub use ledger::{
     Status,
 };
 pub use live::{Registry, RevokeError, Snapshot};
-pub use store::{Batch, FileStore, Position, Store};
+pub use open::{OpenError, StoreOptions};
+pub use store::{Batch, FileStore, JournalLocation, Position, Store};

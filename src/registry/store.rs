@@ -6,8 +6,12 @@
 //! been handed out.
 
 pub mod file;
+pub mod location;
+pub mod nats;
 
 pub use file::FileStore;
+pub use location::{JournalLocation, NatsLocation};
+pub use nats::{NatsOptions, NatsStore};
 
 use serde_json::Value;
 use std::future::Future;
@@ -62,4 +66,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// For logs: "journal /path".
     fn describe(&self) -> String;
+
+    /// Whether the store is followed (`/readyz`, metrics). A file is always followed: a read
+    /// that fails is retried on the next poll and logged there.
+    fn health(&self) -> StoreHealth {
+        StoreHealth::default()
+    }
+}
+
+/// How a store's following stands.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreHealth {
+    /// Why the store is not followed now (`/readyz` 503), or `None`.
+    pub problem: Option<String>,
+    /// How far behind the store we are: the time since we last had everything it held
+    /// (`leasegate_store_lag_seconds`).
+    pub lag: std::time::Duration,
+    /// Reconnections to the store since start (`leasegate_store_reconnects_total`).
+    pub reconnects: u64,
 }

@@ -186,6 +186,9 @@ pub struct RegistryFigures {
     pub journal_append_failures: u64,
     /// Revocation records waiting for the journal to take them.
     pub journal_pending_revocations: u64,
+    /// The store's following: lag and reconnections.
+    pub store_lag_seconds: f64,
+    pub store_reconnects: u64,
     pub egress_dropped: u64,
 }
 
@@ -336,6 +339,27 @@ impl Collector for Scrape {
         gauge.encode(encoder.encode_descriptor(
             "leasegate_journal_pending_revocations",
             "Revocation records waiting for the journal to take them",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(self.figures.store_lag_seconds);
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_store_lag_seconds",
+            "Time since the proxy last held everything the journal store held",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.store_reconnects);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_store_reconnects",
+            "Reconnections to the journal store",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(self.figures.journal_pending_revocations as i64);
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_store_pending_appends",
+            "Records waiting for the journal store to take them (the same queue as leasegate_journal_pending_revocations)",
             None,
             gauge.metric_type(),
         )?)?;

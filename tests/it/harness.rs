@@ -11,6 +11,7 @@ use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::issue::{self, IssueRequest};
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{BoxError, ProxyConfig};
+use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;
 use serde_json::Value;
@@ -333,7 +334,8 @@ impl Harness {
         keyring.insert(self.key.clone());
         ServeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
-            journal: self.journal.clone(),
+            journal: JournalLocation::File(self.journal.clone()),
+            store: StoreOptions::default(),
             keyring,
             egress: Some(Destination::File(self.egress.clone())),
             proxy: config,

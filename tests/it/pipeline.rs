@@ -10,7 +10,6 @@ use leasegate::policy::{Code, UpstreamAddr};
 use leasegate::proxy::dialer::{Dialer, Dialing};
 use leasegate::proxy::exchange::Exchange;
 use leasegate::proxy::{connect, ClientConn, Proxy};
-use leasegate::registry::Registry;
 use leasegate::telemetry::egress::Kind;
 use leasegate::telemetry::{EgressLog, Telemetry};
 use std::net::SocketAddr;
@@ -33,9 +32,14 @@ impl Dialer for RecordingDialer {
 /// A proxy over the harness's journal, with `dialer` in place of TCP.
 async fn offline_proxy(h: &Harness, config: ProxyConfig, dialer: Arc<RecordingDialer>) -> Proxy {
     let serve = h.serve_config(config, None);
-    let registry = Registry::load(serve.journal, serve.keyring, false)
-        .await
-        .unwrap();
+    let registry = leasegate::registry::open::open_registry(
+        &serve.journal,
+        serve.keyring,
+        &serve.store,
+        false,
+    )
+    .await
+    .unwrap();
     let telemetry = Arc::new(Telemetry::new(
         EgressLog::disabled(),
         serve.proxy.series_grace,
@@ -417,7 +421,8 @@ async fn check_and_serve_decide_alike() {
         .await;
         let served = answer_code(&answer);
         let checked = inspect::check(
-            &h.journal,
+            &leasegate::registry::JournalLocation::File(h.journal.clone()),
+            &Default::default(),
             server
                 .proxy
                 .registry

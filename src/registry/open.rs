@@ -1,0 +1,137 @@
+//! Opening a journal wherever `--journal` puts it (a file or a NATS stream): followed, for the
+//! proxy; read once and folded, for the commands that only report.
+//!
+//! Invariant: both kinds of journal go through the same fold ([`journal::apply_lines`]) and
+//! the same [`Registry`]; only where the lines come from differs.
+
+use super::journal::{self, LineProblem};
+use super::ledger::Ledger;
+use super::live::Registry;
+use super::pending::Pending;
+use super::store::location::JournalLocation;
+use super::store::nats::{NatsError, NatsOptions, NatsStore, NatsStream, StreamSpec};
+use std::io;
+use std::path::PathBuf;
+
+/// How to reach a journal that is not a file, and where its local state lives.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub nats: NatsOptions,
+    /// `--data-dir`: where a stream journal's queue of pending revocations is kept.
+    pub data_dir: PathBuf,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            nats: NatsOptions::default(),
+            data_dir: PathBuf::from(".leasegate"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("reading the journal {location}: {source}")]
+    Io { location: String, source: io::Error },
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+}
+
+impl OpenError {
+    fn io(location: &JournalLocation) -> impl FnOnce(io::Error) -> OpenError + '_ {
+        move |source| OpenError::Io {
+            location: location.to_string(),
+            source,
+        }
+    }
+}
+
+/// The queue file of pending revocations for a stream journal: `<data-dir>/<stream>.pending`.
+pub fn stream_pending_path(options: &StoreOptions, stream: &str) -> PathBuf {
+    options.data_dir.join(format!("{stream}.pending"))
+}
+
+/// Opens the registry a proxy follows. A file journal keeps its queue beside it; a stream's
+/// queue is under `--data-dir` (made if missing). With `durable` false (`check`), nothing is
+/// ever appended, so the queue is only in memory.
+pub async fn open_registry(
+    location: &JournalLocation,
+    keyring: crate::contract::Keyring,
+    options: &StoreOptions,
+    durable: bool,
+) -> Result<Registry, OpenError> {
+    match location {
+        JournalLocation::File(path) => Registry::load(path.clone(), keyring, durable)
+            .await
+            .map_err(OpenError::io(location)),
+        JournalLocation::Nats(nats) => {
+            let store = NatsStore::open(nats, &options.nats).await?;
+            let pending = match durable {
+                true => {
+                    let dir = options.data_dir.clone();
+                    let path = stream_pending_path(options, &nats.stream);
+                    tokio::task::spawn_blocking(move || {
+                        std::fs::create_dir_all(&dir)?;
+                        Pending::open(path)
+                    })
+                    .await
+                    .map_err(io::Error::other)
+                    .and_then(|r| r)
+                    .map_err(OpenError::io(location))?
+                }
+                false => Pending::in_memory(),
+            };
+            Registry::open_with(Box::new(store), keyring, pending)
+                .await
+                .map_err(OpenError::io(location))
+        }
+    }
+}
+
+/// Every line of the journal now, without their newlines.
+pub async fn read_lines(
+    location: &JournalLocation,
+    options: &StoreOptions,
+) -> Result<Vec<Vec<u8>>, OpenError> {
+    match location {
+        JournalLocation::File(path) => {
+            let path = path.clone();
+            let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+                .await
+                .map_err(io::Error::other)
+                .and_then(|r| r)
+                .map_err(OpenError::io(location))?;
+            let (lines, rest) = journal::split_lines(&bytes);
+            let mut lines: Vec<Vec<u8>> = lines.map(<[u8]>::to_vec).collect();
+            if !rest.is_empty() {
+                lines.push(rest.to_vec());
+            }
+            Ok(lines)
+        }
+        JournalLocation::Nats(nats) => {
+            let stream = NatsStream::connect(nats, &options.nats, &StreamSpec::JOURNAL).await?;
+            let messages = stream.read_all().await.map_err(OpenError::io(location))?;
+            Ok(messages.into_iter().map(|(_, m)| m.to_vec()).collect())
+        }
+    }
+}
+
+/// Reads the whole journal and folds it into `ledger`. A missing file is an empty journal.
+pub async fn fold(
+    location: &JournalLocation,
+    mut ledger: Ledger,
+    options: &StoreOptions,
+) -> Result<(Ledger, Vec<LineProblem>), OpenError> {
+    if let JournalLocation::File(path) = location {
+        let path = path.clone();
+        return tokio::task::spawn_blocking(move || journal::load(&path, ledger))
+            .await
+            .map_err(io::Error::other)
+            .and_then(|r| r)
+            .map_err(OpenError::io(location));
+    }
+    let lines = read_lines(location, options).await?;
+    let problems = journal::apply_lines(&mut ledger, lines.iter().map(Vec::as_slice));
+    Ok((ledger, problems))
+}

@@ -1,0 +1,647 @@
+//! The journal as a NATS JetStream stream: one message per journal line (byte-identical to the
+//! file's line, subject `leasegate.journal.<lease_id>`), folded from the first message and then
+//! followed by an ordered push consumer.
+//!
+//! Invariants:
+//! - Every message is handed out once, in stream order; a [`Position`]'s offset is a stream
+//!   sequence, so the position an append returns is reached once its message is handed out.
+//! - The first read returns only when everything the stream held at connect has arrived.
+//! - A closing record is appended by compare-and-set on its lease's subject
+//!   (`Nats-Expected-Last-Subject-Sequence`): when the subject's last message already closes
+//!   the lease (another replica's revocation, or our own whose ack was lost) nothing is
+//!   published and that message's position is returned. Replicas that refuse one lease at the
+//!   same instant leave exactly one closing record, whatever the time between them.
+//! - Contact is known, not assumed: a probe asks for the stream's state every
+//!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
+//!   (`/readyz` 503) while the last folded state stays in force.
+
+use super::location::NatsLocation;
+use super::{Batch, BoxFuture, Position, Store, StoreHealth};
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Journal subjects: `leasegate.journal.<lease_id>`.
+pub const JOURNAL_SUBJECTS: &str = "leasegate.journal";
+
+/// How long JetStream remembers a `Nats-Msg-Id` (the bridges' retries within it are dropped
+/// as duplicates).
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// How often the stream's state is asked for (contact and lag).
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// How long one NATS request may take before it counts as failed.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many times a compare-and-set append retries after another writer moved the subject.
+const APPEND_ATTEMPTS: usize = 8;
+
+/// Every stream handed out here starts generation 1 (0 is "nothing read").
+const GENERATION: u64 = 1;
+
+/// Connection settings shared by every NATS user (`--nats-*`).
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// `--nats-creds`: a credentials file (JWT and NKey seed).
+    pub creds: Option<PathBuf>,
+    /// `--nats-tls-ca`: trust these roots for the servers' certificates (TLS required).
+    pub tls_ca: Option<PathBuf>,
+    /// `--nats-replicas`: replicas of a stream we create.
+    pub replicas: usize,
+    /// `--store-stale-after`: without contact this long, the store reports a problem.
+    pub stale_after: Duration,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        NatsOptions {
+            creds: None,
+            tls_ca: None,
+            replicas: 1,
+            stale_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a stream we create holds.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Subject prefix: the stream holds `<prefix>.>`.
+    pub prefix: &'static str,
+    /// Messages older than this are dropped (`None`: kept forever).
+    pub max_age: Option<Duration>,
+}
+
+impl StreamSpec {
+    /// The journal: kept forever.
+    pub const JOURNAL: StreamSpec = StreamSpec {
+        prefix: JOURNAL_SUBJECTS,
+        max_age: None,
+    };
+}
+
+/// Why a stream could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    #[error("reading {path}: {source}")]
+    Creds { path: String, source: io::Error },
+    #[error("cannot reach NATS at {location}: {reason}")]
+    Connect { location: String, reason: String },
+    #[error("{location}: {reason}")]
+    Stream { location: String, reason: String },
+}
+
+/// A connection to one stream.
+#[derive(Clone)]
+pub struct NatsStream {
+    pub location: NatsLocation,
+    pub client: async_nats::Client,
+    pub jetstream: jetstream::Context,
+    pub stream: stream::Stream,
+    prefix: &'static str,
+    /// Reconnections since connect (`leasegate_store_reconnects_total`).
+    reconnects: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for NatsStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsStream")
+            .field("location", &self.location.to_string())
+            .finish()
+    }
+}
+
+/// The subject token for a lease id: the id when it is a safe token (every valid lease id, a
+/// UUID, is), `_` otherwise.
+pub fn subject_token(lease_id: Option<&str>) -> &str {
+    match lease_id {
+        Some(id)
+            if !id.is_empty()
+                && id.len() <= 64
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+        {
+            id
+        }
+        _ => "_",
+    }
+}
+
+impl NatsStream {
+    /// Connects to `location` and opens its stream, creating it (per `spec`, with
+    /// `options.replicas`) when it is missing. An existing stream must hold exactly
+    /// `<prefix>.>`.
+    pub async fn connect(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        spec: &StreamSpec,
+    ) -> Result<NatsStream, NatsError> {
+        let reconnects = Arc::new(AtomicU64::new(0));
+        let client = connect_client(location, options, reconnects.clone()).await?;
+        let jetstream = jetstream::new(client.clone());
+        let stream_error = |reason: String| NatsError::Stream {
+            location: location.to_string(),
+            reason,
+        };
+        let subjects = format!("{}.>", spec.prefix);
+        let config = stream::Config {
+            name: location.stream.clone(),
+            subjects: vec![subjects.clone()],
+            storage: stream::StorageType::File,
+            num_replicas: options.replicas,
+            duplicate_window: DUPLICATE_WINDOW,
+            max_age: spec.max_age.unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut stream = tokio::time::timeout(
+            options.stale_after.max(REQUEST_TIMEOUT),
+            jetstream.get_or_create_stream(config),
+        )
+        .await
+        .map_err(|_| stream_error("JetStream did not answer (is it enabled?)".into()))?
+        .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?;
+        let held = stream
+            .info()
+            .await
+            .map_err(|e| stream_error(e.to_string()))?
+            .config
+            .subjects
+            .clone();
+        if held != [subjects.clone()] {
+            return Err(stream_error(format!(
+                "the stream holds subjects {held:?}; leasegate needs a stream of its own holding exactly [{subjects:?}]"
+            )));
+        }
+        Ok(NatsStream {
+            location: location.clone(),
+            client,
+            jetstream,
+            stream,
+            prefix: spec.prefix,
+            reconnects,
+        })
+    }
+
+    /// The subject for a record of `lease_id`.
+    pub fn subject(&self, lease_id: Option<&str>) -> String {
+        format!("{}.{}", self.prefix, subject_token(lease_id))
+    }
+
+    /// The stream's last sequence now (0 when empty).
+    pub async fn last_sequence(&self) -> io::Result<u64> {
+        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
+            .map_err(io::Error::other)?;
+        Ok(info.state.last_sequence)
+    }
+
+    /// Publishes `line` to `subject` and waits for the stream's ack; `id` (when given) is the
+    /// `Nats-Msg-Id`, so a retry within [`DUPLICATE_WINDOW`] is not stored twice. Returns the
+    /// message's sequence (the first one's, for a duplicate).
+    pub async fn publish(&self, subject: String, line: &[u8], id: Option<&str>) -> io::Result<u64> {
+        let mut message = jetstream::message::PublishMessage::build()
+            .payload(bytes::Bytes::copy_from_slice(line));
+        if let Some(id) = id {
+            message = message.message_id(id);
+        }
+        let ack = self
+            .jetstream
+            .send_publish(subject, message)
+            .await
+            .map_err(io::Error::other)?;
+        let ack = tokio::time::timeout(REQUEST_TIMEOUT, ack)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no ack from JetStream"))?
+            .map_err(io::Error::other)?;
+        Ok(ack.sequence)
+    }
+
+    /// Appends a closing record by compare-and-set on its lease's subject (see the module
+    /// invariants); any other record is published as it is. Returns the position of the
+    /// message that holds it (or that already closed the lease).
+    async fn append_record(&self, record: Value) -> io::Result<Position> {
+        let line = serde_json::to_vec(&record)?;
+        let lease_id = record.get("lease_id").and_then(Value::as_str);
+        let subject = self.subject(lease_id);
+        let closing = is_closing(&record);
+        for _ in 0..APPEND_ATTEMPTS {
+            let last = match self.stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(message) => Some(message),
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
+                Err(e) => return Err(io::Error::other(e)),
+            };
+            if let Some(last) = &last {
+                let closed = serde_json::from_slice::<Value>(&last.payload)
+                    .map(|v| is_closing(&v))
+                    .unwrap_or(false);
+                if closing && closed {
+                    return Ok(at(last.sequence));
+                }
+            }
+            let message = jetstream::message::PublishMessage::build()
+                .payload(line.clone().into())
+                .expected_last_subject_sequence(last.map_or(0, |m| m.sequence));
+            let ack = self
+                .jetstream
+                .send_publish(subject.clone(), message)
+                .await
+                .map_err(io::Error::other)?;
+            match tokio::time::timeout(REQUEST_TIMEOUT, ack).await {
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no ack from JetStream",
+                    ))
+                }
+                Ok(Ok(ack)) => return Ok(at(ack.sequence)),
+                Ok(Err(e))
+                    if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence =>
+                {
+                    continue
+                }
+                Ok(Err(e)) => return Err(io::Error::other(e)),
+            }
+        }
+        Err(io::Error::other(format!(
+            "{subject} kept moving: {APPEND_ATTEMPTS} compare-and-set attempts failed"
+        )))
+    }
+
+    /// Every message of the stream, from the first, up to its last sequence at the call.
+    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
+        let head = self.last_sequence().await?;
+        let mut out = Vec::new();
+        if head == 0 {
+            return Ok(out);
+        }
+        let mut messages = self.ordered_from(1).await?;
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    tracing::debug!(error = %e, "ordered consumer");
+                    continue;
+                }
+            };
+            let sequence = message.info().map_err(io::Error::other)?.stream_sequence;
+            out.push((sequence, message.payload.clone()));
+            if sequence >= head {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// An ordered push consumer delivering every message from `start`.
+    pub async fn ordered_from(&self, start: u64) -> io::Result<consumer::push::Ordered> {
+        let deliver_policy = match start {
+            0 | 1 => consumer::DeliverPolicy::All,
+            start => consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+        };
+        let consumer = self
+            .stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: self.client.new_inbox(),
+                filter_subject: format!("{}.>", self.prefix),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(io::Error::other)?;
+        consumer.messages().await.map_err(io::Error::other)
+    }
+
+    /// Reconnections since connect.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+}
+
+fn at(sequence: u64) -> Position {
+    Position {
+        generation: GENERATION,
+        offset: sequence,
+    }
+}
+
+/// Whether a record's event closes its lease.
+fn is_closing(record: &Value) -> bool {
+    matches!(
+        record.get("event").and_then(Value::as_str),
+        Some("revoked" | "stopped" | "completed" | "expired")
+    )
+}
+
+async fn connect_client(
+    location: &NatsLocation,
+    options: &NatsOptions,
+    reconnects: Arc<AtomicU64>,
+) -> Result<async_nats::Client, NatsError> {
+    let mut connect = async_nats::ConnectOptions::new();
+    if let Some(path) = &options.creds {
+        connect = connect
+            .credentials_file(path)
+            .await
+            .map_err(|source| NatsError::Creds {
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    if let Some(ca) = &options.tls_ca {
+        connect = connect.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if location.tls {
+        connect = connect.require_tls(true);
+    }
+    let was_disconnected = Arc::new(AtomicBool::new(false));
+    let described = location.to_string();
+    connect = connect
+        .connection_timeout(REQUEST_TIMEOUT)
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .name("leasegate")
+        .event_callback(move |event| {
+            let (reconnects, was_disconnected) = (reconnects.clone(), was_disconnected.clone());
+            let described = described.clone();
+            async move {
+                match event {
+                    async_nats::Event::Disconnected => {
+                        was_disconnected.store(true, Ordering::Relaxed);
+                        tracing::warn!(store = %described, "disconnected from NATS; reconnecting");
+                    }
+                    async_nats::Event::Connected => {
+                        if was_disconnected.swap(false, Ordering::Relaxed) {
+                            reconnects.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(store = %described, "reconnected to NATS");
+                        }
+                    }
+                    other => tracing::debug!(store = %described, event = %other, "NATS"),
+                }
+            }
+        });
+    let servers: Vec<async_nats::ServerAddr> = location
+        .servers
+        .iter()
+        .map(|s| {
+            let scheme = if location.tls { "tls" } else { "nats" };
+            format!("{scheme}://{s}")
+                .parse()
+                .map_err(|e: io::Error| NatsError::Connect {
+                    location: location.to_string(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    connect
+        .connect(servers)
+        .await
+        .map_err(|e| NatsError::Connect {
+            location: location.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// The journal stream, followed: what [`Store`] needs.
+pub struct NatsStore {
+    stream: NatsStream,
+    shared: Arc<Shared>,
+    stale_after: Duration,
+    /// The follower and the probe; aborted when the store is dropped.
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+/// What the follower and the probe tell the readers.
+struct Shared {
+    /// Messages delivered and not yet handed out.
+    received: Mutex<Received>,
+    /// The last sequence delivered (readers wait on it).
+    delivered: watch::Sender<u64>,
+    /// The stream's last sequence when we connected: the first read waits for it.
+    initial_head: u64,
+    contact: Mutex<Contact>,
+}
+
+#[derive(Default)]
+struct Received {
+    lines: Vec<Vec<u8>>,
+    /// Sequence of the last message in `lines` (or handed out before).
+    last: u64,
+    /// The first read happened (the initial fold is done).
+    folded: bool,
+}
+
+struct Contact {
+    /// The last answer from the stream (a probe or a message).
+    last: Instant,
+    /// The stream's last sequence as last seen.
+    head: u64,
+    /// The last instant we had delivered everything the stream held.
+    caught_up: Instant,
+}
+
+impl NatsStore {
+    /// Opens the journal stream at `location` and starts following it from its first message.
+    pub async fn open(
+        location: &NatsLocation,
+        options: &NatsOptions,
+    ) -> Result<NatsStore, NatsError> {
+        let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+        let stream_error = |e: io::Error| NatsError::Stream {
+            location: location.to_string(),
+            reason: e.to_string(),
+        };
+        let initial_head = stream.last_sequence().await.map_err(stream_error)?;
+        let now = Instant::now();
+        let shared = Arc::new(Shared {
+            received: Mutex::new(Received::default()),
+            delivered: watch::channel(0).0,
+            initial_head,
+            contact: Mutex::new(Contact {
+                last: now,
+                head: initial_head,
+                caught_up: now,
+            }),
+        });
+        let messages = stream.ordered_from(1).await.map_err(stream_error)?;
+        let follower = tokio::spawn(follow(messages, shared.clone(), location.to_string()));
+        let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
+        Ok(NatsStore {
+            stream,
+            shared,
+            stale_after: options.stale_after,
+            tasks: vec![follower.abort_handle(), probe.abort_handle()],
+        })
+    }
+
+    /// The stream this store follows.
+    pub fn stream(&self) -> &NatsStream {
+        &self.stream
+    }
+}
+
+impl Drop for NatsStore {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Hands every delivered message to `shared`, in order. The ordered consumer re-creates
+/// itself after a reconnect or a gap, from the sequence after the last one delivered.
+async fn follow(mut messages: consumer::push::Ordered, shared: Arc<Shared>, described: String) {
+    while let Some(message) = messages.next().await {
+        let message = match message {
+            Ok(message) => message,
+            Err(error) => {
+                tracing::debug!(store = %described, %error, "journal stream follower");
+                continue;
+            }
+        };
+        let sequence = match message.info() {
+            Ok(info) => info.stream_sequence,
+            Err(error) => {
+                tracing::warn!(store = %described, %error, "a journal message without stream metadata");
+                continue;
+            }
+        };
+        {
+            let mut received = shared.received.lock().unwrap_or_else(|e| e.into_inner());
+            if sequence <= received.last {
+                continue;
+            }
+            received.lines.push(message.payload.to_vec());
+            received.last = sequence;
+        }
+        shared.touch(Some(sequence));
+        shared.delivered.send_replace(sequence);
+    }
+    tracing::error!(store = %described, "the journal stream's follower ended");
+}
+
+/// Asks the stream for its state every [`PROBE_EVERY`]: contact and lag.
+async fn probe(stream: NatsStream, shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Ok(head) = stream.last_sequence().await {
+            let delivered = *shared.delivered.borrow();
+            let mut contact = shared.contact();
+            contact.last = Instant::now();
+            contact.head = head;
+            if delivered >= head {
+                contact.caught_up = contact.last;
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn contact(&self) -> std::sync::MutexGuard<'_, Contact> {
+        self.contact.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A message arrived: the stream is in contact, and caught up if it was the head.
+    fn touch(&self, delivered: Option<u64>) {
+        let mut contact = self.contact();
+        contact.last = Instant::now();
+        if let Some(delivered) = delivered {
+            contact.head = contact.head.max(delivered);
+            if delivered >= contact.head {
+                contact.caught_up = contact.last;
+            }
+        }
+    }
+}
+
+impl Store for NatsStore {
+    fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>> {
+        Box::pin(async move {
+            let head = self.shared.initial_head;
+            let mut delivered = self.shared.delivered.subscribe();
+            // Cancel-safe: nothing is taken before this await.
+            delivered
+                .wait_for(|d| *d >= head)
+                .await
+                .map_err(io::Error::other)?;
+            let mut received = self
+                .shared
+                .received
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            received.folded = true;
+            Ok(Batch {
+                restarted: false,
+                lines: std::mem::take(&mut received.lines),
+                position: at(received.last).max(Position {
+                    generation: GENERATION,
+                    offset: 0,
+                }),
+            })
+        })
+    }
+
+    fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>> {
+        // Spawned, so that the append goes through even if the caller stops waiting.
+        let (stream, record) = (self.stream.clone(), record.clone());
+        let task = tokio::spawn(async move { stream.append_record(record).await });
+        Box::pin(async move { task.await.map_err(io::Error::other)? })
+    }
+
+    fn wait_for_more(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let mut delivered = self.shared.delivered.subscribe();
+            let seen = self
+                .shared
+                .received
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .last;
+            let _ = tokio::time::timeout(Duration::from_secs(1), delivered.wait_for(|d| *d > seen))
+                .await;
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("stream {}", self.stream.location)
+    }
+
+    fn health(&self) -> StoreHealth {
+        let folded = self
+            .shared
+            .received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .folded;
+        let contact = self.shared.contact();
+        let silent = contact.last.elapsed();
+        let problem = if !folded {
+            Some(format!("{}: initial fold not done", self.describe()))
+        } else if silent > self.stale_after {
+            Some(format!(
+                "{}: no contact for {:.1} s (--store-stale-after {:?}); the last known lease state is enforced",
+                self.describe(),
+                silent.as_secs_f64(),
+                self.stale_after
+            ))
+        } else {
+            None
+        };
+        StoreHealth {
+            problem,
+            lag: contact.caught_up.elapsed().saturating_sub(PROBE_EVERY * 2),
+            reconnects: self.stream.reconnects(),
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Real `nats-server` processes on loopback for the scale-out tests: one node, or a JetStream
+//! cluster of three; nodes can be killed (-9), stopped and started again on the same ports and
+//! store directories.
+
+use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
+use leasegate::registry::store::NatsLocation;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `nats-server` from Debian's package (`.ci/run` installs it when missing).
+pub fn nats_server_bin() -> String {
+    std::env::var("NATS_SERVER").unwrap_or_else(|_| "nats-server".to_owned())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One `nats-server` with JetStream.
+pub struct NatsNode {
+    pub name: String,
+    pub port: u16,
+    config: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsNode {
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (or starts again) the process.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "{} is running", self.name);
+        let log = std::fs::File::create(self.config.with_extension("log")).unwrap();
+        let child = Command::new(nats_server_bin())
+            .arg("-c")
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {}: {e} (install Debian's nats-server; .ci/run does)",
+                    nats_server_bin()
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(self.addr()).is_err() {
+            assert!(Instant::now() < deadline, "{} did not listen", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    #[allow(dead_code)]
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for NatsNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One node or a cluster, with its temp directory.
+pub struct NatsCluster {
+    pub nodes: Vec<NatsNode>,
+    /// Configurations, logs and stores; removed when the cluster is dropped.
+    _dir: tempfile::TempDir,
+}
+
+impl NatsCluster {
+    /// `n` JetStream nodes (1, or 3 for a cluster), started.
+    pub fn start(n: usize) -> NatsCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let mut nodes = Vec::new();
+        for (i, (port, route)) in ports.iter().enumerate() {
+            let name = format!("n{i}");
+            let store = dir.path().join(&name);
+            let mut config = format!(
+                "server_name: {name}\nlisten: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\" }}\n",
+                store.display()
+            );
+            if n > 1 {
+                let routes: Vec<String> = ports
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, (_, r))| format!("nats-route://127.0.0.1:{r}"))
+                    .collect();
+                config.push_str(&format!(
+                    "cluster {{ name: lg, listen: 127.0.0.1:{route}, routes: [{}] }}\n",
+                    routes.join(", ")
+                ));
+            }
+            let path = dir.path().join(format!("{name}.conf"));
+            std::fs::write(&path, config).unwrap();
+            nodes.push(NatsNode {
+                name,
+                port: *port,
+                config: path,
+                child: None,
+            });
+        }
+        for node in &mut nodes {
+            node.start();
+        }
+        NatsCluster { nodes, _dir: dir }
+    }
+
+    /// `nats://<every node>/<stream>`.
+    pub fn url(&self, stream: &str) -> String {
+        let servers: Vec<String> = self.nodes.iter().map(NatsNode::addr).collect();
+        format!("nats://{}/{stream}", servers.join(","))
+    }
+
+    pub fn location(&self, stream: &str) -> NatsLocation {
+        self.url(stream).parse().unwrap()
+    }
+
+    /// Waits until JetStream answers (a cluster elects its meta leader first), then opens
+    /// (creating) the journal stream `stream` with one replica per node.
+    pub async fn journal(&self, stream: &str) -> NatsStream {
+        let options = NatsOptions {
+            replicas: self.nodes.len(),
+            ..NatsOptions::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match NatsStream::connect(&self.location(stream), &options, &StreamSpec::JOURNAL).await
+            {
+                Ok(stream) => return stream,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("JetStream never answered: {e}"),
+            }
+        }
+    }
+}
+
+/// Publishes every line of a journal file to `stream` (in order, each acknowledged).
+pub async fn publish_file(stream: &NatsStream, path: &std::path::Path) {
+    let text = tokio::fs::read_to_string(path).await.unwrap();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        let subject = stream.subject(value.get("lease_id").and_then(|v| v.as_str()));
+        stream
+            .publish(subject, line.as_bytes(), None)
+            .await
+            .unwrap();
+    }
+}
