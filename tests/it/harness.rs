@@ -520,16 +520,19 @@ pub fn port_range(len: u16) -> std::ops::RangeInclusive<u16> {
 
 /// `GET path` on the admin API: status and JSON body.
 pub async fn admin_get(server: &Server, path: &str) -> (u16, Value) {
+    let (status, body) = admin_text(server, path).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// `GET path` on the admin API: the status and the body as text.
+pub async fn admin_text(server: &Server, path: &str) -> (u16, String) {
     let answer = raw(
         server.admin_addr.unwrap(),
         format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await;
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
-    (
-        status_of(&answer),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
+    (status_of(&answer), body.to_owned())
 }
 
 /// Polls `f` every 10 ms until it returns `Some`, for at most `limit`.

@@ -55,11 +55,10 @@ async fn a_refusal_on_one_replica_closes_the_tunnel_on_another() {
     let mut tunnel = streaming_tunnel(c.addr, &target, Some(&lease)).await;
     let answer = raw(
         a.addr,
-        format!("CONNECT denied.test:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+        format!("CONNECT denied.example:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
-    let refused = Instant::now();
     let closed_after = until_closed(&mut tunnel, Duration::from_secs(5)).await;
     assert!(
         closed_after < Duration::from_secs(1),
@@ -100,4 +99,286 @@ async fn a_grant_published_while_running_opens_on_every_replica() {
     );
     let (status, ready) = admin_get(&a, "/readyz").await;
     assert_eq!(status, 200, "{ready}");
+}
+
+/// p50 and p99 of `samples`.
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    (at(0.50), at(0.99))
+}
+
+/// Refuses `lease` on `server` (a denied CONNECT target).
+async fn refuse(server: &Server, lease: &str) {
+    let answer = raw(
+        server.addr,
+        format!("CONNECT denied.example:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+}
+
+/// `POST /leases/{id}/revoke` on `server`'s admin API.
+async fn admin_revoke(server: &Server, lease: &str) {
+    let url = format!(
+        "http://{}/leases/{lease}/revoke",
+        server.admin_addr.unwrap()
+    );
+    let out =
+        crate::harness::curl(&["-X", "POST", "-d", r#"{"reason":"operator"}"#, &url], &[]).await;
+    assert_eq!(out.status, 200, "{}", out.body_text());
+}
+
+/// Waits until `lease` has `status` on `server`'s admin API.
+async fn until_status(server: &Server, lease: &str, status: &str, limit: Duration) -> bool {
+    eventually(limit, || async {
+        let (_, view) = admin_get(server, &format!("/leases/{lease}")).await;
+        (view["status"] == status).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_a_three_node_cluster_close_tunnels_everywhere() {
+    const TRIALS: usize = 50;
+    let cluster = NatsCluster::start(3);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let a = replica(&h, &cluster, "LG", "a").await;
+    let b = replica(&h, &cluster, "LG", "b").await;
+    let c = replica(&h, &cluster, "LG", "c").await;
+
+    // A grant published once opens on all three.
+    let leases: Vec<String> = (0..TRIALS + 1)
+        .map(|_| h.lease(&["origin.test"], &[]))
+        .collect();
+    let parent = h.lease(&["*.test"], &[]);
+    let child = h.lease_with(
+        &["origin.test"],
+        &[],
+        Some(&parent),
+        leasegate::contract::Timestamp::now(),
+        Duration::from_secs(600),
+    );
+    let published = Instant::now();
+    publish_file(&stream, &h.journal).await;
+    for server in [&a, &b, &c] {
+        assert!(until_status(server, &child, "open", Duration::from_secs(2)).await);
+    }
+    eprintln!(
+        "grants published -> open on three replicas in {:?}",
+        published.elapsed()
+    );
+
+    // A refusal on A closes the lease's tunnel on C.
+    let mut samples = Vec::new();
+    for lease in &leases[..TRIALS] {
+        let mut tunnel = streaming_tunnel(c.addr, &target, Some(lease)).await;
+        let started = Instant::now();
+        refuse(&a, lease).await;
+        until_closed(&mut tunnel, Duration::from_secs(5)).await;
+        samples.push(started.elapsed());
+    }
+    let (p50, p99) = percentiles(samples);
+    eprintln!("refusal on A -> tunnel on C closed: p50 {p50:?}, p99 {p99:?} over {TRIALS} trials");
+    assert!(p99 <= Duration::from_secs(1), "p99 {p99:?}");
+
+    // An admin revocation on B does the same.
+    let lease = &leases[TRIALS];
+    let mut tunnel = streaming_tunnel(c.addr, &target, Some(lease)).await;
+    admin_revoke(&b, lease).await;
+    let closed = until_closed(&mut tunnel, Duration::from_secs(5)).await;
+    assert!(closed <= Duration::from_secs(1), "{closed:?}");
+
+    // A parent revoked on A closes its child's tunnel on C.
+    let mut tunnel = streaming_tunnel(c.addr, &target, Some(&child)).await;
+    refuse(&a, &parent).await;
+    let closed = until_closed(&mut tunnel, Duration::from_secs(5)).await;
+    assert!(closed <= Duration::from_secs(1), "{closed:?}");
+
+    // One proxy-written record per revoked lease, whatever replica wrote it.
+    let all = records(&stream).await;
+    for lease in leases.iter().chain([&parent]) {
+        assert_eq!(proxy_revocations(&all, lease), 1, "{lease}");
+    }
+    assert_eq!(proxy_revocations(&all, &child), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_refusing_one_lease_at_once_leave_one_record() {
+    let cluster = NatsCluster::start(3);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let a = replica(&h, &cluster, "LG", "a").await;
+    let b = replica(&h, &cluster, "LG", "b").await;
+    let c = replica(&h, &cluster, "LG", "c").await;
+    let leases: Vec<String> = (0..5).map(|_| h.lease(&["origin.test"], &[])).collect();
+    publish_file(&stream, &h.journal).await;
+    for lease in &leases {
+        for server in [&a, &b, &c] {
+            assert!(until_status(server, lease, "open", Duration::from_secs(2)).await);
+        }
+        tokio::join!(refuse(&a, lease), refuse(&b, lease), refuse(&c, lease));
+    }
+    for lease in &leases {
+        for server in [&a, &b, &c] {
+            assert!(until_status(server, lease, "revoked", Duration::from_secs(2)).await);
+        }
+    }
+    let all = records(&stream).await;
+    for lease in &leases {
+        let mine: Vec<&Value> = all.iter().filter(|r| r["lease_id"] == *lease).collect();
+        assert_eq!(proxy_revocations(&all, lease), 1, "{lease}: {mine:#?}");
+    }
+}
+
+/// A CONNECT to the origin through `server` for `lease`: the refusal code, or `None` for 200.
+async fn connect_code(server: &Server, target: &str, lease: &str) -> Option<String> {
+    let answer = raw(
+        server.addr,
+        format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    if answer.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    let code = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("x-leasegate-refusal: "))
+        .unwrap_or("(no code)");
+    Some(code.trim().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revocations() {
+    let mut cluster = NatsCluster::start(3);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let open = h.lease(&["origin.test"], &[]);
+    let revoked = h.lease(&["origin.test"], &[]);
+    let refused_offline = h.lease(&["origin.test"], &[]);
+    publish_file(&stream, &h.journal).await;
+    let stale = |mut s: StoreOptions| {
+        s.nats.stale_after = Duration::from_secs(1);
+        s
+    };
+    let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
+    config.journal = JournalLocation::Nats(cluster.location("LG"));
+    config.store = stale(StoreOptions {
+        data_dir: h.dir.path().join("a"),
+        ..StoreOptions::default()
+    });
+    let a = Server::start(config.clone()).await.unwrap();
+    config.store.data_dir = h.dir.path().join("b");
+    let b = Server::start(config).await.unwrap();
+    refuse(&a, &revoked).await;
+    assert!(until_status(&b, &revoked, "revoked", Duration::from_secs(2)).await);
+    assert!(until_status(&b, &refused_offline, "open", Duration::from_secs(2)).await);
+
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    // The last known state is enforced.
+    assert_eq!(
+        connect_code(&b, &target, &revoked).await.as_deref(),
+        Some("lease-revoked")
+    );
+    assert_eq!(connect_code(&b, &target, &open).await, None);
+    // A refusal still revokes, here and now.
+    refuse(&a, &refused_offline).await;
+    assert_eq!(
+        connect_code(&a, &target, &refused_offline).await.as_deref(),
+        Some("lease-revoked")
+    );
+    // Both replicas say they are not following the store.
+    for server in [&a, &b] {
+        let unready = eventually(Duration::from_secs(5), || async {
+            let (status, body) = admin_get(server, "/readyz").await;
+            (status == 503).then_some(body)
+        })
+        .await
+        .expect("/readyz stayed 200 without the store");
+        assert!(
+            unready["reason"].as_str().unwrap().contains("no contact"),
+            "{unready}"
+        );
+    }
+    let (_, metrics) = crate::harness::admin_text(&a, "/metrics").await;
+    assert!(
+        metrics.contains("leasegate_store_pending_appends 1"),
+        "{metrics}"
+    );
+
+    for node in &mut cluster.nodes {
+        node.start();
+    }
+    // The queued record is published once, and the other replica applies it.
+    assert!(
+        until_status(&b, &refused_offline, "revoked", Duration::from_secs(40)).await,
+        "the queued revocation never reached B"
+    );
+    for server in [&a, &b] {
+        let ready = eventually(Duration::from_secs(20), || async {
+            let (status, _) = admin_get(server, "/readyz").await;
+            (status == 200).then_some(())
+        })
+        .await;
+        assert!(ready.is_some(), "/readyz never came back");
+    }
+    let all = records(&stream).await;
+    assert_eq!(proxy_revocations(&all, &refused_offline), 1);
+    assert_eq!(proxy_revocations(&all, &revoked), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_replica_catches_up_and_converges() {
+    let cluster = NatsCluster::start(1);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let first = h.lease(&["origin.test"], &[]);
+    publish_file(&stream, &h.journal).await;
+    let a = replica(&h, &cluster, "LG", "a").await;
+    let b = replica(&h, &cluster, "LG", "b").await;
+    assert!(until_status(&b, &first, "open", Duration::from_secs(2)).await);
+    b.shutdown().await;
+    refuse(&a, &first).await;
+    let journal_before = tokio::fs::read(&h.journal).await.unwrap();
+    let second = h.lease(&["origin.test"], &[]);
+    let journal_after = tokio::fs::read(&h.journal).await.unwrap();
+    let new_line = &journal_after[journal_before.len()..];
+    let granted: Value = serde_json::from_slice(new_line).unwrap();
+    stream
+        .publish(
+            stream.subject(Some(&second)),
+            new_line.trim_ascii_end(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(granted["lease_id"], second.as_str());
+    let b = replica(&h, &cluster, "LG", "b").await;
+    let (status, _) = admin_get(&b, "/readyz").await;
+    assert_eq!(status, 200);
+    // The same leases in the same states (counters and proxy addresses are each replica's own).
+    let states = |view: Value| -> Vec<(String, String)> {
+        view["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["lease_id"].to_string(), l["status"].to_string()))
+            .collect()
+    };
+    let on_a = states(admin_get(&a, "/leases").await.1);
+    let on_b = states(admin_get(&b, "/leases").await.1);
+    assert_eq!(on_a.len(), 2);
+    assert_eq!(on_a, on_b);
+    let (_, view) = admin_get(&b, &format!("/leases/{first}")).await;
+    assert_eq!(view["status"], "revoked");
+    let (_, view) = admin_get(&b, &format!("/leases/{second}")).await;
+    assert_eq!(view["status"], "open");
 }
