@@ -6,11 +6,14 @@
 //! - Every message is handed out once, in stream order; a [`Position`]'s offset is a stream
 //!   sequence, so the position an append returns is reached once its message is handed out.
 //! - The first read returns only when everything the stream held at connect has arrived.
-//! - A closing record is appended by compare-and-set on its lease's subject
+//! - A closing record carries `Nats-Msg-Id: leasegate-close-<lease_id>`, the same from every
+//!   replica, so replicas that refuse one lease at the same instant leave exactly one closing
+//!   record (JetStream stages the id when the publish is proposed, which a cluster's
+//!   subject-sequence check does not do for in-flight proposals). Beyond the duplicate window,
+//!   it is appended by compare-and-set on its lease's subject
 //!   (`Nats-Expected-Last-Subject-Sequence`): when the subject's last message already closes
 //!   the lease (another replica's revocation, or our own whose ack was lost) nothing is
-//!   published and that message's position is returned. Replicas that refuse one lease at the
-//!   same instant leave exactly one closing record, whatever the time between them.
+//!   published and that message's position is returned.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
 //!   (`/readyz` 503) while the last folded state stays in force.
@@ -247,9 +250,16 @@ impl NatsStream {
                     return Ok(at(last.sequence));
                 }
             }
-            let message = jetstream::message::PublishMessage::build()
+            let mut message = jetstream::message::PublishMessage::build()
                 .payload(line.clone().into())
                 .expected_last_subject_sequence(last.map_or(0, |m| m.sequence));
+            if closing {
+                // One closing record per lease from every replica: JetStream stages the id
+                // when the publish is proposed, so concurrent duplicates are caught even in a
+                // cluster (where the subject-sequence check alone misses in-flight proposals).
+                message =
+                    message.message_id(format!("leasegate-close-{}", subject_token(lease_id)));
+            }
             let ack = self
                 .jetstream
                 .send_publish(subject.clone(), message)
