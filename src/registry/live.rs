@@ -155,17 +155,27 @@ impl Registry {
         keyring: Keyring,
         pending: Pending,
     ) -> std::io::Result<Registry> {
-        let batch = store.read_new().await?;
         let mut ledger = Ledger::new(keyring);
-        let skipped = journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
-        if !skipped.is_empty() {
-            tracing::warn!(skipped = skipped.len(), store = %store.describe(), "journal lines skipped");
+        let mut skipped = 0;
+        // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
+        loop {
+            let batch = store.read_new().await?;
+            skipped +=
+                journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice)).len();
+            if !pending.is_empty() {
+                let queue = pending.clone();
+                let lines = batch.lines;
+                tokio::task::spawn_blocking(move || queue.remove_seen(&lines))
+                    .await
+                    .map_err(std::io::Error::other)??;
+            }
+            if store.settled() {
+                break;
+            }
         }
-        let queue = pending.clone();
-        let lines = batch.lines;
-        tokio::task::spawn_blocking(move || queue.remove_seen(&lines))
-            .await
-            .map_err(std::io::Error::other)??;
+        if skipped > 0 {
+            tracing::warn!(skipped, store = %store.describe(), "journal lines skipped");
+        }
         for value in pending.records() {
             // Our own signed records: closing more is the only thing they can do.
             match Record::from_value(value) {

@@ -67,6 +67,12 @@ pub trait Store: Send + Sync + 'static {
     /// For logs: "journal /path".
     fn describe(&self) -> String;
 
+    /// Whether everything the store held when it was opened has been handed out: the initial
+    /// fold reads until this holds. A file hands out all it holds in its first read.
+    fn settled(&self) -> bool {
+        true
+    }
+
     /// Whether the store is followed (`/readyz`, metrics). A file is always followed: a read
     /// that fails is retried on the next poll and logged there.
     fn health(&self) -> StoreHealth {

@@ -5,7 +5,8 @@
 //! Invariants:
 //! - Every message is handed out once, in stream order; a [`Position`]'s offset is a stream
 //!   sequence, so the position an append returns is reached once its message is handed out.
-//! - The first read returns only when everything the stream held at connect has arrived.
+//! - The store settles once everything the stream held at connect has been handed out;
+//!   until then a read waits for something new, so the initial fold goes batch by batch.
 //! - A closing record carries `Nats-Msg-Id: leasegate-close-<lease_id>`, the same from every
 //!   replica, so replicas that refuse one lease at the same instant leave exactly one closing
 //!   record (JetStream stages the id when the publish is proposed, which a cluster's
@@ -446,8 +447,8 @@ struct Received {
     lines: Vec<Vec<u8>>,
     /// Sequence of the last message in `lines` (or handed out before).
     last: u64,
-    /// The first read happened (the initial fold is done).
-    folded: bool,
+    /// Sequence of the last message handed out.
+    handed: u64,
 }
 
 struct Contact {
@@ -526,7 +527,7 @@ async fn follow(mut messages: consumer::push::Ordered, shared: Arc<Shared>, desc
             }
         };
         {
-            let mut received = shared.received.lock().unwrap_or_else(|e| e.into_inner());
+            let mut received = shared.received();
             if sequence <= received.last {
                 continue;
             }
@@ -558,6 +559,10 @@ async fn probe(stream: NatsStream, shared: Arc<Shared>) {
 }
 
 impl Shared {
+    fn received(&self) -> std::sync::MutexGuard<'_, Received> {
+        self.received.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn contact(&self) -> std::sync::MutexGuard<'_, Contact> {
         self.contact.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -578,26 +583,23 @@ impl Shared {
 impl Store for NatsStore {
     fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>> {
         Box::pin(async move {
-            let head = self.shared.initial_head;
-            let mut delivered = self.shared.delivered.subscribe();
-            // Cancel-safe: nothing is taken before this await.
-            delivered
-                .wait_for(|d| *d >= head)
-                .await
-                .map_err(io::Error::other)?;
-            let mut received = self
-                .shared
-                .received
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            received.folded = true;
+            // Until the store settles, a read waits for something new (the initial fold reads
+            // batch by batch); after, it takes what is there. Cancel-safe: nothing is taken
+            // before the await.
+            let handed = self.shared.received().handed;
+            if handed < self.shared.initial_head {
+                let mut delivered = self.shared.delivered.subscribe();
+                delivered
+                    .wait_for(|d| *d > handed)
+                    .await
+                    .map_err(io::Error::other)?;
+            }
+            let mut received = self.shared.received();
+            received.handed = received.last;
             Ok(Batch {
                 restarted: false,
                 lines: std::mem::take(&mut received.lines),
-                position: at(received.last).max(Position {
-                    generation: GENERATION,
-                    offset: 0,
-                }),
+                position: at(received.last),
             })
         })
     }
@@ -609,15 +611,14 @@ impl Store for NatsStore {
         Box::pin(async move { task.await.map_err(io::Error::other)? })
     }
 
+    fn settled(&self) -> bool {
+        self.shared.received().handed >= self.shared.initial_head
+    }
+
     fn wait_for_more(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let mut delivered = self.shared.delivered.subscribe();
-            let seen = self
-                .shared
-                .received
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .last;
+            let seen = self.shared.received().last;
             let _ = tokio::time::timeout(Duration::from_secs(1), delivered.wait_for(|d| *d > seen))
                 .await;
         })
@@ -628,12 +629,7 @@ impl Store for NatsStore {
     }
 
     fn health(&self) -> StoreHealth {
-        let folded = self
-            .shared
-            .received
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .folded;
+        let folded = self.settled();
         let contact = self.shared.contact();
         let silent = contact.last.elapsed();
         let problem = if !folded {
