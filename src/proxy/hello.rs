@@ -411,7 +411,7 @@ mod tests {
 
     #[test]
     fn the_outcome_does_not_depend_on_how_the_bytes_arrive() {
-        // Found by the `hello` fuzz check: a hello whose last record ends past MAX_RAW was
+        // The `hello` fuzz check's split property, past MAX_RAW: a hello whose last record ended there was
         // accepted when it arrived in one read and refused when it arrived in two.
         let hello = client_hello("secure.test", vec![]);
         let mut raw = [22, 3, 1, 0, 0].repeat((MAX_RAW - hello.len()) / 5 + 1);
