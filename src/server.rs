@@ -99,38 +99,46 @@ fn tls_acceptor(
 /// interfaces change them while we run.
 const LOCAL_ADDRS_EVERY: Duration = Duration::from_secs(30);
 
-/// Every address of the host's interfaces. If they cannot be read the list is empty and
-/// logged: loopback and the unspecified address are recognised without it.
-fn interface_addrs() -> Vec<IpAddr> {
-    match nix::ifaddrs::getifaddrs() {
-        Ok(interfaces) => {
-            let mut addrs: Vec<IpAddr> = interfaces
-                .filter_map(|interface| {
-                    let address = interface.address?;
-                    address
-                        .as_sockaddr_in()
-                        .map(|a| IpAddr::V4(a.ip()))
-                        .or_else(|| address.as_sockaddr_in6().map(|a| IpAddr::V6(a.ip())))
-                })
-                .collect();
-            addrs.sort_unstable();
-            addrs.dedup();
-            addrs
-        }
-        Err(error) => {
-            tracing::warn!(%error, "reading the interface addresses failed: a wildcard listener's non-loopback addresses are not recognised as ours");
-            Vec::new()
-        }
-    }
+/// Every address of the host's interfaces, or why they cannot be read.
+fn interface_addrs() -> nix::Result<Vec<IpAddr>> {
+    let mut addrs: Vec<IpAddr> = nix::ifaddrs::getifaddrs()?
+        .filter_map(|interface| {
+            let address = interface.address?;
+            address
+                .as_sockaddr_in()
+                .map(|a| IpAddr::V4(a.ip()))
+                .or_else(|| address.as_sockaddr_in6().map(|a| IpAddr::V6(a.ip())))
+        })
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    Ok(addrs)
 }
 
 /// Reads the interface addresses into `local` (off the runtime's threads: getifaddrs is a
 /// blocking netlink exchange).
 async fn read_local_addrs(local: &LocalAddrs) {
-    if let Ok(addrs) = tokio::task::spawn_blocking(interface_addrs).await {
-        if **local.load() != addrs {
-            tracing::debug!(?addrs, "interface addresses");
-            local.store(Arc::new(addrs));
+    match tokio::task::spawn_blocking(interface_addrs).await {
+        Ok(read) => update_local_addrs(local, read),
+        Err(error) => {
+            tracing::warn!(%error, "reading the interface addresses failed; the last ones read are kept")
+        }
+    }
+}
+
+/// Takes a fresh read of the interface addresses. A failed read keeps what was known (fail
+/// closed: an address once ours stays recognised as ours, never forgotten by an error);
+/// loopback and the unspecified address are recognised without the list.
+fn update_local_addrs(local: &LocalAddrs, read: nix::Result<Vec<IpAddr>>) {
+    match read {
+        Ok(addrs) => {
+            if **local.load() != addrs {
+                tracing::debug!(?addrs, "interface addresses");
+                local.store(Arc::new(addrs));
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, known = ?**local.load(), "reading the interface addresses failed: the last ones read are kept");
         }
     }
 }
@@ -327,5 +335,24 @@ impl Server {
         // Last: every line is queued now; write, sync and stop the writer before we return.
         self.proxy.telemetry.egress.close().await;
         tracing::info!("stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_interface_read_forgets_no_address() {
+        let local = LocalAddrs::default();
+        let lan: IpAddr = "10.1.2.3".parse().unwrap();
+        update_local_addrs(&local, Ok(vec![lan]));
+        assert_eq!(**local.load(), vec![lan]);
+        // Before: a failed read stored an empty list, and the guard stopped recognising the
+        // host's own LAN address behind a wildcard listener.
+        update_local_addrs(&local, Err(nix::errno::Errno::ENOBUFS));
+        assert_eq!(**local.load(), vec![lan]);
+        update_local_addrs(&local, Ok(vec![]));
+        assert!(local.load().is_empty());
     }
 }

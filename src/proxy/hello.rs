@@ -4,7 +4,9 @@
 //! Invariant: pure (no I/O). [`Probe::Hello`] means a complete ClientHello of at most
 //! [`MAX_HANDSHAKE`] bytes that rustls parsed, and its SNI is the `host_name` of its
 //! `server_name` extension exactly as sent — an SNI that is present but unreadable is
-//! [`Unverifiable`], never "no SNI". The caller's bytes are only read, never rewritten.
+//! [`Unverifiable`], never "no SNI". The caller's bytes are only read, never rewritten; the
+//! outcome depends on the bytes alone, never on how reads split them; at most
+//! [`MAX_HANDSHAKE`] handshake bytes are held. `fuzz/checks/hello.rs` checks all of this.
 
 /// The largest ClientHello handshake message (its 4-byte header included) we reassemble.
 pub const MAX_HANDSHAKE: usize = 64 * 1024;
@@ -74,6 +76,10 @@ pub struct Reassembler {
 
 impl Reassembler {
     /// Looks at `raw`, every byte the client sent so far (the same prefix each call, grown).
+    ///
+    /// The outcome depends only on the bytes, never on how they were split across calls: a
+    /// ClientHello must be complete within the first [`MAX_RAW`] raw bytes, and a record that
+    /// would end beyond them is [`Unverifiable::TooManyRecords`] as soon as its header is in.
     pub fn probe(&mut self, raw: &[u8]) -> Probe {
         loop {
             match self.message_len() {
@@ -83,8 +89,11 @@ impl Reassembler {
                 }
                 Ok(_) => {}
             }
+            if self.consumed + RECORD_HEADER > MAX_RAW {
+                return Probe::Unverifiable(Unverifiable::TooManyRecords);
+            }
             let Some(header) = raw.get(self.consumed..self.consumed + RECORD_HEADER) else {
-                return self.need_more(raw);
+                return Probe::NeedMore;
             };
             if header[0] != HANDSHAKE {
                 return Probe::Unverifiable(Unverifiable::NotHandshake(header[0]));
@@ -94,12 +103,39 @@ impl Reassembler {
                 return Probe::Unverifiable(Unverifiable::BadRecord);
             }
             let start = self.consumed + RECORD_HEADER;
+            if start + len > MAX_RAW {
+                return Probe::Unverifiable(Unverifiable::TooManyRecords);
+            }
             let Some(fragment) = raw.get(start..start + len) else {
-                return self.need_more(raw);
+                return Probe::NeedMore;
             };
-            self.handshake.extend_from_slice(fragment);
+            if let Err(why) = self.absorb(fragment) {
+                return Probe::Unverifiable(why);
+            }
             self.consumed = start + len;
         }
+    }
+
+    /// Handshake bytes held so far: never more than [`MAX_HANDSHAKE`].
+    pub fn buffered(&self) -> usize {
+        self.handshake.len()
+    }
+
+    /// Appends as much of `fragment` as the first message still needs, and no more: what
+    /// follows the ClientHello is not ours to hold.
+    fn absorb(&mut self, mut fragment: &[u8]) -> Result<(), Unverifiable> {
+        while !fragment.is_empty() {
+            let wanted = self.message_len()?.unwrap_or(4);
+            let take = wanted
+                .saturating_sub(self.handshake.len())
+                .min(fragment.len());
+            if take == 0 {
+                break;
+            }
+            self.handshake.extend_from_slice(&fragment[..take]);
+            fragment = &fragment[take..];
+        }
+        Ok(())
     }
 
     /// The whole message's length once its header is in, checked against the bounds.
@@ -116,13 +152,6 @@ impl Reassembler {
             return Err(Unverifiable::TooLarge);
         }
         Ok(Some(len))
-    }
-
-    fn need_more(&self, raw: &[u8]) -> Probe {
-        if raw.len() >= MAX_RAW {
-            return Probe::Unverifiable(Unverifiable::TooManyRecords);
-        }
-        Probe::NeedMore
     }
 }
 
@@ -377,6 +406,59 @@ mod tests {
         assert_eq!(
             Reassembler::default().probe(&hello),
             Probe::Hello(Some("192.168.10.10".into()))
+        );
+    }
+
+    #[test]
+    fn the_outcome_does_not_depend_on_how_the_bytes_arrive() {
+        // The `hello` fuzz check's split property, past MAX_RAW: a hello whose last record ended there was
+        // accepted when it arrived in one read and refused when it arrived in two.
+        let hello = client_hello("secure.test", vec![]);
+        let mut raw = [22, 3, 1, 0, 0].repeat((MAX_RAW - hello.len()) / 5 + 1);
+        raw.extend_from_slice(&hello);
+        assert!(raw.len() > MAX_RAW);
+        let whole = Reassembler::default().probe(&raw);
+        assert_eq!(whole, Probe::Unverifiable(Unverifiable::TooManyRecords));
+        let empties = raw.len() - hello.len();
+        let mut reassembler = Reassembler::default();
+        assert_eq!(reassembler.probe(&raw[..empties]), Probe::NeedMore);
+        assert_eq!(reassembler.probe(&raw), whole);
+        // Decided as soon as the hello's first record header says it would end past the bound.
+        assert_eq!(Reassembler::default().probe(&raw[..empties + 5]), whole);
+    }
+
+    #[test]
+    fn no_more_than_the_hello_is_held() {
+        // A ~63 KB hello whose last record also carries 16 KB of what follows it: held whole,
+        // it was ~79 KB.
+        let big = client_hello("denied.test", vec![vec![b'a'; 250]; 250]);
+        let mut handshake = Vec::new();
+        let mut at = 0;
+        while at < big.len() {
+            let len = usize::from(u16::from_be_bytes([big[at + 3], big[at + 4]]));
+            handshake.extend_from_slice(&big[at + 5..at + 5 + len]);
+            at += 5 + len;
+        }
+        // The hello's last byte opens a full record of what follows it.
+        let last = handshake.pop().unwrap();
+        let mut records: Vec<Vec<u8>> =
+            handshake.chunks(MAX_FRAGMENT).map(<[u8]>::to_vec).collect();
+        records.push([vec![last], vec![0; MAX_FRAGMENT - 1]].concat());
+        let mut raw = Vec::new();
+        for record in records {
+            raw.extend_from_slice(&[22, 3, 1]);
+            raw.extend_from_slice(&(record.len() as u16).to_be_bytes());
+            raw.extend_from_slice(&record);
+        }
+        let mut reassembler = Reassembler::default();
+        assert_eq!(
+            reassembler.probe(&raw),
+            Probe::Hello(Some("denied.test".into()))
+        );
+        assert!(
+            reassembler.buffered() <= MAX_HANDSHAKE,
+            "{}",
+            reassembler.buffered()
         );
     }
 }

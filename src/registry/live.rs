@@ -16,8 +16,9 @@
 //!   there, so order is kept), which a retry task appends once the store takes it again, each
 //!   record once; a record of the queue that a read shows already in the store leaves it
 //!   unappended. The queue's closures are applied at open, before anything is served.
-//! - The journal's health (writable or failing, and why) changes state on an append's outcome;
-//!   an error is logged once per change, not per failed attempt.
+//! - The journal's health (writable or failing, readable or not, and why) changes state on an
+//!   append's or a read's outcome; an error is logged once per change, not per failed attempt,
+//!   and `/readyz` names the cause while either fails.
 //! - A snapshot is built from the current one and published under `publishing`, never across an
 //!   await, so a refresh and an in-memory closure never drop each other's work. Reading the
 //!   store (`reading`) and appending to it are not under one lock: a slow fsync does not stop
@@ -102,6 +103,9 @@ pub enum RevokeError {
 struct JournalHealth {
     /// Why the last append failed; `None` once one succeeds.
     failing: Option<String>,
+    /// Why the last read failed; `None` once one succeeds. Meanwhile decisions use the last
+    /// state read: closing records written by others are not seen.
+    unreadable: Option<String>,
 }
 
 /// The registry of a running proxy.
@@ -232,14 +236,40 @@ impl Registry {
         if let Some(problem) = self.store.health().problem {
             return Some(problem);
         }
-        let failing = self.health().failing.clone();
+        let (failing, unreadable) = {
+            let health = self.health();
+            (health.failing.clone(), health.unreadable.clone())
+        };
         let pending = self.pending.len();
-        match (failing, pending) {
+        let writing = match (failing, pending) {
             (None, 0) => None,
             (Some(cause), n) => Some(format!(
                 "journal not writable: {cause}; {n} revocation(s) pending"
             )),
             (None, n) => Some(format!("{n} revocation(s) pending for the journal")),
+        };
+        let reading = unreadable.map(|cause| {
+            format!("journal not readable: {cause}; decisions use the last state read")
+        });
+        match (reading, writing) {
+            (Some(reading), Some(writing)) => Some(format!("{reading}; {writing}")),
+            (reading, writing) => reading.or(writing),
+        }
+    }
+
+    /// A read of the store failed: logged as an error only when it was readable.
+    fn read_failed(&self, error: &std::io::Error) {
+        let mut health = self.health();
+        if health.unreadable.is_none() {
+            tracing::error!(%error, store = %self.store.describe(), "the journal cannot be read: closing records written elsewhere are not seen until it can");
+        }
+        health.unreadable = Some(error.to_string());
+    }
+
+    /// A read of the store succeeded: logged only when it was failing.
+    fn read_succeeded(&self) {
+        if let Some(cause) = self.health().unreadable.take() {
+            tracing::error!(was = %cause, store = %self.store.describe(), "the journal can be read again");
         }
     }
 
@@ -359,7 +389,16 @@ impl Registry {
     /// the only await is the store's read, which keeps the lines of a dropped read for the next.
     async fn refresh_reaching(&self) -> std::io::Result<(usize, Position)> {
         let _reading = self.reading.lock().await;
-        let batch = self.store.read_new().await?;
+        let batch = match self.store.read_new().await {
+            Ok(batch) => {
+                self.read_succeeded();
+                batch
+            }
+            Err(error) => {
+                self.read_failed(&error);
+                return Err(error);
+            }
+        };
         if !batch.lines.is_empty() && !self.pending.is_idle() {
             let (queue, lines) = (self.pending.clone(), batch.lines.clone());
             match tokio::task::spawn_blocking(move || queue.remove_seen(&lines)).await {
@@ -512,8 +551,9 @@ impl Registry {
 
     async fn tail(&self, shutdown: &CancellationToken) {
         loop {
+            // A failure is logged once per change of state by the read itself.
             if let Err(error) = self.refresh().await {
-                tracing::warn!(%error, store = %self.store.describe(), "reading the journal failed; retrying");
+                tracing::debug!(%error, store = %self.store.describe(), "reading the journal failed; retrying");
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,

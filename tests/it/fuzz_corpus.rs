@@ -3,6 +3,8 @@
 
 #[path = "../../fuzz/checks/canonical.rs"]
 mod canonical;
+#[path = "../../fuzz/checks/hello.rs"]
+mod hello;
 #[path = "../../fuzz/checks/identify.rs"]
 mod identify;
 #[path = "../../fuzz/checks/journal_fold.rs"]
@@ -34,6 +36,7 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
 fn every_fuzz_check_holds_on_its_seed_corpus() {
     for (target, check, at_least) in [
         ("canonical", canonical::check as fn(&[u8]), 20),
+        ("hello", hello::check, 15),
         ("identify", identify::check, 5),
         ("journal_fold", journal_fold::check, 10),
         ("target_parser", target_parser::check, 20),

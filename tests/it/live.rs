@@ -510,6 +510,42 @@ async fn a_refusal_while_the_journal_is_unwritable_revokes_and_queues_its_record
     assert_eq!(view["status"], "revoked");
 }
 
+/// The journal cannot be read (its path turned into a directory after start): closing records
+/// written elsewhere go unseen meanwhile, so `/readyz` answers 503 naming the cause until a
+/// read succeeds again (it used to stay 200, with a warning every poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_journal_makes_readyz_say_so() {
+    let h = Harness::new();
+    h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let (status, _) = admin_get(&server, "/readyz").await;
+    assert_eq!(status, 200);
+    let saved = std::fs::read(&h.journal).unwrap();
+    std::fs::remove_file(&h.journal).unwrap();
+    std::fs::create_dir(&h.journal).unwrap();
+    let unready = eventually(Duration::from_secs(5), || async {
+        let (status, body) = admin_get(&server, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await
+    .expect("/readyz turns 503");
+    let reason = unready["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("journal not readable"), "{unready}");
+    assert!(
+        reason.contains("decisions use the last state read"),
+        "{unready}"
+    );
+
+    std::fs::remove_dir(&h.journal).unwrap();
+    std::fs::write(&h.journal, saved).unwrap();
+    let ready = eventually(Duration::from_secs(5), || async {
+        let (status, _) = admin_get(&server, "/readyz").await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "ready again once a read succeeds");
+}
+
 /// A restart with a queued revocation in `<journal>.pending` serves with that lease closed,
 /// and appends the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
