@@ -53,6 +53,28 @@ pub enum Command {
     Run(RunArgs),
     /// Print the proxy token of a lease (`<lease-id>.<tag>`, for `--credentials token`).
     Token(TokenArgs),
+    /// Calls, refusals, bytes and top hosts per lease, from an egress stream (every replica)
+    /// or an egress log file.
+    Usage(UsageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Where the egress lines are: `nats://HOST:PORT[,HOST:PORT...]/STREAM` (the
+    /// `serve --egress-stream` of every replica) or an egress log file (JSON Lines).
+    #[arg(long, env = "LEASEGATE_USAGE_FROM")]
+    pub from: JournalLocation,
+    /// Only this lease (`_` for lines without a lease).
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: Option<String>,
+    /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
+    #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
+    pub since: Option<std::time::Duration>,
+    /// JSON Lines (one object per lease) instead of a table.
+    #[arg(long, env = "LEASEGATE_JSON")]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]

@@ -374,4 +374,35 @@ mod tests {
         let token = serve_config(&["--credentials", "token"]).unwrap();
         assert_eq!(token.proxy.credentials, Credentials::Token);
     }
+
+    #[test]
+    fn the_egress_stream_is_off_by_default_and_keeps_a_week() {
+        assert!(serve_config(&[]).unwrap().egress_stream.is_none());
+        let on = serve_config(&["--egress-stream", "nats://127.0.0.1:4222,n2/EGRESS"])
+            .unwrap()
+            .egress_stream
+            .unwrap();
+        assert_eq!(on.location.servers, ["127.0.0.1:4222", "n2:4222"]);
+        assert_eq!(on.location.stream, "EGRESS");
+        assert_eq!(on.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(on.backlog, 10_000);
+        assert_eq!(on.nats.replicas, 1);
+        let tuned = serve_config(&[
+            "--egress-stream",
+            "nats://h:1/E",
+            "--egress-max-age",
+            "1h",
+            "--egress-stream-backlog",
+            "5",
+            "--nats-replicas",
+            "3",
+        ])
+        .unwrap()
+        .egress_stream
+        .unwrap();
+        assert_eq!(
+            (tuned.max_age, tuned.backlog, tuned.nats.replicas),
+            (Duration::from_secs(3600), 5, 3)
+        );
+    }
 }
