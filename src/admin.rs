@@ -227,6 +227,7 @@ fn metrics(state: &AdminState) -> Response<Body> {
         store_lag_seconds: store.lag.as_secs_f64(),
         store_reconnects: store.reconnects,
         egress_dropped: telemetry.egress.dropped(),
+        egress_stream: telemetry.stream.figures(),
     };
     let mut response = Response::new(full(metrics::render(&telemetry.metrics, figures)));
     response.headers_mut().insert(

@@ -2,6 +2,7 @@
 //!
 //! Invariant: raw arguments only; validation and loading happen in `config`.
 
+use crate::registry::store::NatsLocation;
 use crate::registry::JournalLocation;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -52,6 +53,28 @@ pub enum Command {
     Run(RunArgs),
     /// Print the proxy token of a lease (`<lease-id>.<tag>`, for `--credentials token`).
     Token(TokenArgs),
+    /// Calls, refusals, bytes and top hosts per lease, from an egress stream (every replica)
+    /// or an egress log file.
+    Usage(UsageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Where the egress lines are: `nats://HOST:PORT[,HOST:PORT...]/STREAM` (the
+    /// `serve --egress-stream` of every replica) or an egress log file (JSON Lines).
+    #[arg(long, env = "LEASEGATE_USAGE_FROM")]
+    pub from: JournalLocation,
+    /// Only this lease (`_` for lines without a lease).
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: Option<String>,
+    /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
+    #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
+    pub since: Option<std::time::Duration>,
+    /// JSON Lines (one object per lease) instead of a table.
+    #[arg(long, env = "LEASEGATE_JSON")]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -129,6 +152,18 @@ pub struct ServeArgs {
     /// Egress log destination: a file, or `-` for stdout.
     #[arg(long, env = "LEASEGATE_EGRESS_LOG")]
     pub egress_log: Option<String>,
+    /// Also publish every egress line to this NATS JetStream stream
+    /// (`nats://HOST:PORT[,HOST:PORT...]/STREAM`, created if missing; subjects
+    /// `leasegate.egress.<lease_id>`), for `leasegate usage` across replicas.
+    #[arg(long, env = "LEASEGATE_EGRESS_STREAM")]
+    pub egress_stream: Option<NatsLocation>,
+    /// How long a stream created by --egress-stream keeps a line.
+    #[arg(long, env = "LEASEGATE_EGRESS_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub egress_max_age: std::time::Duration,
+    /// Egress lines kept while NATS is unreachable; beyond, lines are dropped and counted
+    /// (leasegate_egress_stream_dropped_total). Requests never wait on the stream.
+    #[arg(long, env = "LEASEGATE_EGRESS_STREAM_BACKLOG", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub egress_stream_backlog: u32,
     /// What a revoking refusal does: revoke the lease, or only log.
     #[arg(
         long,

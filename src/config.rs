@@ -12,6 +12,7 @@ use crate::proxy::upstream::Resolver;
 use crate::registry::store::NatsOptions;
 use crate::registry::{JournalLocation, StoreOptions};
 use crate::telemetry::egress::Destination;
+use crate::telemetry::egress_stream::EgressStreamConfig;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -119,6 +120,8 @@ pub struct ServeConfig {
     pub keyring: Keyring,
     /// `None`: no egress log.
     pub egress: Option<Destination>,
+    /// `--egress-stream`: every egress line also published there; `None`: off.
+    pub egress_stream: Option<EgressStreamConfig>,
     pub proxy: ProxyConfig,
     /// The admin API listener; `None`: no admin API.
     pub admin: Option<SocketAddr>,
@@ -257,16 +260,24 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 return Err(ConfigError::AdminExposed(addr));
             }
         }
+        let store = StoreOptions::from(&args.store);
+        let egress_stream = args.egress_stream.map(|location| EgressStreamConfig {
+            location,
+            nats: store.nats.clone(),
+            max_age: args.egress_max_age,
+            backlog: args.egress_stream_backlog as usize,
+        });
         Ok(ServeConfig {
             listen: args.listen,
             journal: args.journal.ok_or(ConfigError::NoJournal)?,
-            store: StoreOptions::from(&args.store),
+            store,
             keyring: Keyring::load(&args.key_files, args.allow_test_key)?
                 .requiring_record_signatures(args.require_record_signatures),
             egress: args.egress_log.as_deref().map(|d| match d {
                 "-" => Destination::Stdout,
                 path => Destination::File(path.into()),
             }),
+            egress_stream,
             proxy,
             admin,
             lease_ports: args.lease_ports.map(|range| (range, args.lease_port_bind)),
@@ -362,5 +373,36 @@ mod tests {
         ));
         let token = serve_config(&["--credentials", "token"]).unwrap();
         assert_eq!(token.proxy.credentials, Credentials::Token);
+    }
+
+    #[test]
+    fn the_egress_stream_is_off_by_default_and_keeps_a_week() {
+        assert!(serve_config(&[]).unwrap().egress_stream.is_none());
+        let on = serve_config(&["--egress-stream", "nats://127.0.0.1:4222,n2/EGRESS"])
+            .unwrap()
+            .egress_stream
+            .unwrap();
+        assert_eq!(on.location.servers, ["127.0.0.1:4222", "n2:4222"]);
+        assert_eq!(on.location.stream, "EGRESS");
+        assert_eq!(on.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(on.backlog, 10_000);
+        assert_eq!(on.nats.replicas, 1);
+        let tuned = serve_config(&[
+            "--egress-stream",
+            "nats://h:1/E",
+            "--egress-max-age",
+            "1h",
+            "--egress-stream-backlog",
+            "5",
+            "--nats-replicas",
+            "3",
+        ])
+        .unwrap()
+        .egress_stream
+        .unwrap();
+        assert_eq!(
+            (tuned.max_age, tuned.backlog, tuned.nats.replicas),
+            (Duration::from_secs(3600), 5, 3)
+        );
     }
 }

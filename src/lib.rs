@@ -14,3 +14,4 @@ pub mod registry;
 pub mod run;
 pub mod server;
 pub mod telemetry;
+pub mod usage;

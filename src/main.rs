@@ -14,6 +14,7 @@ use leasegate::registry::open;
 use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
+use leasegate::usage;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Run(args) => return run_agent(args),
         Command::Token(args) => token(args),
+        Command::Usage(args) => usage_report(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -220,6 +222,48 @@ fn leases(args: cli::LeasesArgs) -> Result<()> {
         }
     } else {
         out.write_all(inspect::render_table(&rows).as_bytes())?;
+    }
+    Ok(())
+}
+
+/// `usage`: one report from an egress stream or an egress log file.
+fn usage_report(args: cli::UsageArgs) -> Result<()> {
+    let since = args.since.map(|ago| {
+        let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+        Timestamp::now().saturating_add_millis(-ms)
+    });
+    let mut tally = usage::Tally::new(usage::Filter {
+        lease: args.lease,
+        since,
+    });
+    match &args.from {
+        JournalLocation::File(path) if path.as_os_str() == "-" => {
+            usage::read_lines(std::io::stdin().lock(), &mut tally).context("reading stdin")?
+        }
+        JournalLocation::File(path) => std::fs::File::open(path)
+            .and_then(|file| usage::read_lines(std::io::BufReader::new(file), &mut tally))
+            .with_context(|| format!("reading {}", path.display()))?,
+        JournalLocation::Nats(nats) => block_on(usage::read_stream(
+            nats,
+            &StoreOptions::from(&args.store).nats,
+            &mut tally,
+        ))?,
+    }
+    let report = tally.finish();
+    if report.unreadable > 0 {
+        eprintln!(
+            "leasegate usage: {} line(s) of {} are not egress lines; skipped",
+            report.unreadable, args.from
+        );
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for lease in &report.leases {
+            serde_json::to_writer(&mut out, lease)?;
+            writeln!(out)?;
+        }
+    } else {
+        out.write_all(usage::render_table(&report.leases).as_bytes())?;
     }
     Ok(())
 }

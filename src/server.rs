@@ -16,7 +16,7 @@ use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
 use crate::registry::open::open_registry;
 use crate::registry::OpenError;
-use crate::telemetry::{EgressLog, Telemetry};
+use crate::telemetry::{EgressLog, EgressStream, Telemetry};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -213,7 +213,15 @@ impl Server {
         let local = proxy_config.guard.local.clone();
         read_local_addrs(&local).await;
         let registry = Arc::new(registry);
-        let telemetry = Arc::new(Telemetry::new(egress, proxy_config.series_grace));
+        let stream = match config.egress_stream {
+            Some(stream) => {
+                tracing::info!(stream = %stream.location, "publishing egress lines to the egress stream");
+                EgressStream::start(stream)
+            }
+            None => EgressStream::disabled(),
+        };
+        let telemetry =
+            Arc::new(Telemetry::new(egress, proxy_config.series_grace).with_stream(stream));
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
         proxy.tls = tls;
         let proxy = Arc::new(proxy);
@@ -297,7 +305,8 @@ impl Server {
 
     /// Graceful drain: stop accepting, `/readyz` turns 503, requests in flight and tunnels get
     /// up to the drain timeout, then whatever is left is closed. Returns once every exchange
-    /// has ended and the egress log holds its line, synced to disk.
+    /// has ended and the egress log holds its line, synced to disk (and `--egress-stream` has
+    /// acknowledged it, or counted it dropped after a few seconds without NATS).
     pub async fn shutdown(self) {
         if let Some(admin) = &self.admin {
             admin.ready.store(false, Ordering::SeqCst);
@@ -332,8 +341,10 @@ impl Server {
             );
         }
         self.background.cancel();
-        // Last: every line is queued now; write, sync and stop the writer before we return.
-        self.proxy.telemetry.egress.close().await;
+        // Last: every line is queued now; write, sync and stop the writer before we return,
+        // and publish what the egress stream holds (for a bounded time).
+        let telemetry = &self.proxy.telemetry;
+        tokio::join!(telemetry.egress.close(), telemetry.stream.close());
         tracing::info!("stopped");
     }
 }

@@ -7,7 +7,7 @@
 //! `schemas/egress-event.schema.json`.
 
 use crate::contract::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -55,6 +55,31 @@ pub struct EgressEvent {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked: Option<bool>,
+}
+
+/// Appends `event`'s line, newline included, to `buf`: the one serialisation of an egress
+/// line, so the file and the egress stream hold the same bytes. A line that cannot be
+/// serialised (none can: every field is a plain value) leaves `buf` as it was.
+pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
+    let start = buf.len();
+    if serde_json::to_writer(&mut *buf, event).is_ok() {
+        buf.push(b'\n');
+    } else {
+        buf.truncate(start);
+    }
+}
+
+/// What a reader of egress lines needs (`leasegate usage`); fields it does not need are
+/// ignored, so lines from newer versions still read.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LoggedLine {
+    pub time: String,
+    pub lease_id: Option<String>,
+    pub host: Option<String>,
+    pub verdict: String,
+    pub code: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
 }
 
 /// Where lines go.
@@ -143,11 +168,7 @@ impl EgressLog {
                 buf.clear();
                 for message in batch.drain(..) {
                     match message {
-                        Message::Line(event) => {
-                            if serde_json::to_writer(&mut buf, &event).is_ok() {
-                                buf.push(b'\n');
-                            }
-                        }
+                        Message::Line(event) => write_line(&mut buf, &event),
                         Message::Close(ack) => closing = Some(ack),
                     }
                 }

@@ -190,6 +190,8 @@ pub struct RegistryFigures {
     pub store_lag_seconds: f64,
     pub store_reconnects: u64,
     pub egress_dropped: u64,
+    /// `--egress-stream`'s publisher, when it is on.
+    pub egress_stream: Option<super::egress_stream::StreamFigures>,
 }
 
 /// Renders everything as Prometheus text (version 0.0.4).
@@ -370,6 +372,29 @@ impl Collector for Scrape {
             None,
             counter.metric_type(),
         )?)?;
+        if let Some(stream) = self.figures.egress_stream {
+            let counter = ConstCounter::new(stream.dropped);
+            counter.encode(encoder.encode_descriptor(
+                "leasegate_egress_stream_dropped",
+                "Egress lines not published to --egress-stream: the backlog was full, or shutdown came first",
+                None,
+                counter.metric_type(),
+            )?)?;
+            let gauge = ConstGauge::new(stream.backlog as i64);
+            gauge.encode(encoder.encode_descriptor(
+                "leasegate_egress_stream_backlog",
+                "Egress lines waiting for --egress-stream to acknowledge them",
+                None,
+                gauge.metric_type(),
+            )?)?;
+            let gauge = ConstGauge::new(i64::from(stream.up));
+            gauge.encode(encoder.encode_descriptor(
+                "leasegate_egress_stream_up",
+                "1 when the last publish to --egress-stream was acknowledged",
+                None,
+                gauge.metric_type(),
+            )?)?;
+        }
         Ok(())
     }
 }

@@ -1,14 +1,17 @@
-//! What leasegate records about traffic: the egress log, metrics and recent refusals.
+//! What leasegate records about traffic: the egress log (and its copy on the egress stream),
+//! metrics and recent refusals.
 //!
-//! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all three;
+//! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all of them;
 //! every exchange still open is counted in [`Telemetry::exchanges`], so a shutdown can wait
 //! for its line before closing the egress log.
 
 pub mod egress;
+pub mod egress_stream;
 pub mod metrics;
 pub mod refusals;
 
 pub use egress::{EgressEvent, EgressLog};
+pub use egress_stream::EgressStream;
 pub use metrics::Metrics;
 
 use egress::LoggedVerdict;
@@ -18,6 +21,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Telemetry {
     pub egress: EgressLog,
+    /// `--egress-stream`: the same lines, published to NATS for cluster-wide usage.
+    pub stream: EgressStream,
     pub metrics: Arc<Metrics>,
     pub refusals: refusals::RefusalRing,
     /// One token per live exchange (released after its line is queued): what a shutdown waits
@@ -30,10 +35,16 @@ impl Telemetry {
     pub fn new(egress: EgressLog, series_grace: std::time::Duration) -> Telemetry {
         Telemetry {
             egress,
+            stream: EgressStream::disabled(),
             metrics: Arc::new(Metrics::with_grace(series_grace)),
             refusals: refusals::RefusalRing::default(),
             exchanges: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// Also publishes every line to `stream`.
+    pub fn with_stream(self, stream: EgressStream) -> Telemetry {
+        Telemetry { stream, ..self }
     }
 
     /// Records one finished request or tunnel.
@@ -42,6 +53,7 @@ impl Telemetry {
         if event.verdict == LoggedVerdict::Refuse {
             self.refusals.push(event.clone());
         }
+        self.stream.record(&event);
         self.egress.record(event);
     }
 }

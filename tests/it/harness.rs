@@ -338,6 +338,7 @@ impl Harness {
             store: StoreOptions::default(),
             keyring,
             egress: Some(Destination::File(self.egress.clone())),
+            egress_stream: None,
             proxy: config,
             admin: Some("127.0.0.1:0".parse().unwrap()),
             lease_ports: ports.map(|range| (range, "127.0.0.1".parse().unwrap())),

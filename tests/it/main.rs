@@ -15,3 +15,4 @@ mod pipeline;
 mod proxy;
 mod scale_out;
 mod support;
+mod usage;

@@ -1,0 +1,576 @@
+//! `leasegate usage`: calls, refusals, bytes and top hosts per lease, from egress lines: an
+//! egress log file, or the egress stream every replica publishes to (`serve --egress-stream`).
+//!
+//! Invariant: both sources feed the same [`Tally`] one line at a time, so a file and a stream
+//! holding the same lines give the same report; a line that does not read as an egress line
+//! is counted, never fatal.
+
+use crate::contract::Timestamp;
+use crate::registry::store::nats::{subject_token, NatsError, NatsOptions, NatsStream};
+use crate::registry::store::NatsLocation;
+use crate::telemetry::egress::LoggedLine;
+use crate::telemetry::egress_stream::{self, EGRESS_SUBJECTS};
+use async_nats::jetstream::consumer;
+use futures_util::StreamExt;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, BufRead};
+use std::time::Duration;
+
+/// Hosts listed per lease.
+pub const TOP_HOSTS: usize = 5;
+
+/// The `--lease` value that selects lines without a lease.
+pub const NO_LEASE: &str = "_";
+
+/// How long the stream may stay silent, while it still holds lines for us, before the read
+/// fails.
+const STREAM_SILENCE: Duration = Duration::from_secs(10);
+
+/// Which lines count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only this lease ([`NO_LEASE`]: lines without one).
+    pub lease: Option<String>,
+    /// Only lines logged at or after this instant.
+    pub since: Option<Timestamp>,
+}
+
+impl Filter {
+    fn admits(&self, lease_id: Option<&str>, time: Timestamp) -> bool {
+        let lease_ok = match (self.lease.as_deref(), lease_id) {
+            (None, _) => true,
+            (Some(NO_LEASE), None) => true,
+            (Some(wanted), Some(id)) => wanted == id,
+            (Some(_), None) => false,
+        };
+        lease_ok && self.since.is_none_or(|since| time >= since)
+    }
+}
+
+/// One lease's usage, as printed (a JSON line with `--json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseUsage {
+    /// `null`: lines whose client presented no lease (or none that could be read).
+    pub lease_id: Option<String>,
+    /// Requests and tunnels, whatever their verdict.
+    pub calls: u64,
+    /// Calls refused.
+    pub refused: u64,
+    /// Refused calls by refusal code.
+    pub refusals: BTreeMap<String, u64>,
+    /// Bytes from client to upstream, and back.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// The most called hosts, most calls first (ties by name), at most [`TOP_HOSTS`].
+    pub top_hosts: Vec<HostCalls>,
+    /// The first and last line's time.
+    pub first: Timestamp,
+    pub last: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostCalls {
+    pub host: String,
+    pub calls: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Most calls first; ties by lease id, lines without a lease last.
+    pub leases: Vec<LeaseUsage>,
+    /// Lines that are not egress lines (skipped).
+    pub unreadable: u64,
+}
+
+/// Counts as lines come in.
+#[derive(Debug, Default)]
+pub struct Tally {
+    filter: Filter,
+    leases: HashMap<Option<String>, Counts>,
+    unreadable: u64,
+}
+
+#[derive(Debug)]
+struct Counts {
+    calls: u64,
+    refusals: BTreeMap<String, u64>,
+    bytes_up: u64,
+    bytes_down: u64,
+    hosts: HashMap<String, u64>,
+    first: Timestamp,
+    last: Timestamp,
+}
+
+impl Tally {
+    pub fn new(filter: Filter) -> Tally {
+        Tally {
+            filter,
+            ..Tally::default()
+        }
+    }
+
+    /// Counts one egress line (without its newline; an empty line is skipped silently).
+    pub fn add(&mut self, line: &[u8]) {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        let parsed = serde_json::from_slice::<LoggedLine>(line)
+            .ok()
+            .and_then(|l| Some((Timestamp::parse(&l.time).ok()?, l)));
+        let Some((time, line)) = parsed else {
+            self.unreadable += 1;
+            return;
+        };
+        if !self.filter.admits(line.lease_id.as_deref(), time) {
+            return;
+        }
+        let counts = self.leases.entry(line.lease_id).or_insert(Counts {
+            calls: 0,
+            refusals: BTreeMap::new(),
+            bytes_up: 0,
+            bytes_down: 0,
+            hosts: HashMap::new(),
+            first: time,
+            last: time,
+        });
+        counts.calls += 1;
+        if line.verdict == "refuse" {
+            let code = line.code.unwrap_or_else(|| "-".to_owned());
+            *counts.refusals.entry(code).or_default() += 1;
+        }
+        counts.bytes_up = counts.bytes_up.saturating_add(line.bytes_up);
+        counts.bytes_down = counts.bytes_down.saturating_add(line.bytes_down);
+        if let Some(host) = line.host {
+            *counts.hosts.entry(host).or_default() += 1;
+        }
+        counts.first = counts.first.min(time);
+        counts.last = counts.last.max(time);
+    }
+
+    pub fn finish(self) -> Report {
+        let mut leases: Vec<LeaseUsage> = self
+            .leases
+            .into_iter()
+            .map(|(lease_id, c)| {
+                let mut hosts: Vec<HostCalls> = c
+                    .hosts
+                    .into_iter()
+                    .map(|(host, calls)| HostCalls { host, calls })
+                    .collect();
+                hosts.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.host.cmp(&b.host)));
+                hosts.truncate(TOP_HOSTS);
+                LeaseUsage {
+                    lease_id,
+                    calls: c.calls,
+                    refused: c.refusals.values().sum(),
+                    refusals: c.refusals,
+                    bytes_up: c.bytes_up,
+                    bytes_down: c.bytes_down,
+                    top_hosts: hosts,
+                    first: c.first,
+                    last: c.last,
+                }
+            })
+            .collect();
+        leases.sort_by(|a, b| {
+            b.calls
+                .cmp(&a.calls)
+                .then_with(|| a.lease_id.is_none().cmp(&b.lease_id.is_none()))
+                .then_with(|| a.lease_id.cmp(&b.lease_id))
+        });
+        Report {
+            leases,
+            unreadable: self.unreadable,
+        }
+    }
+}
+
+/// The report of `lines` under `filter`: the one aggregation both sources use.
+pub fn aggregate<'a>(lines: impl IntoIterator<Item = &'a [u8]>, filter: Filter) -> Report {
+    let mut tally = Tally::new(filter);
+    for line in lines {
+        tally.add(line);
+    }
+    tally.finish()
+}
+
+/// Feeds every line of an egress log (a file, stdin) to `tally`.
+pub fn read_lines(mut input: impl BufRead, tally: &mut Tally) -> io::Result<()> {
+    let mut line = Vec::with_capacity(1024);
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        tally.add(&line);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("reading {location}: {reason}")]
+    Stream { location: String, reason: String },
+}
+
+/// Feeds `tally` the egress stream's lines that can pass its filter: only the filtered
+/// lease's subject, and only messages stored since `--since` (a line is stored after it is
+/// logged, so none that passes is left out; the line's own time decides in [`Tally::add`]).
+/// A stream that does not exist yet is created, as `serve --egress-stream` would.
+pub async fn read_stream(
+    location: &NatsLocation,
+    options: &NatsOptions,
+    tally: &mut Tally,
+) -> Result<(), UsageError> {
+    let stream_error = |reason: String| UsageError::Stream {
+        location: location.to_string(),
+        reason,
+    };
+    let stream = NatsStream::connect(
+        location,
+        options,
+        &egress_stream::spec(egress_stream::DEFAULT_MAX_AGE),
+    )
+    .await?;
+    let head = stream
+        .last_sequence()
+        .await
+        .map_err(|e| stream_error(e.to_string()))?;
+    if head == 0 {
+        return Ok(());
+    }
+    let filter_subject = match tally.filter.lease.as_deref() {
+        Some(lease) => format!("{EGRESS_SUBJECTS}.{}", subject_token(Some(lease))),
+        None => format!("{EGRESS_SUBJECTS}.>"),
+    };
+    let deliver_policy = match tally.filter.since {
+        Some(since) => consumer::DeliverPolicy::ByStartTime {
+            start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
+                i128::from(since.as_millis()) * 1_000_000,
+            )
+            .map_err(|e| stream_error(format!("--since: {e}")))?,
+        },
+        None => consumer::DeliverPolicy::All,
+    };
+    let consumer = stream
+        .stream
+        .create_consumer(consumer::push::OrderedConfig {
+            deliver_subject: stream.client.new_inbox(),
+            filter_subject,
+            deliver_policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| stream_error(e.to_string()))?;
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(());
+    }
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| stream_error(e.to_string()))?;
+    loop {
+        let next = tokio::time::timeout(STREAM_SILENCE, messages.next())
+            .await
+            .map_err(|_| stream_error(format!("no message for {STREAM_SILENCE:?}")))?;
+        let message = match next {
+            Some(Ok(message)) => message,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "egress stream reader");
+                continue;
+            }
+            None => return Err(stream_error("the stream's consumer ended".into())),
+        };
+        tally.add(&message.payload);
+        let info = message.info().map_err(|e| stream_error(e.to_string()))?;
+        // Done at the head as it was when we began, or when the filter has nothing left.
+        if info.pending == 0 || info.stream_sequence >= head {
+            return Ok(());
+        }
+    }
+}
+
+/// A fixed-width table, one row per lease.
+pub fn render_table(leases: &[LeaseUsage]) -> String {
+    let header = [
+        "LEASE",
+        "CALLS",
+        "REFUSED",
+        "BYTES_UP",
+        "BYTES_DOWN",
+        "TOP_HOSTS",
+        "REFUSALS",
+    ];
+    let cells: Vec<[String; 7]> = leases
+        .iter()
+        .map(|u| {
+            let join = |items: Vec<String>| match items.is_empty() {
+                true => "-".to_owned(),
+                false => items.join(","),
+            };
+            [
+                u.lease_id.clone().unwrap_or_else(|| "-".into()),
+                u.calls.to_string(),
+                u.refused.to_string(),
+                u.bytes_up.to_string(),
+                u.bytes_down.to_string(),
+                join(
+                    u.top_hosts
+                        .iter()
+                        .map(|h| format!("{}({})", h.host, h.calls))
+                        .collect(),
+                ),
+                join(
+                    u.refusals
+                        .iter()
+                        .map(|(code, n)| format!("{code}({n})"))
+                        .collect(),
+                ),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cols: Vec<&str>| {
+        let text: Vec<String> = cols
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(text.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in &cells {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "00000001-0000-4000-8000-000000000000";
+    const B: &str = "00000002-0000-4000-8000-000000000000";
+
+    fn line(time: &str, lease: Option<&str>, host: Option<&str>, code: Option<&str>) -> String {
+        serde_json::json!({
+            "time": time,
+            "lease_id": lease,
+            "label": null,
+            "client": "127.0.0.1:5000",
+            "listener": "127.0.0.1:3128",
+            "kind": "http",
+            "method": "GET",
+            "host": host,
+            "port": 80,
+            "dialed": null,
+            "verdict": if code.is_some() { "refuse" } else { "allow" },
+            "code": code,
+            "status": if code.is_some() { 403 } else { 200 },
+            "bytes_up": if code.is_some() { 0 } else { 10 },
+            "bytes_down": if code.is_some() { 0 } else { 100 },
+            "duration_ms": 1.5,
+        })
+        .to_string()
+    }
+
+    fn sample() -> Vec<String> {
+        vec![
+            line("2026-01-01T10:00:00.000Z", Some(A), Some("a.test"), None),
+            line("2026-01-01T10:00:01.000Z", Some(A), Some("b.test"), None),
+            line("2026-01-01T10:00:02.000Z", Some(A), Some("a.test"), None),
+            line(
+                "2026-01-01T10:00:03.000Z",
+                Some(A),
+                Some("evil.test"),
+                Some("host-not-allowed"),
+            ),
+            line(
+                "2026-01-01T10:00:04.000Z",
+                Some(A),
+                Some("a.test"),
+                Some("lease-revoked"),
+            ),
+            line("2026-01-01T11:00:00.000Z", Some(B), Some("c.test"), None),
+            line(
+                "2026-01-01T11:00:01.000Z",
+                None,
+                None,
+                Some("lease-missing"),
+            ),
+            "not json".to_owned(),
+            "{\"time\": \"yesterday\"}".to_owned(),
+            String::new(),
+        ]
+    }
+
+    fn report(filter: Filter) -> Report {
+        let lines = sample();
+        aggregate(lines.iter().map(|l| l.as_bytes()), filter)
+    }
+
+    fn t(text: &str) -> Timestamp {
+        Timestamp::parse(text).unwrap()
+    }
+
+    #[test]
+    fn lines_sum_per_lease_with_refusals_by_code_and_top_hosts() {
+        let report = report(Filter::default());
+        assert_eq!(report.unreadable, 2);
+        assert_eq!(
+            report.leases,
+            vec![
+                LeaseUsage {
+                    lease_id: Some(A.into()),
+                    calls: 5,
+                    refused: 2,
+                    refusals: BTreeMap::from([
+                        ("host-not-allowed".into(), 1),
+                        ("lease-revoked".into(), 1)
+                    ]),
+                    bytes_up: 30,
+                    bytes_down: 300,
+                    top_hosts: vec![
+                        HostCalls {
+                            host: "a.test".into(),
+                            calls: 3
+                        },
+                        HostCalls {
+                            host: "b.test".into(),
+                            calls: 1
+                        },
+                        HostCalls {
+                            host: "evil.test".into(),
+                            calls: 1
+                        },
+                    ],
+                    first: t("2026-01-01T10:00:00.000Z"),
+                    last: t("2026-01-01T10:00:04.000Z"),
+                },
+                LeaseUsage {
+                    lease_id: Some(B.into()),
+                    calls: 1,
+                    refused: 0,
+                    refusals: BTreeMap::new(),
+                    bytes_up: 10,
+                    bytes_down: 100,
+                    top_hosts: vec![HostCalls {
+                        host: "c.test".into(),
+                        calls: 1
+                    }],
+                    first: t("2026-01-01T11:00:00.000Z"),
+                    last: t("2026-01-01T11:00:00.000Z"),
+                },
+                LeaseUsage {
+                    lease_id: None,
+                    calls: 1,
+                    refused: 1,
+                    refusals: BTreeMap::from([("lease-missing".into(), 1)]),
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    top_hosts: vec![],
+                    first: t("2026-01-01T11:00:01.000Z"),
+                    last: t("2026-01-01T11:00:01.000Z"),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_filter_selects_a_lease_lines_without_one_and_a_start() {
+        let only_b = report(Filter {
+            lease: Some(B.into()),
+            since: None,
+        });
+        assert_eq!(only_b.leases.len(), 1);
+        assert_eq!(only_b.leases[0].lease_id.as_deref(), Some(B));
+        let none = report(Filter {
+            lease: Some(NO_LEASE.into()),
+            since: None,
+        });
+        assert_eq!(none.leases.len(), 1);
+        assert_eq!(none.leases[0].lease_id, None);
+        let recent = report(Filter {
+            lease: None,
+            since: Some(t("2026-01-01T10:00:02.000Z")),
+        });
+        let calls: Vec<(Option<&str>, u64)> = recent
+            .leases
+            .iter()
+            .map(|u| (u.lease_id.as_deref(), u.calls))
+            .collect();
+        assert_eq!(calls, [(Some(A), 3), (Some(B), 1), (None, 1)]);
+        assert_eq!(recent.leases[0].bytes_down, 100);
+    }
+
+    #[test]
+    fn at_most_five_hosts_are_listed() {
+        let lines: Vec<String> = (0..7)
+            .flat_map(|i| {
+                let host = format!("h{i}.test");
+                (0..=i)
+                    .map(|_| line("2026-01-01T10:00:00.000Z", Some(A), Some(&host), None))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let report = aggregate(lines.iter().map(|l| l.as_bytes()), Filter::default());
+        let hosts: Vec<(&str, u64)> = report.leases[0]
+            .top_hosts
+            .iter()
+            .map(|h| (h.host.as_str(), h.calls))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                ("h6.test", 7),
+                ("h5.test", 6),
+                ("h4.test", 5),
+                ("h3.test", 4),
+                ("h2.test", 3)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_file_reads_line_by_line_with_or_without_a_last_newline() {
+        let text = sample().join("\n");
+        let mut with = Tally::new(Filter::default());
+        read_lines(format!("{text}\n").as_bytes(), &mut with).unwrap();
+        let mut without = Tally::new(Filter::default());
+        read_lines(text.as_bytes(), &mut without).unwrap();
+        assert_eq!(with.finish(), report(Filter::default()));
+        assert_eq!(without.finish(), report(Filter::default()));
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_lease() {
+        let table = render_table(&report(Filter::default()).leases);
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(
+            rows[0],
+            "LEASE                                 CALLS  REFUSED  BYTES_UP  BYTES_DOWN  TOP_HOSTS                         REFUSALS"
+        );
+        assert_eq!(
+            rows[1],
+            format!("{A}  5      2        30        300         a.test(3),b.test(1),evil.test(1)  host-not-allowed(1),lease-revoked(1)")
+        );
+        assert_eq!(
+            rows[3],
+            "-                                     1      1        0         0           -                                 lease-missing(1)"
+        );
+    }
+}
