@@ -472,7 +472,7 @@ impl Mirror<'_> {
             }
         }
         if let Some(since) = failing_since {
-            tracing::warn!(
+            tracing::info!(
                 line = self.line,
                 stream = %self.location,
                 after = ?since.elapsed(),
@@ -496,7 +496,7 @@ async fn connect_until_ready(
         match NatsStream::connect(location, options, &StreamSpec::JOURNAL).await {
             Ok(stream) => {
                 if !last_error.is_empty() {
-                    tracing::warn!(stream = %location, "connected");
+                    tracing::info!(stream = %location, "connected");
                 }
                 return Ok(stream);
             }
