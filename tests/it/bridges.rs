@@ -335,6 +335,46 @@ async fn mirror_survives_kill_9_and_publishes_every_line_once() {
     assert_eq!(export(&url).await, std::fs::read(&file).unwrap());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_waits_for_the_server_and_retries_through_an_outage() {
+    let mut cluster = NatsCluster::start(1);
+    let stream = cluster.journal("LG").await;
+    let url = cluster.url("LG");
+    let h = Harness::new();
+    let file = h.dir.path().join("issuer.jsonl");
+    append_lines(&file, &synthetic(0, 10));
+    // Started while the server is down: it waits for it.
+    cluster.nodes[0].kill();
+    let starting = tokio::spawn({
+        let (file, url) = (file.clone(), url.clone());
+        async move { start_mirror(&file, &url).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.nodes[0].start();
+    let (mirror, caught_up) = starting.await.unwrap();
+    assert!(
+        caught_up.ends_with("caught up (10 lines published, 0 already in the stream)"),
+        "{caught_up}"
+    );
+    // Lines written while the server is down (longer than an ack's timeout) are published,
+    // in order, once it is back.
+    cluster.nodes[0].kill();
+    let outage = Instant::now();
+    for i in 0..10 {
+        append_lines(&file, &synthetic(10 + i * 5, 5));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    cluster.nodes[0].start();
+    until_holds(&stream, 60, Duration::from_secs(30)).await;
+    eprintln!(
+        "60 lines in the stream {:?} after the outage began",
+        outage.elapsed()
+    );
+    stop(mirror).await;
+    assert_eq!(last_sequence(&stream).await, Some(60));
+    assert_eq!(export(&url).await, std::fs::read(&file).unwrap());
+}
+
 /// SIGTERM, then the mirror exits 0.
 async fn stop(mut mirror: Child) {
     let pid = nix::unistd::Pid::from_raw(mirror.id().unwrap() as i32);
@@ -424,10 +464,10 @@ async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() 
             until_holds(&stream, written as u64 / 2, Duration::from_secs(30)).await;
             let leader = leader_of(&stream).await;
             let index = cluster.nodes.iter().position(|n| n.name == leader).unwrap();
+            let held = last_sequence(&stream).await;
             cluster.nodes[index].kill();
             eprintln!(
-                "killed {leader} with {:?} of {written} records in the stream",
-                last_sequence(&stream).await
+                "killed the leader {leader} with {held:?} of {written} records in the stream"
             );
             tokio::time::sleep(Duration::from_millis(1500)).await;
             cluster.nodes[index].start();
