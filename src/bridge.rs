@@ -32,24 +32,25 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// minutes), after which a retry would no longer be recognised as a duplicate.
 const RESYNC_AFTER: Duration = Duration::from_secs(5 * 60);
 
-/// Why a bridge stopped.
+/// Why a bridge stopped. The I/O error is part of the message (`cause`, not a `source`), so
+/// that `main`'s chain prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
     #[error(transparent)]
     Nats(#[from] NatsError),
-    #[error("reading {path}: {source}")]
-    File { path: String, source: io::Error },
-    #[error("writing {path}: {source}")]
-    Write { path: String, source: io::Error },
-    #[error("reading the stream {location}: {source}")]
-    Stream { location: String, source: io::Error },
-    #[error("line {line} of {path}: not acknowledged by {location} after {attempts} attempts (lines before it are in the stream; run the import again to resume): {source}")]
+    #[error("reading {path}: {cause}")]
+    File { path: String, cause: io::Error },
+    #[error("writing {path}: {cause}")]
+    Write { path: String, cause: io::Error },
+    #[error("reading the stream {location}: {cause}")]
+    Stream { location: String, cause: io::Error },
+    #[error("line {line} of {path}: not acknowledged by {location} after {attempts} attempts (lines before it are in the stream; run the import again to resume): {cause}")]
     Publish {
         path: String,
         line: usize,
         location: String,
         attempts: usize,
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -163,9 +164,9 @@ pub async fn import(
     location: &NatsLocation,
     options: &NatsOptions,
 ) -> Result<Imported, BridgeError> {
-    let file_error = |source| BridgeError::File {
+    let file_error = |cause| BridgeError::File {
         path: path.display().to_string(),
-        source,
+        cause,
     };
     let owned = path.to_path_buf();
     let bytes = tokio::task::spawn_blocking(move || std::fs::read(owned))
@@ -177,9 +178,9 @@ pub async fn import(
     let held = stream
         .read_all()
         .await
-        .map_err(|source| BridgeError::Stream {
+        .map_err(|cause| BridgeError::Stream {
             location: location.to_string(),
-            source,
+            cause,
         })?;
     let mut tally = Tally::of_stream(held.iter().map(|(_, line)| &line[..]));
     let (lines, rest) = journal::split_lines(&bytes);
@@ -197,12 +198,12 @@ pub async fn import(
         };
         publish_attempts(&stream, line, &id, IMPORT_ATTEMPTS)
             .await
-            .map_err(|source| BridgeError::Publish {
+            .map_err(|cause| BridgeError::Publish {
                 path: path.display().to_string(),
                 line: index + 1,
                 location: location.to_string(),
                 attempts: IMPORT_ATTEMPTS,
-                source,
+                cause,
             })?;
         tally.published(hash);
         imported.published += 1;
@@ -238,40 +239,37 @@ async fn publish_attempts(
 }
 
 /// Writes every message of the stream, each followed by a newline, in stream order, to `out`
-/// (`None`: stdout); a file is written beside its final name and renamed into place, so it is
-/// never seen half-written. Returns how many messages were written.
+/// (`None`: stdout, where a reader that goes away early ends the export quietly); a file is
+/// written beside its final name and renamed into place, so it is never seen half-written.
+/// Returns how many messages were written.
 pub async fn export(
     location: &NatsLocation,
     options: &NatsOptions,
     out: Option<&Path>,
 ) -> Result<usize, BridgeError> {
     let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
-    let stream_error = |source| BridgeError::Stream {
-        location: location.to_string(),
-        source,
-    };
     let Some(path) = out else {
         let mut stdout = io::BufWriter::new(io::stdout().lock());
-        let written = copy_stream(&stream, &mut stdout)
+        let copied = copy_stream(&stream, location, &mut stdout)
             .await
-            .map_err(stream_error)?;
-        stdout.flush().map_err(|source| BridgeError::Write {
-            path: "stdout".into(),
-            source,
-        })?;
-        return Ok(written);
+            .and_then(|written| stdout.flush().map(|()| written).map_err(CopyError::Write));
+        return match copied {
+            Ok(written) => Ok(written),
+            Err(CopyError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+            Err(e) => Err(e.naming("stdout")),
+        };
     };
-    let write_error = |source| BridgeError::Write {
+    let write_error = |cause| BridgeError::Write {
         path: path.display().to_string(),
-        source,
+        cause,
     };
     let temp = temp_path(path);
     let written = async {
         let file = std::fs::File::create(&temp).map_err(write_error)?;
         let mut writer = io::BufWriter::new(file);
-        let written = copy_stream(&stream, &mut writer)
+        let written = copy_stream(&stream, location, &mut writer)
             .await
-            .map_err(stream_error)?;
+            .map_err(|e| e.naming(&path.display().to_string()))?;
         let file = writer
             .into_inner()
             .map_err(|e| write_error(e.into_error()))?;
@@ -295,14 +293,41 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
-/// Copies the stream's messages up to its last sequence at the call. Write errors surface as
-/// I/O errors too (the caller names the place).
-async fn copy_stream(stream: &NatsStream, out: &mut impl Write) -> io::Result<usize> {
-    let head = stream.last_sequence().await?;
+/// Why a copy stopped: the stream (already named) or the output (named by the caller).
+enum CopyError {
+    Read(BridgeError),
+    Write(io::Error),
+}
+
+impl CopyError {
+    fn naming(self, out: &str) -> BridgeError {
+        match self {
+            CopyError::Read(e) => e,
+            CopyError::Write(cause) => BridgeError::Write {
+                path: out.to_owned(),
+                cause,
+            },
+        }
+    }
+}
+
+/// Copies the stream's messages up to its last sequence at the call.
+async fn copy_stream(
+    stream: &NatsStream,
+    location: &NatsLocation,
+    out: &mut impl Write,
+) -> Result<usize, CopyError> {
+    let read_error = |cause| {
+        CopyError::Read(BridgeError::Stream {
+            location: location.to_string(),
+            cause,
+        })
+    };
+    let head = stream.last_sequence().await.map_err(read_error)?;
     if head == 0 {
         return Ok(0);
     }
-    let mut messages = stream.ordered_from(1).await?;
+    let mut messages = stream.ordered_from(1).await.map_err(read_error)?;
     let mut written = 0;
     while let Some(message) = messages.next().await {
         let message = match message {
@@ -312,9 +337,13 @@ async fn copy_stream(stream: &NatsStream, out: &mut impl Write) -> io::Result<us
                 continue;
             }
         };
-        let sequence = message.info().map_err(io::Error::other)?.stream_sequence;
-        out.write_all(&message.payload)?;
-        out.write_all(b"\n")?;
+        let sequence = message
+            .info()
+            .map_err(|e| read_error(io::Error::other(e)))?
+            .stream_sequence;
+        out.write_all(&message.payload)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(CopyError::Write)?;
         written += 1;
         if sequence >= head {
             break;
