@@ -351,6 +351,7 @@ async fn request_path(nats: &Nats, key: &Key) {
         },
         keyring: keyring(key),
         egress: None,
+        egress_stream: None,
         proxy: proxy.clone(),
         admin: None,
         lease_ports: None,

@@ -56,6 +56,8 @@ pub enum Command {
     /// Calls, refusals, bytes and top hosts per lease, from an egress stream (every replica)
     /// or an egress log file.
     Usage(UsageArgs),
+    /// Move a journal between a file and a NATS JetStream stream (import, export, mirror).
+    Journal(JournalArgs),
 }
 
 #[derive(Debug, Args)]
@@ -73,6 +75,57 @@ pub struct UsageArgs {
     /// JSON Lines (one object per lease) instead of a table.
     #[arg(long, env = "LEASEGATE_JSON")]
     pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    #[command(subcommand)]
+    pub command: JournalCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JournalCommand {
+    /// Publish each line of a journal file the stream lacks, in file order (running it again
+    /// adds nothing).
+    Import(ImportArgs),
+    /// Write every message of a stream as JSON Lines, in stream order.
+    Export(ExportArgs),
+    /// Follow a journal file an issuer appends to and publish each new line once, until
+    /// SIGINT or SIGTERM (a restart publishes nothing twice).
+    Mirror(MirrorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The journal file (JSON Lines).
+    pub file: PathBuf,
+    /// The stream: `nats://HOST:PORT[,HOST:PORT...]/STREAM` (created if missing).
+    #[arg(long, env = "LEASEGATE_JOURNAL_STREAM")]
+    pub to: NatsLocation,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The stream: `nats://HOST:PORT[,HOST:PORT...]/STREAM`.
+    pub stream: NatsLocation,
+    /// Write here (atomically: a temp file renamed into place) instead of stdout.
+    #[arg(long, env = "LEASEGATE_OUT")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MirrorArgs {
+    /// The journal file to follow (it may not exist yet).
+    pub file: PathBuf,
+    /// The stream: `nats://HOST:PORT[,HOST:PORT...]/STREAM` (created if missing).
+    #[arg(long, env = "LEASEGATE_JOURNAL_STREAM")]
+    pub to: NatsLocation,
     #[command(flatten)]
     pub store: StoreArgs,
 }

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod bridge;
 pub mod cli;
 pub mod config;
 pub mod contract;

@@ -3,6 +3,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
+use leasegate::bridge::{self, MirrorEvent};
 use leasegate::cli::{self, Cli, Command};
 use leasegate::config::{ProxyConfig, ServeConfig};
 use leasegate::contract::lease::is_lease_id;
@@ -20,7 +21,14 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
+    let serving = matches!(
+        cli.command,
+        Command::Serve(_)
+            | Command::Journal(cli::JournalArgs {
+                command: cli::JournalCommand::Mirror(_)
+            })
+    );
+    init_logging(cli.log_format, serving);
     let outcome = match cli.command {
         Command::Keygen(args) => keygen(args),
         Command::Issue(args) => issue_lease(args),
@@ -32,6 +40,7 @@ fn main() -> ExitCode {
         Command::Run(args) => return run_agent(args),
         Command::Token(args) => token(args),
         Command::Usage(args) => usage_report(args),
+        Command::Journal(args) => journal(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -266,6 +275,55 @@ fn usage_report(args: cli::UsageArgs) -> Result<()> {
         out.write_all(usage::render_table(&report.leases).as_bytes())?;
     }
     Ok(())
+}
+
+/// `journal import | export | mirror`.
+fn journal(args: cli::JournalArgs) -> Result<()> {
+    match args.command {
+        cli::JournalCommand::Import(args) => {
+            let options = StoreOptions::from(&args.store).nats;
+            let imported = block_on(bridge::import(&args.file, &args.to, &options))?;
+            let unterminated = match imported.unterminated {
+                true => "; the last line has no newline and was left out",
+                false => "",
+            };
+            println!(
+                "imported {} lines, {} already in the stream{unterminated}",
+                imported.published, imported.already
+            );
+            Ok(())
+        }
+        cli::JournalCommand::Export(args) => {
+            let options = StoreOptions::from(&args.store).nats;
+            let written = block_on(bridge::export(&args.stream, &options, args.out.as_deref()))?;
+            if let Some(out) = &args.out {
+                eprintln!("exported {written} lines to {}", out.display());
+            }
+            Ok(())
+        }
+        cli::JournalCommand::Mirror(args) => {
+            let options = StoreOptions::from(&args.store).nats;
+            let file = args.file.display().to_string();
+            block_on(bridge::mirror(
+                &args.file,
+                &args.to,
+                &options,
+                shutdown_signal(),
+                |event| match event {
+                    MirrorEvent::CaughtUp { published, already } => {
+                        // Line-buffered: a supervisor (or a test) sees it at once.
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(
+                            out,
+                            "mirroring {file} to {}: caught up ({published} lines published, {already} already in the stream)",
+                            args.to
+                        )
+                        .and_then(|()| out.flush());
+                    }
+                },
+            ))
+        }
+    }
 }
 
 fn serve(args: Box<cli::ServeArgs>) -> Result<()> {

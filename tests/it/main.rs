@@ -3,6 +3,7 @@
 mod boundary_guard;
 mod boundary_ops;
 mod boundary_tls;
+mod bridges;
 mod cli;
 mod conformance;
 mod fold;

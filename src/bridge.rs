@@ -1,0 +1,613 @@
+//! Bridges between a journal file and a journal stream: `journal import`, `journal export` and
+//! `journal mirror`, for issuers that only write files.
+//!
+//! Invariant: the stream never holds a line of the file more times than the file does, and the
+//! lines it gains from us arrive in file order, byte for byte. A line is published only while
+//! the stream holds fewer copies of it than the file has shown so far (a multiset of sha256s,
+//! read from the stream at start); one line at a time, each acknowledged before the next is
+//! sent; under a `Nats-Msg-Id` (its sha256 and its occurrence in the file) that makes a retry
+//! after a lost ack, or a second bridge on the same file, a no-op within the duplicate window.
+
+use crate::registry::journal;
+use crate::registry::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
+use crate::registry::store::{FileStore, NatsLocation, Store};
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How many times `import` tries one line before it gives up (about half a minute in all:
+/// enough for a JetStream cluster to elect a new stream leader).
+pub const IMPORT_ATTEMPTS: usize = 8;
+
+/// The first wait between two attempts; it doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// After failing this long on one line, `mirror` reads the stream again before each attempt:
+/// an earlier attempt whose ack was lost may be about to leave the duplicate window (15
+/// minutes), after which a retry would no longer be recognised as a duplicate.
+const RESYNC_AFTER: Duration = Duration::from_secs(5 * 60);
+
+/// Why a bridge stopped. The I/O error is part of the message (`cause`, not a `source`), so
+/// that `main`'s chain prints it once.
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("reading {path}: {cause}")]
+    File { path: String, cause: io::Error },
+    #[error("writing {path}: {cause}")]
+    Write { path: String, cause: io::Error },
+    #[error("reading the stream {location}: {cause}")]
+    Stream { location: String, cause: io::Error },
+    #[error("line {line} of {path}: not acknowledged by {location} after {attempts} attempts (lines before it are in the stream; run the import again to resume): {cause}")]
+    Publish {
+        path: String,
+        line: usize,
+        location: String,
+        attempts: usize,
+        cause: io::Error,
+    },
+}
+
+/// A line's identity in the tally: its sha256.
+pub type LineHash = [u8; 32];
+
+/// How many copies of each line the stream holds, and how many the file has shown so far.
+#[derive(Debug, Default)]
+pub struct Tally {
+    stream: HashMap<LineHash, u64>,
+    file: HashMap<LineHash, u64>,
+}
+
+/// What to do with the file's next line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The stream already holds this occurrence.
+    Already,
+    /// Publish it under this `Nats-Msg-Id`, then call [`Tally::published`].
+    Publish { id: String, hash: LineHash },
+}
+
+impl Tally {
+    /// The stream's lines counted; nothing of the file seen yet.
+    pub fn of_stream<'a>(lines: impl IntoIterator<Item = &'a [u8]>) -> Tally {
+        let mut tally = Tally::default();
+        tally.recount_stream(lines);
+        tally
+    }
+
+    /// Counts the stream again (what the file has shown is kept).
+    pub fn recount_stream<'a>(&mut self, lines: impl IntoIterator<Item = &'a [u8]>) {
+        self.stream.clear();
+        for line in lines {
+            *self.stream.entry(hash(line)).or_default() += 1;
+        }
+    }
+
+    /// The file is read again from its start (replaced or truncated): its lines are matched
+    /// against the stream, which holds what was published from the old one, afresh.
+    pub fn restart_file(&mut self) {
+        self.file.clear();
+    }
+
+    /// Takes the file's next line into account and says whether it must be published.
+    pub fn next(&mut self, line: &[u8]) -> Step {
+        let hash = hash(line);
+        let seen = self.file.entry(hash).or_default();
+        *seen += 1;
+        if *seen <= self.stream.get(&hash).copied().unwrap_or(0) {
+            return Step::Already;
+        }
+        Step::Publish {
+            id: message_id(&hash, *seen),
+            hash,
+        }
+    }
+
+    /// Whether the stream holds every occurrence of `hash` the file has shown.
+    pub fn is_accounted(&self, hash: &LineHash) -> bool {
+        self.file.get(hash).copied().unwrap_or(0) <= self.stream.get(hash).copied().unwrap_or(0)
+    }
+
+    /// The stream acknowledged one more copy of `hash`.
+    pub fn published(&mut self, hash: LineHash) {
+        *self.stream.entry(hash).or_default() += 1;
+    }
+}
+
+fn hash(line: &[u8]) -> LineHash {
+    Sha256::digest(line).into()
+}
+
+/// `<sha256 hex>#<occurrence>`: the same line's k-th copy gets the same id from every bridge.
+pub fn message_id(hash: &LineHash, occurrence: u64) -> String {
+    format!("{}#{occurrence}", hex::encode(hash))
+}
+
+/// The subject a journal line goes to: its record's lease (`_` when it has none or is not a
+/// record; such a line is still carried, byte for byte, for the fold to report).
+fn subject_of(stream: &NatsStream, line: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Record {
+        lease_id: Option<String>,
+    }
+    let lease_id = serde_json::from_slice::<Record>(line)
+        .ok()
+        .and_then(|r| r.lease_id);
+    stream.subject(lease_id.as_deref())
+}
+
+fn next_backoff(delay: Duration) -> Duration {
+    (delay * 2).min(MAX_BACKOFF)
+}
+
+/// What `import` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Imported {
+    /// Lines published now.
+    pub published: usize,
+    /// Lines the stream already held.
+    pub already: usize,
+    /// A last line without its newline (still being written?), left out.
+    pub unterminated: bool,
+}
+
+/// Publishes every line of the file at `path` the stream does not hold yet, in file order.
+/// Empty lines carry no record and are skipped; so is a last line without a newline.
+pub async fn import(
+    path: &Path,
+    location: &NatsLocation,
+    options: &NatsOptions,
+) -> Result<Imported, BridgeError> {
+    let file_error = |cause| BridgeError::File {
+        path: path.display().to_string(),
+        cause,
+    };
+    let owned = path.to_path_buf();
+    let bytes = tokio::task::spawn_blocking(move || std::fs::read(owned))
+        .await
+        .map_err(io::Error::other)
+        .and_then(|r| r)
+        .map_err(file_error)?;
+    let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+    let held = stream
+        .read_all()
+        .await
+        .map_err(|cause| BridgeError::Stream {
+            location: location.to_string(),
+            cause,
+        })?;
+    let mut tally = Tally::of_stream(held.iter().map(|(_, line)| &line[..]));
+    let (lines, rest) = journal::split_lines(&bytes);
+    let mut imported = Imported {
+        unterminated: !rest.is_empty(),
+        ..Imported::default()
+    };
+    for (index, line) in lines.enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let Step::Publish { id, hash } = tally.next(line) else {
+            imported.already += 1;
+            continue;
+        };
+        publish_attempts(&stream, line, &id, IMPORT_ATTEMPTS)
+            .await
+            .map_err(|cause| BridgeError::Publish {
+                path: path.display().to_string(),
+                line: index + 1,
+                location: location.to_string(),
+                attempts: IMPORT_ATTEMPTS,
+                cause,
+            })?;
+        tally.published(hash);
+        imported.published += 1;
+    }
+    if imported.unterminated {
+        tracing::warn!(file = %path.display(), "the last line has no newline (still being written?): not imported");
+    }
+    Ok(imported)
+}
+
+/// Publishes `line` until acknowledged, at most `attempts` times, with backoff.
+async fn publish_attempts(
+    stream: &NatsStream,
+    line: &[u8],
+    id: &str,
+    attempts: usize,
+) -> io::Result<u64> {
+    let subject = subject_of(stream, line);
+    let mut delay = MIN_BACKOFF;
+    let mut attempt = 1;
+    loop {
+        match stream.publish(subject.clone(), line, Some(id)).await {
+            Ok(sequence) => return Ok(sequence),
+            Err(e) if attempt >= attempts => return Err(e),
+            Err(e) => {
+                tracing::debug!(attempt, error = %e, "publish failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = next_backoff(delay);
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// Writes every message of the stream, each followed by a newline, in stream order, to `out`
+/// (`None`: stdout, where a reader that goes away early ends the export quietly); a file is
+/// written beside its final name and renamed into place, so it is never seen half-written.
+/// Returns how many messages were written.
+pub async fn export(
+    location: &NatsLocation,
+    options: &NatsOptions,
+    out: Option<&Path>,
+) -> Result<usize, BridgeError> {
+    let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+    let Some(path) = out else {
+        let mut stdout = io::BufWriter::new(io::stdout().lock());
+        let copied = copy_stream(&stream, location, &mut stdout)
+            .await
+            .and_then(|written| stdout.flush().map(|()| written).map_err(CopyError::Write));
+        return match copied {
+            Ok(written) => Ok(written),
+            Err(CopyError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+            Err(e) => Err(e.naming("stdout")),
+        };
+    };
+    let write_error = |cause| BridgeError::Write {
+        path: path.display().to_string(),
+        cause,
+    };
+    let temp = temp_path(path);
+    let written = async {
+        let file = std::fs::File::create(&temp).map_err(write_error)?;
+        let mut writer = io::BufWriter::new(file);
+        let written = copy_stream(&stream, location, &mut writer)
+            .await
+            .map_err(|e| e.naming(&path.display().to_string()))?;
+        let file = writer
+            .into_inner()
+            .map_err(|e| write_error(e.into_error()))?;
+        file.sync_all().map_err(write_error)?;
+        std::fs::rename(&temp, path).map_err(write_error)?;
+        Ok(written)
+    }
+    .await;
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
+}
+
+/// `dir/.name.<pid>.tmp`: beside `path`, so the rename stays on one file system.
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Why a copy stopped: the stream (already named) or the output (named by the caller).
+enum CopyError {
+    Read(BridgeError),
+    Write(io::Error),
+}
+
+impl CopyError {
+    fn naming(self, out: &str) -> BridgeError {
+        match self {
+            CopyError::Read(e) => e,
+            CopyError::Write(cause) => BridgeError::Write {
+                path: out.to_owned(),
+                cause,
+            },
+        }
+    }
+}
+
+/// Copies the stream's messages up to its last sequence at the call.
+async fn copy_stream(
+    stream: &NatsStream,
+    location: &NatsLocation,
+    out: &mut impl Write,
+) -> Result<usize, CopyError> {
+    let read_error = |cause| {
+        CopyError::Read(BridgeError::Stream {
+            location: location.to_string(),
+            cause,
+        })
+    };
+    let head = stream.last_sequence().await.map_err(read_error)?;
+    if head == 0 {
+        return Ok(0);
+    }
+    let mut messages = stream.ordered_from(1).await.map_err(read_error)?;
+    let mut written = 0;
+    while let Some(message) = messages.next().await {
+        let message = match message {
+            Ok(message) => message,
+            Err(e) => {
+                tracing::debug!(error = %e, "ordered consumer");
+                continue;
+            }
+        };
+        let sequence = message
+            .info()
+            .map_err(|e| read_error(io::Error::other(e)))?
+            .stream_sequence;
+        out.write_all(&message.payload)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(CopyError::Write)?;
+        written += 1;
+        if sequence >= head {
+            break;
+        }
+    }
+    Ok(written)
+}
+
+/// What `mirror` reports as it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MirrorEvent {
+    /// Everything the file held at start is in the stream.
+    CaughtUp { published: usize, already: usize },
+}
+
+/// What `mirror` has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Mirrored {
+    published: usize,
+    already: usize,
+}
+
+/// Follows the file at `path` (which may not exist yet) and publishes each line the stream
+/// lacks, until `shutdown` resolves (a line cut off mid-publish is settled by the next start).
+/// While the stream is unreachable it retries the same line with backoff, never skipping or
+/// reordering one; it gives up only on credentials it cannot read.
+pub async fn mirror(
+    path: &Path,
+    location: &NatsLocation,
+    options: &NatsOptions,
+    shutdown: impl Future<Output = ()>,
+    mut report: impl FnMut(MirrorEvent),
+) -> Result<(), BridgeError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let run = async {
+        let stream = connect_until_ready(location, options).await?;
+        let mut tally = Tally::of_stream(
+            read_all_until_ready(&stream, location)
+                .await
+                .iter()
+                .map(|(_, line)| &line[..]),
+        );
+        let mut mirror = Mirror {
+            path,
+            location,
+            stream,
+            mirrored: Mirrored::default(),
+            line: 0,
+        };
+        let store = FileStore::new(path.to_path_buf(), false);
+        let mut caught_up = false;
+        let mut unreadable = false;
+        loop {
+            let batch = match store.read_new().await {
+                Ok(batch) => {
+                    if std::mem::take(&mut unreadable) {
+                        tracing::info!(file = %path.display(), "the file is readable again");
+                    }
+                    batch
+                }
+                Err(error) => {
+                    if !std::mem::replace(&mut unreadable, true) {
+                        tracing::warn!(file = %path.display(), %error, "cannot read the file; retrying");
+                    }
+                    store.wait_for_more().await;
+                    continue;
+                }
+            };
+            if batch.restarted && mirror.line > 0 {
+                tracing::warn!(file = %path.display(), "the file was replaced or truncated: matching it against the stream from its start");
+                tally.restart_file();
+                mirror.line = 0;
+            }
+            for line in &batch.lines {
+                mirror.line += 1;
+                if !line.is_empty() {
+                    mirror.carry(&mut tally, line).await;
+                }
+            }
+            if !caught_up {
+                caught_up = true;
+                report(MirrorEvent::CaughtUp {
+                    published: mirror.mirrored.published,
+                    already: mirror.mirrored.already,
+                });
+            }
+            store.wait_for_more().await;
+        }
+    };
+    tokio::select! {
+        result = run => result,
+        () = &mut shutdown => Ok(()),
+    }
+}
+
+/// The mirror's state between lines.
+struct Mirror<'a> {
+    path: &'a Path,
+    location: &'a NatsLocation,
+    stream: NatsStream,
+    mirrored: Mirrored,
+    /// 1-based number of the file line being carried.
+    line: usize,
+}
+
+impl Mirror<'_> {
+    /// Publishes `line` if the stream lacks it, retrying until it is acknowledged.
+    async fn carry(&mut self, tally: &mut Tally, line: &[u8]) {
+        let Step::Publish { id, hash } = tally.next(line) else {
+            self.mirrored.already += 1;
+            return;
+        };
+        let subject = subject_of(&self.stream, line);
+        let mut delay = MIN_BACKOFF;
+        // When the first attempt whose outcome is unknown was made.
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            if failing_since.is_some_and(|since| since.elapsed() > RESYNC_AFTER) {
+                match self.stream.read_all().await {
+                    Ok(held) => {
+                        tally.recount_stream(held.iter().map(|(_, line)| &line[..]));
+                        failing_since = Some(Instant::now());
+                        if tally.is_accounted(&hash) {
+                            tracing::info!(line = self.line, "the stream holds the line after all");
+                            self.mirrored.already += 1;
+                            return;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "reading the stream again");
+                        tokio::time::sleep(delay).await;
+                        delay = next_backoff(delay);
+                        continue;
+                    }
+                }
+            }
+            match self.stream.publish(subject.clone(), line, Some(&id)).await {
+                Ok(_) => break,
+                Err(error) => {
+                    if failing_since.is_none() {
+                        failing_since = Some(Instant::now());
+                        tracing::warn!(
+                            file = %self.path.display(),
+                            line = self.line,
+                            stream = %self.location,
+                            %error,
+                            "cannot publish; retrying this line until it is acknowledged"
+                        );
+                    } else {
+                        tracing::debug!(line = self.line, %error, "publish failed again");
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = next_backoff(delay);
+                }
+            }
+        }
+        if let Some(since) = failing_since {
+            tracing::info!(
+                line = self.line,
+                stream = %self.location,
+                after = ?since.elapsed(),
+                "publishing again"
+            );
+        }
+        tally.published(hash);
+        self.mirrored.published += 1;
+    }
+}
+
+/// Connects, retrying with backoff (logging once per distinct error) until the stream is open;
+/// only unreadable credentials end it.
+async fn connect_until_ready(
+    location: &NatsLocation,
+    options: &NatsOptions,
+) -> Result<NatsStream, BridgeError> {
+    let mut delay = MIN_BACKOFF;
+    let mut last_error = String::new();
+    loop {
+        match NatsStream::connect(location, options, &StreamSpec::JOURNAL).await {
+            Ok(stream) => {
+                if !last_error.is_empty() {
+                    tracing::info!(stream = %location, "connected");
+                }
+                return Ok(stream);
+            }
+            Err(e @ NatsError::Creds { .. }) => return Err(e.into()),
+            Err(error) => {
+                let text = error.to_string();
+                if text != last_error {
+                    tracing::warn!(%error, "cannot open the stream; retrying");
+                    last_error = text;
+                }
+                tokio::time::sleep(delay).await;
+                delay = next_backoff(delay);
+            }
+        }
+    }
+}
+
+/// The stream's messages, retrying with backoff until they could be read.
+async fn read_all_until_ready(
+    stream: &NatsStream,
+    location: &NatsLocation,
+) -> Vec<(u64, bytes::Bytes)> {
+    let mut delay = MIN_BACKOFF;
+    let mut failing = false;
+    loop {
+        match stream.read_all().await {
+            Ok(held) => return held,
+            Err(error) => {
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(stream = %location, %error, "cannot read the stream; retrying");
+                }
+                tokio::time::sleep(delay).await;
+                delay = next_backoff(delay);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_is_published_only_past_the_copies_the_stream_holds() {
+        let mut tally = Tally::of_stream([&b"a"[..], b"b", b"a"]);
+        assert_eq!(tally.next(b"a"), Step::Already);
+        assert_eq!(tally.next(b"b"), Step::Already);
+        assert_eq!(tally.next(b"a"), Step::Already);
+        let Step::Publish { id, hash } = tally.next(b"a") else {
+            panic!("the third a is not in the stream")
+        };
+        assert_eq!(
+            id,
+            "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb#3"
+        );
+        assert!(!tally.is_accounted(&hash));
+        tally.published(hash);
+        assert!(tally.is_accounted(&hash));
+        assert!(matches!(tally.next(b"c"), Step::Publish { id, .. } if id.ends_with("#1")));
+    }
+
+    #[test]
+    fn a_restarted_file_is_matched_against_everything_published() {
+        let mut tally = Tally::of_stream([&b"a"[..]]);
+        assert_eq!(tally.next(b"a"), Step::Already);
+        let Step::Publish { hash, .. } = tally.next(b"b") else {
+            panic!("b is not in the stream")
+        };
+        tally.published(hash);
+        tally.restart_file();
+        assert_eq!(tally.next(b"a"), Step::Already);
+        assert_eq!(tally.next(b"b"), Step::Already);
+        assert!(matches!(tally.next(b"b"), Step::Publish { id, .. } if id.ends_with("#2")));
+    }
+
+    #[test]
+    fn the_temp_file_sits_beside_the_output() {
+        let temp = temp_path(Path::new("/x/out.jsonl"));
+        assert_eq!(temp.parent(), Some(Path::new("/x")));
+        assert_eq!(
+            temp.file_name().unwrap().to_string_lossy(),
+            format!(".out.jsonl.{}.tmp", std::process::id())
+        );
+    }
+}
