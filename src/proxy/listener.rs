@@ -302,7 +302,15 @@ async fn serve_http<I>(
             }
         }
         _ = conn.closer.cancelled() => {
-            tracing::debug!(client = %conn.client, "connection closed: its lease closed");
+            // The lease closed: a request in flight ends with it (a forwarded body or wait is
+            // tied to the lease's token), or is the refusal that closed it, which is answered;
+            // then the connection closes. Nothing new is read from it.
+            tracing::debug!(client = %conn.client, "connection closing: its lease closed");
+            connection.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = proxy.hard_stop.cancelled() => {}
+            }
         }
         _ = shutdown.cancelled() => {
             // Drain: finish the request in flight (until the drain's time is up), then close.

@@ -8,10 +8,9 @@
 //!   which the follower runs): a revocation is appended through the store and then read back by
 //!   that same refresh until the store reaches the position the append returned.
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
-//!   ledger, no journal counter moved: nothing new is admitted), then appends; when it ends —
-//!   record folded, append failed or outlasted [`APPEND_TIMEOUT`], or its caller gone — its
-//!   subtree's tokens are cancelled, after its last await, so the refusal that caused it is
-//!   answered before its connection closes. A failed append is an error for the caller, never
+//!   ledger, no journal counter moved: nothing new is admitted) and cancels its subtree's
+//!   tokens (nothing open goes on; a client connection closes gracefully, so the refusal that
+//!   caused it is still answered), then appends. A failed append is an error for the caller, never
 //!   a lease left open: the record goes to the durable [`Pending`] queue (behind any already
 //!   there, so order is kept), which a retry task appends once the store takes it again, each
 //!   record once; a record of the queue that a read shows already in the store leaves it
@@ -423,11 +422,11 @@ impl Registry {
         Ok((batch.lines.len(), batch.position))
     }
 
-    /// Revokes a lease: closes it in memory at once (nothing new is admitted), appends a signed
-    /// `revoked` record (`by: "issuer"`, under the lease's own key), reads the journal until the
-    /// record has been folded, and tears down the lease's subtree as it returns. Returns
-    /// `false`, writing nothing, if the lease is already revoked. On an append error or timeout
-    /// the lease stays revoked in memory and its subtree is torn down all the same.
+    /// Revokes a lease: closes it in memory and tears down its subtree at once (nothing new is
+    /// admitted, nothing open goes on), then appends a signed `revoked` record (`by: "issuer"`,
+    /// under the lease's own key) and reads the journal until the record has been folded.
+    /// Returns `false`, writing nothing, if the lease is already revoked. On an append error or
+    /// timeout the lease stays revoked in memory and its record is queued.
     pub async fn revoke(
         &self,
         lease_id: &str,
@@ -440,9 +439,6 @@ impl Registry {
         let revocation = self.publish(|next| {
             let revocation = issuer_revocation(&next.ledger, lease_id, reason, extra, now)?;
             if let Some(revocation) = &revocation {
-                // Deferred before the closure is visible: no one else tears the subtree down
-                // while we still answer on one of its connections.
-                self.tokens.defer(lease_id);
                 next.ledger.close(lease_id, revocation.closure.clone());
             }
             Ok::<_, RevocationError>(revocation)
@@ -450,12 +446,9 @@ impl Registry {
         let Some(revocation) = revocation else {
             return Ok(false);
         };
-        // However this ends (done, failed, timed out, or our caller gone), the subtree is torn
-        // down as it does, after the last await: the caller's answer goes out first.
-        let _teardown = Teardown {
-            registry: self,
-            lease_id,
-        };
+        // Torn down first, whatever the journal does next. A connection of the subtree that is
+        // answering (this refusal's, say) closes gracefully: its answer goes out first.
+        self.close_where_not_open(now);
         self.changes.send_modify(|v| *v += 1);
         let queued = self.pending.len();
         if queued > 0 {
@@ -578,19 +571,6 @@ impl Registry {
                 }
             }
         }
-    }
-}
-
-/// Ends a revocation: the lease's subtree is no longer deferred and is torn down now.
-struct Teardown<'a> {
-    registry: &'a Registry,
-    lease_id: &'a str,
-}
-
-impl Drop for Teardown<'_> {
-    fn drop(&mut self) {
-        self.registry.tokens.undefer(self.lease_id);
-        self.registry.close_where_not_open(Timestamp::now());
     }
 }
 

@@ -4,15 +4,13 @@
 //! whose chain opens nothing at `now` is cancelled and forgotten, and `next_deadline` is at or
 //! before the earliest `expires_at` in the chains of the tokens kept (and of any handed out
 //! since); each time it may have moved earlier, `rearm` is notified. A child's token is a child
-//! of its parent's, so cancelling a lease cancels its subtree. The one exception: the subtree of
-//! a lease whose revocation is in flight ([`LeaseTokens::defer`]) is left to that revocation,
-//! which tears it down when it finishes.
+//! of its parent's, so cancelling a lease cancels its subtree.
 
 use super::ledger::{Ledger, MAX_CHAIN_DEPTH};
 use super::Snapshot;
 use crate::contract::Timestamp;
 use arc_swap::ArcSwap;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use tokio::sync::Notify;
@@ -33,8 +31,6 @@ pub struct LeaseTokens {
 struct Tokens {
     /// Keyed by lease id.
     live: HashMap<String, CancellationToken>,
-    /// Leases whose revocation is in flight: their subtree's teardown waits for it.
-    deferred: HashSet<String>,
 }
 
 impl Default for LeaseTokens {
@@ -50,21 +46,6 @@ impl Default for LeaseTokens {
 impl LeaseTokens {
     fn lock(&self) -> std::sync::MutexGuard<'_, Tokens> {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Leaves the teardown of `lease_id`'s subtree to its revocation, which calls [`undefer`]
-    /// and then [`close_where_not_open`] when it is done. Why: the refusal that revokes a lease
-    /// is answered on one of the lease's own connections, and that answer must leave before
-    /// the connection is closed.
-    ///
-    /// [`undefer`]: LeaseTokens::undefer
-    /// [`close_where_not_open`]: LeaseTokens::close_where_not_open
-    pub fn defer(&self, lease_id: &str) {
-        self.lock().deferred.insert(lease_id.to_owned());
-    }
-
-    pub fn undefer(&self, lease_id: &str) {
-        self.lock().deferred.remove(lease_id);
     }
 
     /// The token of `lease_id` at `now`: already cancelled if its chain opens nothing in the
@@ -101,13 +82,9 @@ impl LeaseTokens {
     /// calls this never acts on an older one.
     pub fn close_where_not_open(&self, current: &ArcSwap<Snapshot>, now: Timestamp) {
         let mut tokens = self.lock();
-        let Tokens { live, deferred } = &mut *tokens;
+        let live = &mut tokens.live;
         let snapshot = current.load();
         let ledger = &snapshot.ledger;
-        let is_deferred = |id: &str| {
-            !deferred.is_empty()
-                && (deferred.contains(id) || ledger.ancestors(id).any(|a| deferred.contains(&a.id)))
-        };
         let mut next_deadline = i64::MAX;
         live.retain(|id, token| match ledger.check_chain(id, now) {
             Ok(chain) => {
@@ -116,7 +93,6 @@ impl LeaseTokens {
                 }
                 true
             }
-            Err(_) if is_deferred(id) => true,
             Err(_) => {
                 token.cancel();
                 false

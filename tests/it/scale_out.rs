@@ -285,8 +285,19 @@ async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revoca
         Some("lease-revoked")
     );
     assert_eq!(connect_code(&b, &target, &open).await, None);
-    // A refusal still revokes, here and now.
+    // A refusal still revokes, here and now: the lease's open tunnel closes at once, not when
+    // the append gives up.
+    let mut tunnel = streaming_tunnel(a.addr, &target, Some(&refused_offline)).await;
+    let closing =
+        tokio::spawn(async move { until_closed(&mut tunnel, Duration::from_secs(5)).await });
+    let started = Instant::now();
     refuse(&a, &refused_offline).await;
+    let answered = started.elapsed();
+    let closed = closing.await.unwrap();
+    assert!(
+        closed < Duration::from_millis(250),
+        "the tunnel closed after {closed:?}; the refusal was answered after {answered:?}"
+    );
     assert_eq!(
         connect_code(&a, &target, &refused_offline).await.as_deref(),
         Some("lease-revoked")
