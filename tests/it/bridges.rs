@@ -7,7 +7,7 @@ use crate::support::{granted_line, lease, leasegate, leasegate_command};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
 use leasegate::registry::store::nats::NatsStream;
-use serde_json::Map;
+use serde_json::{Map, Value};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -453,6 +453,14 @@ async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() 
         "{records} signed records generated in {:?}",
         started.elapsed()
     );
+    // Three proxy replicas follow the stream through it all.
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut config = h.serve_config(h.config(&[]), None);
+        config.journal = leasegate::registry::JournalLocation::Nats(cluster.location("LG"));
+        config.store.data_dir = h.dir.path().join(name);
+        replicas.push(leasegate::server::Server::start(config).await.unwrap());
+    }
     let (mirror, _) = start_mirror(&file, &url).await;
     let publishing = Instant::now();
     let mut written = 0;
@@ -485,6 +493,27 @@ async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() 
     let from_file = leases_json(path(&file), &h.key_path).await;
     assert_eq!(from_file.lines().count(), 3750);
     assert_eq!(leases_json(&url, &h.key_path).await, from_file);
+    // Every replica ends with the fold of the exported stream.
+    let states = |rows: Vec<Value>| -> std::collections::BTreeMap<String, String> {
+        rows.iter()
+            .map(|r| (r["lease_id"].to_string(), r["status"].to_string()))
+            .collect()
+    };
+    let expected = states(
+        from_file
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    );
+    for replica in &replicas {
+        let converged = eventually(Duration::from_secs(10), || async {
+            let (_, view) = crate::harness::admin_get(replica, "/leases").await;
+            let rows = view["leases"].as_array()?.clone();
+            (states(rows) == expected).then_some(())
+        })
+        .await;
+        assert!(converged.is_some(), "a replica did not converge");
+    }
     eprintln!("whole test {:?}", started.elapsed());
 }
 

@@ -100,6 +100,9 @@ pub enum NatsError {
     Connect { location: String, reason: String },
     #[error("{location}: {reason}")]
     Stream { location: String, reason: String },
+    /// The stream exists but is not one leasegate may use.
+    #[error("{location}: {reason}")]
+    Foreign { location: String, reason: String },
 }
 
 /// A connection to one stream.
@@ -180,9 +183,12 @@ impl NatsStream {
             .subjects
             .clone();
         if held != [subjects.clone()] {
-            return Err(stream_error(format!(
+            return Err(NatsError::Foreign {
+                location: location.to_string(),
+                reason: format!(
                 "the stream holds subjects {held:?}; leasegate needs a stream of its own holding exactly [{subjects:?}]"
-            )));
+            ),
+            });
         }
         Ok(NatsStream {
             location: location.clone(),
@@ -422,6 +428,33 @@ async fn connect_client(
         })
 }
 
+/// How long a replica keeps trying to reach its journal stream at start (a cluster that is
+/// itself starting elects its leaders first).
+pub const START_PATIENCE: Duration = Duration::from_secs(30);
+
+/// [`NatsStream::connect`] for the journal, retried with backoff for [`START_PATIENCE`] while
+/// the servers or JetStream do not answer. A stream leasegate may not use fails at once.
+async fn connect_patiently(
+    location: &NatsLocation,
+    options: &NatsOptions,
+) -> Result<NatsStream, NatsError> {
+    let deadline = Instant::now() + START_PATIENCE;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        match NatsStream::connect(location, options, &StreamSpec::JOURNAL).await {
+            Ok(stream) => return Ok(stream),
+            Err(error @ (NatsError::Connect { .. } | NatsError::Stream { .. }))
+                if Instant::now() + backoff < deadline =>
+            {
+                tracing::warn!(%error, retry_in = ?backoff, "the journal stream is not reachable yet");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(4));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// The journal stream, followed: what [`Store`] needs.
 pub struct NatsStore {
     stream: NatsStream,
@@ -466,7 +499,7 @@ impl NatsStore {
         location: &NatsLocation,
         options: &NatsOptions,
     ) -> Result<NatsStore, NatsError> {
-        let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+        let stream = connect_patiently(location, options).await?;
         let stream_error = |e: io::Error| NatsError::Stream {
             location: location.to_string(),
             reason: e.to_string(),
