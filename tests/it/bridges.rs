@@ -526,3 +526,81 @@ async fn leader_of(stream: &NatsStream) -> String {
     .await;
     leader.expect("the stream has no leader")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
+    let h = Harness::new();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    let (ca, key) = (h.dir.path().join("nats.pem"), h.dir.path().join("nats.key"));
+    std::fs::write(&ca, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    let cluster = NatsCluster::start_with(
+        1,
+        &format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+            ca.display(),
+            key.display()
+        ),
+    );
+    let url = cluster.url("LG");
+    let lease = h.lease(&["origin.test"], &[]);
+    let journal = path(&h.journal);
+    let imported = leasegate(&[
+        "journal",
+        "import",
+        journal,
+        "--to",
+        &url,
+        "--nats-tls-ca",
+        path(&ca),
+    ])
+    .await;
+    assert!(
+        imported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&imported.stderr)
+    );
+    let listed = leasegate(&[
+        "leases",
+        "--journal",
+        &url,
+        "--nats-tls-ca",
+        path(&ca),
+        "--key-file",
+        path(&h.key_path),
+        "--json",
+    ])
+    .await;
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let row: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(row["lease_id"], lease.as_str());
+    assert_eq!(row["status"], "open");
+    // Without the CA the server's certificate is not trusted: a clear error, nothing read.
+    let refused = leasegate(&["leases", "--journal", &url, "--key-file", path(&h.key_path)]).await;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("cannot reach NATS"), "{stderr}");
+    // A credentials file that cannot be read is named.
+    let missing = h.dir.path().join("missing.creds");
+    let refused = leasegate(&[
+        "leases",
+        "--journal",
+        &url,
+        "--nats-tls-ca",
+        path(&ca),
+        "--nats-creds",
+        path(&missing),
+        "--key-file",
+        path(&h.key_path),
+    ])
+    .await;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("missing.creds"), "{stderr}");
+}

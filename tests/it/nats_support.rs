@@ -89,6 +89,11 @@ pub struct NatsCluster {
 impl NatsCluster {
     /// `n` JetStream nodes (1, or 3 for a cluster), started.
     pub fn start(n: usize) -> NatsCluster {
+        NatsCluster::start_with(n, "")
+    }
+
+    /// [`NatsCluster::start`] with `extra` appended to every node's configuration.
+    pub fn start_with(n: usize, extra: &str) -> NatsCluster {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let mut nodes = Vec::new();
@@ -111,6 +116,7 @@ impl NatsCluster {
                     routes.join(", ")
                 ));
             }
+            config.push_str(extra);
             let path = dir.path().join(format!("{name}.conf"));
             std::fs::write(&path, config).unwrap();
             nodes.push(NatsNode {
