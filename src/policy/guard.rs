@@ -29,7 +29,9 @@ impl std::fmt::Display for UpstreamAddr {
 
 /// Ranges no request reaches by default, with the reason shown in refusals: every entry of
 /// the IANA IPv4 and IPv6 Special-Purpose Address Registries whose "Globally Reachable" is
-/// False or N/A, named as the registry names it, plus multicast, deprecated site-local, SIIT
+/// False or N/A (checked row by row against both registries as of 2025, including
+/// 100:0:0:1::/64 of RFC 9780, 3fff::/20 of RFC 9637 and 5f00::/16 of RFC 9602), named as the
+/// registry names it, plus multicast, deprecated site-local, SIIT
 /// and the cloud-metadata addresses. The most specific range gives the reason.
 ///
 /// Strict, on purpose: a globally reachable exception *inside* a guarded block (192.0.0.9/32

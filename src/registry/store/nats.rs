@@ -473,6 +473,8 @@ struct Shared {
     /// The stream's last sequence when we connected: the first read waits for it.
     initial_head: u64,
     contact: Mutex<Contact>,
+    /// The follower's subscription ended (the client closed): nothing new will be read.
+    follower_ended: AtomicBool,
 }
 
 #[derive(Default)]
@@ -515,6 +517,7 @@ impl NatsStore {
                 head: initial_head,
                 caught_up: now,
             }),
+            follower_ended: AtomicBool::new(false),
         });
         let messages = stream.ordered_from(1).await.map_err(stream_error)?;
         let follower = tokio::spawn(follow(messages, shared.clone(), location.to_string()));
@@ -570,7 +573,8 @@ async fn follow(mut messages: consumer::push::Ordered, shared: Arc<Shared>, desc
         shared.touch(Some(sequence));
         shared.delivered.send_replace(sequence);
     }
-    tracing::error!(store = %described, "the journal stream's follower ended");
+    shared.follower_ended.store(true, Ordering::SeqCst);
+    tracing::error!(store = %described, "the journal stream's follower ended: nothing new is read; the last state stays in force");
 }
 
 /// Asks the stream for its state every [`PROBE_EVERY`]: contact and lag.
@@ -667,6 +671,11 @@ impl Store for NatsStore {
         let silent = contact.last.elapsed();
         let problem = if !folded {
             Some(format!("{}: initial fold not done", self.describe()))
+        } else if self.shared.follower_ended.load(Ordering::SeqCst) {
+            Some(format!(
+                "{}: the subscription ended; the last known lease state is enforced",
+                self.describe()
+            ))
         } else if silent > self.stale_after {
             Some(format!(
                 "{}: no contact for {:.1} s (--store-stale-after {:?}); the last known lease state is enforced",
