@@ -11,7 +11,6 @@
 use crate::registry::journal;
 use crate::registry::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
 use crate::registry::store::{FileStore, NatsLocation, Store};
-use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::future::Future;
@@ -250,13 +249,13 @@ pub async fn export(
     let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
     let Some(path) = out else {
         let mut stdout = io::BufWriter::new(io::stdout().lock());
-        let copied = copy_stream(&stream, location, &mut stdout)
+        let copied = copy_stream(&stream, &mut stdout)
             .await
             .and_then(|written| stdout.flush().map(|()| written).map_err(CopyError::Write));
         return match copied {
             Ok(written) => Ok(written),
             Err(CopyError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
-            Err(e) => Err(e.naming("stdout")),
+            Err(e) => Err(e.naming(location, "stdout")),
         };
     };
     let write_error = |cause| BridgeError::Write {
@@ -267,9 +266,9 @@ pub async fn export(
     let written = async {
         let file = std::fs::File::create(&temp).map_err(write_error)?;
         let mut writer = io::BufWriter::new(file);
-        let written = copy_stream(&stream, location, &mut writer)
+        let written = copy_stream(&stream, &mut writer)
             .await
-            .map_err(|e| e.naming(&path.display().to_string()))?;
+            .map_err(|e| e.naming(location, &path.display().to_string()))?;
         let file = writer
             .into_inner()
             .map_err(|e| write_error(e.into_error()))?;
@@ -295,14 +294,24 @@ fn temp_path(path: &Path) -> PathBuf {
 
 /// Why a copy stopped: the stream (already named) or the output (named by the caller).
 enum CopyError {
-    Read(BridgeError),
+    /// Reading the stream failed.
+    Read(io::Error),
     Write(io::Error),
 }
 
+impl From<io::Error> for CopyError {
+    fn from(error: io::Error) -> CopyError {
+        CopyError::Read(error)
+    }
+}
+
 impl CopyError {
-    fn naming(self, out: &str) -> BridgeError {
+    fn naming(self, location: &NatsLocation, out: &str) -> BridgeError {
         match self {
-            CopyError::Read(e) => e,
+            CopyError::Read(cause) => BridgeError::Stream {
+                location: location.to_string(),
+                cause,
+            },
             CopyError::Write(cause) => BridgeError::Write {
                 path: out.to_owned(),
                 cause,
@@ -312,44 +321,14 @@ impl CopyError {
 }
 
 /// Copies the stream's messages up to its last sequence at the call.
-async fn copy_stream(
-    stream: &NatsStream,
-    location: &NatsLocation,
-    out: &mut impl Write,
-) -> Result<usize, CopyError> {
-    let read_error = |cause| {
-        CopyError::Read(BridgeError::Stream {
-            location: location.to_string(),
-            cause,
+async fn copy_stream(stream: &NatsStream, out: &mut impl Write) -> Result<usize, CopyError> {
+    stream
+        .read_each(|_, payload| {
+            out.write_all(&payload)
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(CopyError::Write)
         })
-    };
-    let head = stream.last_sequence().await.map_err(read_error)?;
-    if head == 0 {
-        return Ok(0);
-    }
-    let mut messages = stream.ordered_from(1).await.map_err(read_error)?;
-    let mut written = 0;
-    while let Some(message) = messages.next().await {
-        let message = match message {
-            Ok(message) => message,
-            Err(e) => {
-                tracing::debug!(error = %e, "ordered consumer");
-                continue;
-            }
-        };
-        let sequence = message
-            .info()
-            .map_err(|e| read_error(io::Error::other(e)))?
-            .stream_sequence;
-        out.write_all(&message.payload)
-            .and_then(|()| out.write_all(b"\n"))
-            .map_err(CopyError::Write)?;
-        written += 1;
-        if sequence >= head {
-            break;
-        }
-    }
-    Ok(written)
+        .await
 }
 
 /// What `mirror` reports as it goes.

@@ -190,32 +190,7 @@ pub fn render_table(rows: &[LeaseRow]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cols: Vec<&str>| {
-        let text: Vec<String> = cols
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(text.join("  ").trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for row in &cells {
-        line(row.iter().map(String::as_str).collect());
-    }
-    if rows.iter().any(|r| !r.malformed_hosts.is_empty()) {
-        out.push_str(&format!(
-            "{MALFORMED_MARKER} not a host pattern: it matches nothing (`leasegate verify` says why)\n"
-        ));
-    }
-    out
+    crate::table::render(header, &cells)
 }
 
 /// The hosts, comma-separated, each malformed one behind the marker; `-` for none.

@@ -295,12 +295,27 @@ impl NatsStream {
 
     /// Every message of the stream, from the first, up to its last sequence at the call.
     pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
-        let head = self.last_sequence().await?;
         let mut out = Vec::new();
+        self.read_each(|sequence, payload| {
+            out.push((sequence, payload));
+            Ok::<_, io::Error>(())
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// Hands every message of the stream, from the first up to its last sequence at the call,
+    /// to `each` in order; stops at `each`'s first error. Returns how many were handed out.
+    pub async fn read_each<E: From<io::Error>>(
+        &self,
+        mut each: impl FnMut(u64, bytes::Bytes) -> Result<(), E>,
+    ) -> Result<usize, E> {
+        let head = self.last_sequence().await?;
         if head == 0 {
-            return Ok(out);
+            return Ok(0);
         }
         let mut messages = self.ordered_from(1).await?;
+        let mut handed = 0;
         while let Some(message) = messages.next().await {
             let message = match message {
                 Ok(message) => message,
@@ -310,12 +325,13 @@ impl NatsStream {
                 }
             };
             let sequence = message.info().map_err(io::Error::other)?.stream_sequence;
-            out.push((sequence, message.payload.clone()));
+            each(sequence, message.payload.clone())?;
+            handed += 1;
             if sequence >= head {
                 break;
             }
         }
-        Ok(out)
+        Ok(handed)
     }
 
     /// An ordered push consumer delivering every message from `start`.
