@@ -489,8 +489,6 @@ struct Shared {
     /// The stream's last sequence when we connected: the first read waits for it.
     initial_head: u64,
     contact: Mutex<Contact>,
-    /// The follower's subscription ended (the client closed): nothing new will be read.
-    follower_ended: AtomicBool,
 }
 
 #[derive(Default)]
@@ -533,10 +531,9 @@ impl NatsStore {
                 head: initial_head,
                 caught_up: now,
             }),
-            follower_ended: AtomicBool::new(false),
         });
         let messages = stream.ordered_from(1).await.map_err(stream_error)?;
-        let follower = tokio::spawn(follow(messages, shared.clone(), location.to_string()));
+        let follower = tokio::spawn(follow(stream.clone(), messages, shared.clone()));
         let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
         Ok(NatsStore {
             stream,
@@ -561,36 +558,58 @@ impl Drop for NatsStore {
 }
 
 /// Hands every delivered message to `shared`, in order. The ordered consumer re-creates
-/// itself after a reconnect or a gap, from the sequence after the last one delivered.
-async fn follow(mut messages: consumer::push::Ordered, shared: Arc<Shared>, described: String) {
-    while let Some(message) = messages.next().await {
-        let message = match message {
-            Ok(message) => message,
-            Err(error) => {
-                tracing::debug!(store = %described, %error, "journal stream follower");
-                continue;
+/// itself after a reconnect or a gap, from the sequence after the last one delivered; when its
+/// heartbeats stop while the connection stays up (the server holding the consumer went away),
+/// it is replaced here, from the same place.
+async fn follow(stream: NatsStream, mut messages: consumer::push::Ordered, shared: Arc<Shared>) {
+    let described = stream.location.to_string();
+    loop {
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(error)
+                    if error.kind() == consumer::push::OrderedErrorKind::MissingHeartbeat =>
+                {
+                    tracing::warn!(store = %described, "the journal consumer's heartbeats stopped: replacing it");
+                    break;
+                }
+                Err(error) => {
+                    tracing::debug!(store = %described, %error, "journal stream follower");
+                    continue;
+                }
+            };
+            let sequence = match message.info() {
+                Ok(info) => info.stream_sequence,
+                Err(error) => {
+                    tracing::warn!(store = %described, %error, "a journal message without stream metadata");
+                    continue;
+                }
+            };
+            {
+                let mut received = shared.received();
+                if sequence <= received.last {
+                    continue;
+                }
+                received.lines.push(message.payload.to_vec());
+                received.last = sequence;
             }
-        };
-        let sequence = match message.info() {
-            Ok(info) => info.stream_sequence,
-            Err(error) => {
-                tracing::warn!(store = %described, %error, "a journal message without stream metadata");
-                continue;
-            }
-        };
-        {
-            let mut received = shared.received();
-            if sequence <= received.last {
-                continue;
-            }
-            received.lines.push(message.payload.to_vec());
-            received.last = sequence;
+            shared.touch(Some(sequence));
+            shared.delivered.send_replace(sequence);
         }
-        shared.touch(Some(sequence));
-        shared.delivered.send_replace(sequence);
+        // Replaced from the message after the last one handed to us, retried until it works.
+        let mut backoff = Duration::from_millis(250);
+        messages = loop {
+            let next = shared.received().last + 1;
+            match stream.ordered_from(next).await {
+                Ok(messages) => break messages,
+                Err(error) => {
+                    tracing::warn!(store = %described, %error, retry_in = ?backoff, "cannot replace the journal consumer yet");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(4));
+                }
+            }
+        };
     }
-    shared.follower_ended.store(true, Ordering::SeqCst);
-    tracing::error!(store = %described, "the journal stream's follower ended: nothing new is read; the last state stays in force");
 }
 
 /// Asks the stream for its state every [`PROBE_EVERY`]: contact and lag.
@@ -671,7 +690,7 @@ impl Store for NatsStore {
     fn wait_for_more(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let mut delivered = self.shared.delivered.subscribe();
-            let seen = self.shared.received().last;
+            let seen = self.shared.received().handed;
             let _ = tokio::time::timeout(Duration::from_secs(1), delivered.wait_for(|d| *d > seen))
                 .await;
         })
@@ -685,13 +704,9 @@ impl Store for NatsStore {
         let folded = self.settled();
         let contact = self.shared.contact();
         let silent = contact.last.elapsed();
+        let lag = contact.caught_up.elapsed().saturating_sub(PROBE_EVERY * 2);
         let problem = if !folded {
             Some(format!("{}: initial fold not done", self.describe()))
-        } else if self.shared.follower_ended.load(Ordering::SeqCst) {
-            Some(format!(
-                "{}: the subscription ended; the last known lease state is enforced",
-                self.describe()
-            ))
         } else if silent > self.stale_after {
             Some(format!(
                 "{}: no contact for {:.1} s (--store-stale-after {:?}); the last known lease state is enforced",
@@ -699,12 +714,19 @@ impl Store for NatsStore {
                 silent.as_secs_f64(),
                 self.stale_after
             ))
+        } else if lag > self.stale_after {
+            Some(format!(
+                "{}: {:.1} s behind the stream (--store-stale-after {:?}); the last known lease state is enforced",
+                self.describe(),
+                lag.as_secs_f64(),
+                self.stale_after
+            ))
         } else {
             None
         };
         StoreHealth {
             problem,
-            lag: contact.caught_up.elapsed().saturating_sub(PROBE_EVERY * 2),
+            lag,
             reconnects: self.stream.reconnects(),
         }
     }
