@@ -142,6 +142,11 @@ impl NatsCluster {
         self.url(stream).parse().unwrap()
     }
 
+    /// `nats://<node>/<stream>`: one node only.
+    pub fn location_of(node: &NatsNode, stream: &str) -> NatsLocation {
+        format!("nats://{}/{stream}", node.addr()).parse().unwrap()
+    }
+
     /// Waits until JetStream answers (a cluster elects its meta leader first), then opens
     /// (creating) the journal stream `stream` with one replica per node.
     pub async fn journal(&self, stream: &str) -> NatsStream {

@@ -389,3 +389,60 @@ async fn a_restarted_replica_catches_up_and_converges() {
     let (_, view) = admin_get(&b, &format!("/leases/{second}")).await;
     assert_eq!(view["status"], "open");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_keeps_following_when_the_stream_leader_dies_under_it() {
+    let mut cluster = NatsCluster::start(3);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let leader = eventually(Duration::from_secs(10), || async {
+        stream.stream.get_info().await.ok()?.cluster?.leader
+    })
+    .await
+    .expect("the stream has no leader");
+    let (dead, alive): (Vec<usize>, Vec<usize>) =
+        (0..3).partition(|&i| cluster.nodes[i].name == leader);
+    // The replica talks to a node that stays up; the stream's leader (and, as a rule, the
+    // replica's consumer with it) goes away under it.
+    let url = format!("nats://{}/LG", cluster.nodes[alive[0]].addr());
+    let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
+    config.journal = JournalLocation::Nats(url.parse().unwrap());
+    config.store.data_dir = h.dir.path().join("a");
+    let replica = Server::start(config).await.unwrap();
+    let first = h.lease(&["origin.test"], &[]);
+    publish_file(&stream, &h.journal).await;
+    assert!(until_status(&replica, &first, "open", Duration::from_secs(2)).await);
+    cluster.nodes[dead[0]].kill();
+    // A grant published after the leader died still reaches the replica.
+    let before = tokio::fs::read(&h.journal).await.unwrap().len();
+    let second = h.lease(&["origin.test"], &[]);
+    let after = tokio::fs::read(&h.journal).await.unwrap();
+    let other = NatsCluster::location_of(&cluster.nodes[alive[1]], "LG");
+    let publisher = eventually(Duration::from_secs(20), || async {
+        leasegate::registry::store::nats::NatsStream::connect(
+            &other,
+            &Default::default(),
+            &leasegate::registry::store::nats::StreamSpec::JOURNAL,
+        )
+        .await
+        .ok()
+    })
+    .await
+    .expect("the stream never came back");
+    let published = eventually(Duration::from_secs(20), || async {
+        publisher
+            .publish(
+                publisher.subject(Some(&second)),
+                after[before..].trim_ascii_end(),
+                Some("second-grant"),
+            )
+            .await
+            .ok()
+    })
+    .await;
+    assert!(published.is_some(), "the new leader never took the grant");
+    assert!(
+        until_status(&replica, &second, "open", Duration::from_secs(30)).await,
+        "the replica stopped following"
+    );
+}
