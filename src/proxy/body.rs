@@ -230,6 +230,11 @@ where
         _ = watchdog => RelayEnd::Idle,
     };
     use tokio::io::AsyncWriteExt;
-    let _ = client.inner.shutdown().await;
+    // Bounded: behind the TLS listener, a shutdown writes a close_notify that a client which
+    // stopped reading would hold forever.
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, client.inner.shutdown()).await;
     end
 }
+
+/// How long a finished tunnel waits for the client side's shutdown before dropping it.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
