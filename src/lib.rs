@@ -14,5 +14,6 @@ pub mod proxy;
 pub mod registry;
 pub mod run;
 pub mod server;
+pub mod suggest;
 pub mod telemetry;
 pub mod usage;
