@@ -320,21 +320,39 @@ pub fn render_flags(suggestions: &[Suggestion]) -> String {
 
 /// `--format json`: one JSON line per group; `allow` is a manifest `allow` fragment.
 pub fn render_json(suggestions: &[Suggestion]) -> String {
+    /// The line's fields, in the order they are written.
+    #[derive(Serialize)]
+    struct Line<'a> {
+        lease_id: Option<&'a str>,
+        agent: Option<&'a str>,
+        calls: u64,
+        allow: Allow<'a>,
+        entries: &'a [Entry],
+        unlisted: &'a [Unlisted],
+    }
+    #[derive(Serialize)]
+    struct Allow<'a> {
+        hosts: Vec<&'a str>,
+    }
     let mut out = String::new();
     for s in suggestions {
         let (lease_id, agent) = match &s.group {
-            Group::Lease(id) => (Some(id), None),
-            Group::Agent(label) => (None, Some(label)),
+            Group::Lease(id) => (Some(id.as_str()), None),
+            Group::Agent(label) => (None, Some(label.as_str())),
         };
-        let line = serde_json::json!({
-            "lease_id": lease_id,
-            "agent": agent,
-            "calls": s.calls,
-            "allow": { "hosts": s.entries.iter().map(|e| &e.pattern).collect::<Vec<_>>() },
-            "entries": s.entries,
-            "unlisted": s.unlisted,
-        });
-        let _ = writeln!(out, "{line}");
+        let line = Line {
+            lease_id,
+            agent,
+            calls: s.calls,
+            allow: Allow {
+                hosts: s.entries.iter().map(|e| e.pattern.as_str()).collect(),
+            },
+            entries: &s.entries,
+            unlisted: &s.unlisted,
+        };
+        if let Ok(text) = serde_json::to_string(&line) {
+            let _ = writeln!(out, "{text}");
+        }
     }
     out
 }
@@ -435,6 +453,36 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].group, Group::Agent("crawler".into()));
         assert_eq!(patterns(&out[0]), [("a.test", 1), ("b.test", 1)]);
+    }
+
+    #[test]
+    fn the_filter_selects_a_lease_and_a_start() {
+        let mut late = line(Some(B), None, "late.test", "allow");
+        late = late.replace("10:00:00.000Z", "11:00:00.000Z");
+        let lines = [
+            line(Some(A), None, "a.test", "allow"),
+            line(Some(B), None, "early.test", "allow"),
+            late,
+        ];
+        let run = |filter: Filter| {
+            let mut t = Tally::new(filter, None);
+            for l in &lines {
+                t.add(l.as_bytes());
+            }
+            t.finish(None)
+        };
+        let only_b = run(Filter {
+            lease: Some(B.into()),
+            since: None,
+        });
+        assert_eq!(only_b.len(), 1);
+        assert_eq!(patterns(&only_b[0]), [("early.test", 1), ("late.test", 1)]);
+        let recent = run(Filter {
+            lease: None,
+            since: Some(Timestamp::parse("2026-01-01T10:30:00.000Z").unwrap()),
+        });
+        assert_eq!(recent.len(), 1);
+        assert_eq!(patterns(&recent[0]), [("late.test", 1)]);
     }
 
     #[test]
@@ -570,9 +618,9 @@ mod tests {
         assert_eq!(
             out,
             format!(
-                "{{\"agent\":null,\"allow\":{{\"hosts\":[\"*.x.test\"]}},\"calls\":2,\
-                 \"entries\":[{{\"calls\":2,\"hosts\":[\"a.x.test\",\"b.x.test\"],\"pattern\":\"*.x.test\"}}],\
-                 \"lease_id\":\"{A}\",\"unlisted\":[]}}\n"
+                "{{\"lease_id\":\"{A}\",\"agent\":null,\"calls\":2,\"allow\":{{\"hosts\":[\"*.x.test\"]}},\
+                 \"entries\":[{{\"pattern\":\"*.x.test\",\"calls\":2,\"hosts\":[\"a.x.test\",\"b.x.test\"]}}],\
+                 \"unlisted\":[]}}\n"
             )
         );
     }
