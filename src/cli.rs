@@ -56,6 +56,9 @@ pub enum Command {
     /// Calls, refusals, bytes and top hosts per lease, from an egress stream (every replica)
     /// or an egress log file.
     Usage(UsageArgs),
+    /// The smallest allow list covering the hosts each lease reached, from an egress log
+    /// (e.g. one recorded with `serve --mode report`), as `--allow-host` flags or JSON.
+    Suggest(SuggestArgs),
     /// Move a journal between a file and a NATS JetStream stream (import, export, mirror).
     Journal(JournalArgs),
 }
@@ -77,6 +80,37 @@ pub struct UsageArgs {
     pub json: bool,
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SuggestArgs {
+    /// The egress log (JSON Lines), or `-` for stdin.
+    #[arg(long, env = "LEASEGATE_SUGGEST_FROM")]
+    pub from: PathBuf,
+    /// Only this lease.
+    #[arg(long, env = "LEASEGATE_LEASE")]
+    pub lease: Option<String>,
+    /// One list for every lease whose clients sent this label (the user part of the proxy
+    /// credentials, e.g. `agent` in `http://agent:<lease>@proxy`), instead of one per lease.
+    #[arg(long, env = "LEASEGATE_AGENT")]
+    pub agent: Option<String>,
+    /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
+    #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
+    pub since: Option<std::time::Duration>,
+    /// Write `*.domain` once this many sibling names under `domain` were reached (never for
+    /// a public suffix such as `co.uk`); without it every host stays exact.
+    #[arg(long, env = "LEASEGATE_COLLAPSE", value_parser = clap::value_parser!(u32).range(2..))]
+    pub collapse: Option<u32>,
+    /// `flags`: `--allow-host` flags after commented call counts; `json`: one line per
+    /// lease with a manifest `allow` fragment.
+    #[arg(long, env = "LEASEGATE_FORMAT", value_enum, default_value = "flags")]
+    pub format: SuggestFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SuggestFormat {
+    Flags,
+    Json,
 }
 
 #[derive(Debug, Args)]

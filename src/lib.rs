@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod registry;
 pub mod run;
 pub mod server;
+pub mod suggest;
 pub mod table;
 pub mod telemetry;
 pub mod usage;

@@ -15,6 +15,7 @@ use leasegate::registry::open;
 use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
+use leasegate::suggest;
 use leasegate::usage;
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         Command::Run(args) => return run_agent(args),
         Command::Token(args) => token(args),
         Command::Usage(args) => usage_report(args),
+        Command::Suggest(args) => suggest(args),
         Command::Journal(args) => journal(args),
     };
     match outcome {
@@ -274,6 +276,47 @@ fn usage_report(args: cli::UsageArgs) -> Result<()> {
     } else {
         out.write_all(usage::render_table(&report.leases).as_bytes())?;
     }
+    Ok(())
+}
+
+/// `suggest`: the allow list each lease's recorded traffic needs.
+fn suggest(args: cli::SuggestArgs) -> Result<()> {
+    let since = args.since.map(|ago| {
+        let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+        Timestamp::now().saturating_add_millis(-ms)
+    });
+    let mut tally = suggest::Tally::new(
+        usage::Filter {
+            lease: args.lease,
+            since,
+        },
+        args.agent,
+    );
+    let name = args.from.display().to_string();
+    match name.as_str() {
+        "-" => usage::for_each_line(std::io::stdin().lock(), |line| tally.add(line))
+            .context("reading stdin")?,
+        _ => std::fs::File::open(&args.from)
+            .and_then(|file| {
+                usage::for_each_line(std::io::BufReader::new(file), |line| tally.add(line))
+            })
+            .with_context(|| format!("reading {name}"))?,
+    }
+    if tally.unreadable > 0 {
+        eprintln!(
+            "leasegate suggest: {} line(s) of {name} are not egress lines; skipped",
+            tally.unreadable
+        );
+    }
+    let suggestions = tally.finish(args.collapse.map(|n| n as usize));
+    if suggestions.is_empty() {
+        eprintln!("leasegate suggest: no line of {name} reached a host; nothing to suggest");
+    }
+    let text = match args.format {
+        cli::SuggestFormat::Flags => suggest::render_flags(&suggestions),
+        cli::SuggestFormat::Json => suggest::render_json(&suggestions),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(())
 }
 

@@ -37,7 +37,8 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn admits(&self, lease_id: Option<&str>, time: Timestamp) -> bool {
+    /// Whether a line of this lease, logged at `time`, passes.
+    pub fn admits(&self, lease_id: Option<&str>, time: Timestamp) -> bool {
         let lease_ok = match (self.lease.as_deref(), lease_id) {
             (None, _) => true,
             (Some(NO_LEASE), None) => true,
@@ -197,7 +198,12 @@ pub fn aggregate<'a>(lines: impl IntoIterator<Item = &'a [u8]>, filter: Filter) 
 }
 
 /// Feeds every line of an egress log (a file, stdin) to `tally`.
-pub fn read_lines(mut input: impl BufRead, tally: &mut Tally) -> io::Result<()> {
+pub fn read_lines(input: impl BufRead, tally: &mut Tally) -> io::Result<()> {
+    for_each_line(input, |line| tally.add(line))
+}
+
+/// Calls `each` with every line of `input`, without its newline (the last line may lack one).
+pub fn for_each_line(mut input: impl BufRead, mut each: impl FnMut(&[u8])) -> io::Result<()> {
     let mut line = Vec::with_capacity(1024);
     loop {
         line.clear();
@@ -207,7 +213,7 @@ pub fn read_lines(mut input: impl BufRead, tally: &mut Tally) -> io::Result<()> 
         if line.last() == Some(&b'\n') {
             line.pop();
         }
-        tally.add(&line);
+        each(&line);
     }
 }
 

@@ -75,6 +75,9 @@ pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
 pub struct LoggedLine {
     pub time: String,
     pub lease_id: Option<String>,
+    /// The user part of Basic proxy credentials (absent in lines that predate it).
+    #[serde(default)]
+    pub label: Option<String>,
     pub host: Option<String>,
     pub verdict: String,
     pub code: Option<String>,

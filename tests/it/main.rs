@@ -15,5 +15,6 @@ mod operate;
 mod pipeline;
 mod proxy;
 mod scale_out;
+mod suggest;
 mod support;
 mod usage;
