@@ -476,7 +476,7 @@ fn run_agent(args: cli::RunArgs) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("leasegate run: {e}");
-            ExitCode::from(125)
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -2,10 +2,12 @@
 //!
 //! Invariant: the child starts only if the admin API says the lease opens now; it sees the
 //! proxy in every variable clients read (upper and lower case), no `NO_PROXY`, and its exit
-//! code (or 128+signal) becomes ours. SIGINT and SIGTERM reach the child. Its credential is
-//! the lease's token when one is at hand (minted from `--key-file`, or handed out by an admin
-//! API we authenticated to), else the lease id; a proxy in token mode with no token at hand
-//! is an error before the child starts, not a 407 inside it.
+//! code (or 128+signal) becomes ours. As in shells, a command that is not found exits 127 and
+//! one that cannot be executed 126; every failure of our own exits 125, and says what the
+//! admin API answered rather than that it cannot be reached. SIGINT and SIGTERM reach the
+//! child. Its credential is the lease's token when one is at hand (minted from `--key-file`,
+//! or handed out by an admin API we authenticated to), else the lease id; a proxy in token
+//! mode with no token at hand is an error before the child starts, not a 407 inside it.
 
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
@@ -17,15 +19,38 @@ pub enum RunError {
     #[error("bad URL {0:?}: {1}")]
     Url(String, String),
     #[error("cannot reach the admin API at {url}: {reason} (is `leasegate serve` running?)")]
-    Admin { url: String, reason: String },
-    #[error("lease {0} is not known to the proxy")]
-    UnknownLease(String),
+    Unreachable { url: String, reason: String },
+    #[error("the admin API at {url} refused the lease id: {status}: {message}")]
+    BadLeaseId {
+        url: String,
+        status: http::StatusCode,
+        message: String,
+    },
+    #[error(
+        "the admin API at {url} answered 401: give --admin-token-file (or \
+         LEASEGATE_ADMIN_TOKEN_FILE) with the token `serve --admin-token-file` reads"
+    )]
+    NoAdminToken { url: String },
+    #[error("the admin API at {url} answered 401: it refused the token in --admin-token-file")]
+    WrongAdminToken { url: String },
+    #[error("no such lease {lease}: the admin API at {url} answered 404 Not Found")]
+    UnknownLease { url: String, lease: String },
+    #[error("the admin API at {url} answered {status}: {message}")]
+    Admin {
+        url: String,
+        status: http::StatusCode,
+        message: String,
+    },
     #[error("lease {lease} does not open anything now (status {status}); not starting {command}")]
     NotOpen {
         lease: String,
         status: String,
         command: String,
     },
+    #[error("{0}: command not found")]
+    CommandNotFound(String),
+    #[error("{0}: cannot execute: {1}")]
+    NotExecutable(String, std::io::Error),
     #[error("cannot start {0}: {1}")]
     Spawn(String, std::io::Error),
     #[error(
@@ -37,6 +62,31 @@ pub enum RunError {
     Read { path: String, reason: String },
 }
 
+impl RunError {
+    /// The exit code for this failure, as shells use them: 127 when the command is not found,
+    /// 126 when it cannot be executed, 125 for leasegate's own failures (so that the child's
+    /// own codes stay distinguishable).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::CommandNotFound(_) => 127,
+            RunError::NotExecutable(..) => 126,
+            _ => 125,
+        }
+    }
+
+    /// The error for a child that could not be spawned.
+    fn spawning(command: &str, e: std::io::Error) -> RunError {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => RunError::CommandNotFound(command.to_owned()),
+            std::io::ErrorKind::PermissionDenied => RunError::NotExecutable(command.to_owned(), e),
+            _ if e.raw_os_error() == Some(nix::libc::ENOEXEC) => {
+                RunError::NotExecutable(command.to_owned(), e)
+            }
+            _ => RunError::Spawn(command.to_owned(), e),
+        }
+    }
+}
+
 /// The credentials `run` may use: the lease's key (mints its token) and the admin API token.
 #[derive(Debug, Default)]
 pub struct RunAuth {
@@ -44,58 +94,90 @@ pub struct RunAuth {
     pub admin_token: Option<String>,
 }
 
-/// Asks the admin API for `GET /leases/{id}` (with `admin_token` as bearer token); `None`
-/// for 404.
+/// Asks the admin API for `GET /leases/{id}` (with `admin_token` as bearer token). Every
+/// answer but 200 is an error that says what the API said.
 pub async fn lookup(
     admin: &str,
     lease: &str,
     admin_token: Option<&str>,
-) -> Result<Option<Value>, RunError> {
+) -> Result<Value, RunError> {
     let base =
         url::Url::parse(admin).map_err(|e| RunError::Url(admin.to_owned(), e.to_string()))?;
-    let admin_error = |reason: String| RunError::Admin {
+    let unreachable = |reason: String| RunError::Unreachable {
         url: admin.to_owned(),
         reason,
     };
     let host = base
         .host_str()
-        .ok_or_else(|| admin_error("no host".into()))?
+        .ok_or_else(|| RunError::Url(admin.to_owned(), "no host".into()))?
         .to_owned();
     let port = base.port_or_known_default().unwrap_or(80);
     let stream =
         tokio::net::TcpStream::connect((host.trim_matches(|c| c == '[' || c == ']'), port))
             .await
-            .map_err(|e| admin_error(e.to_string()))?;
+            .map_err(|e| unreachable(e.to_string()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| admin_error(e.to_string()))?;
+        .map_err(|e| unreachable(e.to_string()))?;
     tokio::spawn(connection);
-    let mut request = http::Request::get(format!("/leases/{lease}"))
-        .header(http::header::HOST, format!("{host}:{port}"));
+    // The id goes into the path as given (escaped), so that the API judges it, not us.
+    let mut path = base.clone();
+    path.path_segments_mut()
+        .map_err(|()| RunError::Url(admin.to_owned(), "cannot be a base".into()))?
+        .clear()
+        .extend(["leases", lease]);
+    let path = path.path().to_owned();
+    let mut request = http::Request::get(path).header(http::header::HOST, format!("{host}:{port}"));
     if let Some(token) = admin_token {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
     let request = request
         .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| admin_error(e.to_string()))?;
+        .map_err(|e| RunError::Url(admin.to_owned(), e.to_string()))?;
     let response = sender
         .send_request(request)
         .await
-        .map_err(|e| admin_error(e.to_string()))?;
+        .map_err(|e| unreachable(e.to_string()))?;
     let status = response.status();
     let body = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| admin_error(e.to_string()))?
+        .map_err(|e| unreachable(e.to_string()))?
         .to_bytes();
-    match status {
-        http::StatusCode::NOT_FOUND => Ok(None),
-        http::StatusCode::OK => serde_json::from_slice(&body)
-            .map(Some)
-            .map_err(|e| admin_error(format!("unreadable answer: {e}"))),
-        other => Err(admin_error(format!("answered {other}"))),
+    let url = admin.to_owned();
+    if status == http::StatusCode::OK {
+        return serde_json::from_slice(&body).map_err(|e| RunError::Admin {
+            url,
+            status,
+            message: format!("unreadable answer: {e}"),
+        });
     }
+    // The API's `{"error": ...}`, else the body as text.
+    let message = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+    Err(match status {
+        http::StatusCode::BAD_REQUEST => RunError::BadLeaseId {
+            url,
+            status,
+            message,
+        },
+        http::StatusCode::UNAUTHORIZED if admin_token.is_some() => {
+            RunError::WrongAdminToken { url }
+        }
+        http::StatusCode::UNAUTHORIZED => RunError::NoAdminToken { url },
+        http::StatusCode::NOT_FOUND => RunError::UnknownLease {
+            url,
+            lease: lease.to_owned(),
+        },
+        _ => RunError::Admin {
+            url,
+            status,
+            message,
+        },
+    })
 }
 
 /// The proxy URL for a lease: its own port if it has one, else `proxy` (or the admin's
@@ -159,9 +241,7 @@ pub async fn run(
     command: &[String],
 ) -> Result<u8, RunError> {
     let shown = command.join(" ");
-    let view = lookup(admin, lease, auth.admin_token.as_deref())
-        .await?
-        .ok_or_else(|| RunError::UnknownLease(lease.to_owned()))?;
+    let view = lookup(admin, lease, auth.admin_token.as_deref()).await?;
     let status = view["status"].as_str().unwrap_or("unknown");
     if status != "open" {
         return Err(RunError::NotOpen {
@@ -190,7 +270,7 @@ pub async fn run(
     }
     let mut child = child
         .spawn()
-        .map_err(|e| RunError::Spawn(shown.clone(), e))?;
+        .map_err(|e| RunError::spawning(&command[0], e))?;
     let pid = child.id().map(|id| nix::unistd::Pid::from_raw(id as i32));
     let mut interrupt =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();

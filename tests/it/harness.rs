@@ -178,8 +178,9 @@ pub async fn http_origin() -> Origin {
     .await
 }
 
-/// An HTTPS origin for `name`, with a certificate made now; returns it and the CA file.
-pub async fn https_origin(name: &str, dir: &Path) -> (Origin, PathBuf) {
+/// A TLS acceptor for `name` with a self-signed certificate made now; the certificate is
+/// written to `dir` as the CA file clients trust.
+fn tls_acceptor(name: &str, dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
     let cert = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
     let ca_path = dir.join(format!("{name}.pem"));
     std::fs::write(&ca_path, cert.cert.pem()).unwrap();
@@ -193,23 +194,59 @@ pub async fn https_origin(name: &str, dir: &Path) -> (Origin, PathBuf) {
     .with_no_client_auth()
     .with_single_cert(certs, key)
     .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_path)
+}
+
+/// An HTTPS origin for `name` answering with `service`; returns it and the CA file.
+async fn https_origin_with<S, Fut>(name: &str, dir: &Path, service: S) -> (Origin, PathBuf)
+where
+    S: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<OriginBody>, Infallible>> + Send + 'static,
+{
+    let (acceptor, ca_path) = tls_acceptor(name, dir);
     let origin = spawn_origin(move |stream| {
         let acceptor = acceptor.clone();
+        let service = service.clone();
         async move {
             let Ok(tls) = acceptor.accept(stream).await else {
                 return;
             };
             let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(
-                    TokioIo::new(tls),
-                    hyper::service::service_fn(origin_service),
-                )
+                .serve_connection(TokioIo::new(tls), hyper::service::service_fn(service))
                 .await;
         }
     })
     .await;
     (origin, ca_path)
+}
+
+/// An HTTPS origin for `name`, with a certificate made now; returns it and the CA file.
+pub async fn https_origin(name: &str, dir: &Path) -> (Origin, PathBuf) {
+    https_origin_with(name, dir, origin_service).await
+}
+
+/// An HTTPS origin for `name` serving the files under `root` (GET only; 404 for anything
+/// missing), e.g. a git repository over the dumb HTTP protocol.
+#[allow(dead_code)]
+pub async fn https_file_origin(name: &str, dir: &Path, root: PathBuf) -> (Origin, PathBuf) {
+    https_origin_with(name, dir, move |req: Request<Incoming>| {
+        let root = root.clone();
+        async move {
+            let path = req.uri().path().trim_start_matches('/').to_owned();
+            let file = (!path.split('/').any(|part| part == ".."))
+                .then(|| root.join(&path))
+                .filter(|file| file.is_file());
+            Ok(match file {
+                Some(file) => text(tokio::fs::read(file).await.unwrap()),
+                None => {
+                    let mut response = text("not found\n");
+                    *response.status_mut() = StatusCode::NOT_FOUND;
+                    response
+                }
+            })
+        }
+    })
+    .await
 }
 
 /// A temp journal, key and egress log, and the proxy built on them.

@@ -400,6 +400,132 @@ async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not open anything now"));
 }
 
+/// `run` says what the admin API answered (401, 400, 404), not that it cannot reach it; the
+/// admin token comes from `--admin-token-file` or `LEASEGATE_ADMIN_TOKEN_FILE`; a command that
+/// is not found exits 127 and one that cannot be executed 126, as in shells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let mut serve = h.serve_config(h.config(&[]), None);
+    serve.admin_token = Some("s3cret".into());
+    let server = leasegate::server::Server::start(serve).await.unwrap();
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let token = h.dir.path().join("admin.token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let wrong = h.dir.path().join("wrong.token");
+    std::fs::write(&wrong, "guess\n").unwrap();
+    let run = |lease: &str, env: Option<&std::path::Path>, extra: &[&str], command: &[&str]| {
+        let mut args = vec!["run", "--lease", lease, "--admin", &admin];
+        args.extend(extra);
+        args.push("--");
+        args.extend(command);
+        let mut command = crate::support::leasegate_command(&args);
+        command.env_remove("LEASEGATE_ADMIN_TOKEN_FILE");
+        if let Some(path) = env {
+            command.env("LEASEGATE_ADMIN_TOKEN_FILE", path);
+        }
+        async move {
+            let out = tokio::process::Command::from(command)
+                .output()
+                .await
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let ok = (Some(0), "ran\n".to_owned(), String::new());
+    let echo = ["echo", "ran"];
+
+    assert_eq!(
+        run(&lease, None, &[], &echo).await,
+        (
+            Some(125),
+            String::new(),
+            format!(
+                "leasegate run: the admin API at {admin} answered 401: give --admin-token-file \
+                 (or LEASEGATE_ADMIN_TOKEN_FILE) with the token `serve --admin-token-file` reads\n"
+            )
+        )
+    );
+    let token_arg = token.to_str().unwrap();
+    assert_eq!(
+        run(&lease, None, &["--admin-token-file", token_arg], &echo).await,
+        ok
+    );
+    assert_eq!(run(&lease, Some(&token), &[], &echo).await, ok);
+    assert_eq!(
+        run(&lease, Some(&wrong), &[], &echo).await,
+        (
+            Some(125),
+            String::new(),
+            format!(
+                "leasegate run: the admin API at {admin} answered 401: it refused the token in \
+                 --admin-token-file\n"
+            )
+        )
+    );
+    assert_eq!(
+        run("nope", Some(&token), &[], &echo).await,
+        (
+            Some(125),
+            String::new(),
+            format!(
+                "leasegate run: the admin API at {admin} refused the lease id: 400 Bad Request: \
+                 \"nope\" is not a lease id (a lower-case UUID)\n"
+            )
+        )
+    );
+    let unknown = "00000000-0000-4000-8000-000000000000";
+    assert_eq!(
+        run(unknown, Some(&token), &[], &echo).await,
+        (
+            Some(125),
+            String::new(),
+            format!(
+                "leasegate run: no such lease {unknown}: the admin API at {admin} answered 404 \
+                 Not Found\n"
+            )
+        )
+    );
+
+    assert_eq!(
+        run(&lease, Some(&token), &[], &["leasegate-no-such-command"]).await,
+        (
+            Some(127),
+            String::new(),
+            "leasegate run: leasegate-no-such-command: command not found\n".to_owned()
+        )
+    );
+    let script = h.dir.path().join("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    let script = script.to_str().unwrap();
+    assert_eq!(
+        run(&lease, Some(&token), &[], &[script]).await,
+        (
+            Some(126),
+            String::new(),
+            format!("leasegate run: {script}: cannot execute: Permission denied (os error 13)\n")
+        )
+    );
+    let dir = h.dir.path().to_str().unwrap();
+    assert_eq!(run(&lease, Some(&token), &[], &[dir]).await.0, Some(126));
+    server.shutdown().await;
+
+    // Only a proxy that is not there is "cannot reach".
+    let (code, _, stderr) = run(&lease, Some(&token), &[], &echo).await;
+    assert_eq!(code, Some(125));
+    assert!(
+        stderr.starts_with(&format!(
+            "leasegate run: cannot reach the admin API at {admin}: "
+        )),
+        "{stderr}"
+    );
+}
+
 /// A closing record dated an hour ahead closes the lease when it is read: its open tunnel ends
 /// and the next request is refused (it used to wait for the record's `at`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@ mod boundary_ops;
 mod boundary_tls;
 mod bridges;
 mod cli;
+mod clients;
 mod conformance;
 mod fold;
 mod fuzz_corpus;
