@@ -190,7 +190,13 @@ pub fn render_table(rows: &[LeaseRow]) -> String {
             ]
         })
         .collect();
-    crate::table::render(header, &cells)
+    let mut out = crate::table::render(header, &cells);
+    if rows.iter().any(|r| !r.malformed_hosts.is_empty()) {
+        out.push_str(&format!(
+            "{MALFORMED_MARKER} not a host pattern: it matches nothing (`leasegate verify` says why)\n"
+        ));
+    }
+    out
 }
 
 /// The hosts, comma-separated, each malformed one behind the marker; `-` for none.
