@@ -6,9 +6,8 @@
 //! only made for a domain `d` that is not a public suffix (Public Suffix List, compiled in)
 //! and under which at least `collapse` sibling names were reached; nothing else widens.
 
-use crate::contract::Timestamp;
 use crate::policy::pattern::HostPattern;
-use crate::telemetry::egress::LoggedLine;
+use crate::telemetry::egress::{LoggedLine, ReadLine};
 use crate::usage::Filter;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,15 +70,13 @@ impl Tally {
 
     /// Counts one egress line (without its newline; an empty line is skipped silently).
     pub fn add(&mut self, line: &[u8]) {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return;
-        }
-        let parsed = serde_json::from_slice::<LoggedLine>(line)
-            .ok()
-            .and_then(|l| Some((Timestamp::parse(&l.time).ok()?, l)));
-        let Some((time, line)) = parsed else {
-            self.unreadable += 1;
-            return;
+        let (time, line) = match LoggedLine::read(line) {
+            ReadLine::Blank => return,
+            ReadLine::Unreadable => {
+                self.unreadable += 1;
+                return;
+            }
+            ReadLine::Line(time, line) => (time, line),
         };
         if !self.filter.admits(line.lease_id.as_deref(), time) {
             return;
@@ -360,6 +357,7 @@ pub fn render_json(suggestions: &[Suggestion]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::Timestamp;
 
     const A: &str = "00000001-0000-4000-8000-000000000000";
     const B: &str = "00000002-0000-4000-8000-000000000000";

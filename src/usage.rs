@@ -8,7 +8,7 @@
 use crate::contract::Timestamp;
 use crate::registry::store::nats::{subject_token, NatsError, NatsOptions, NatsStream};
 use crate::registry::store::NatsLocation;
-use crate::telemetry::egress::LoggedLine;
+use crate::telemetry::egress::{LoggedLine, ReadLine};
 use crate::telemetry::egress_stream::{self, EGRESS_SUBJECTS};
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
@@ -114,15 +114,13 @@ impl Tally {
 
     /// Counts one egress line (without its newline; an empty line is skipped silently).
     pub fn add(&mut self, line: &[u8]) {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return;
-        }
-        let parsed = serde_json::from_slice::<LoggedLine>(line)
-            .ok()
-            .and_then(|l| Some((Timestamp::parse(&l.time).ok()?, l)));
-        let Some((time, line)) = parsed else {
-            self.unreadable += 1;
-            return;
+        let (time, line) = match LoggedLine::read(line) {
+            ReadLine::Blank => return,
+            ReadLine::Unreadable => {
+                self.unreadable += 1;
+                return;
+            }
+            ReadLine::Line(time, line) => (time, line),
         };
         if !self.filter.admits(line.lease_id.as_deref(), time) {
             return;

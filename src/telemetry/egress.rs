@@ -85,6 +85,34 @@ pub struct LoggedLine {
     pub bytes_down: u64,
 }
 
+/// One egress line as a reader takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadLine {
+    /// Empty or whitespace: skipped silently.
+    Blank,
+    /// Not an egress line (or its time does not parse): counted by the reader.
+    Unreadable,
+    Line(crate::contract::Timestamp, LoggedLine),
+}
+
+impl LoggedLine {
+    /// Reads one line (without its newline).
+    pub fn read(bytes: &[u8]) -> ReadLine {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return ReadLine::Blank;
+        }
+        serde_json::from_slice::<LoggedLine>(bytes)
+            .ok()
+            .and_then(|l| {
+                Some(ReadLine::Line(
+                    crate::contract::Timestamp::parse(&l.time).ok()?,
+                    l,
+                ))
+            })
+            .unwrap_or(ReadLine::Unreadable)
+    }
+}
+
 /// Where lines go.
 #[derive(Debug, Clone)]
 pub enum Destination {
