@@ -17,3 +17,4 @@ mod proxy;
 mod scale_out;
 mod support;
 mod usage;
+mod ux;
