@@ -190,9 +190,9 @@ pub enum ModeArg {
 pub struct ServeArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// Where the proxy listens.
-    #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128")]
-    pub listen: std::net::SocketAddr,
+    /// Where the proxy listens: ADDR:PORT or NAME:PORT (a name is resolved at start).
+    #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128", value_parser = parse_listen)]
+    pub listen: ListenAddr,
     /// The lease journal: a file, or a NATS JetStream stream
     /// (`nats://HOST:PORT[,HOST:PORT...]/STREAM`). Required unless --dev.
     #[arg(long, env = "LEASEGATE_JOURNAL", required_unless_present = "dev")]
@@ -217,14 +217,10 @@ pub struct ServeArgs {
     /// (leasegate_egress_stream_dropped_total). Requests never wait on the stream.
     #[arg(long, env = "LEASEGATE_EGRESS_STREAM_BACKLOG", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub egress_stream_backlog: u32,
-    /// What a revoking refusal does: revoke the lease, or only log.
-    #[arg(
-        long,
-        env = "LEASEGATE_ON_REFUSAL",
-        value_enum,
-        default_value = "revoke"
-    )]
-    pub on_refusal: OnRefusalArg,
+    /// What a revoking refusal does: revoke the lease, or only log [default: revoke; log
+    /// under --dev].
+    #[arg(long, env = "LEASEGATE_ON_REFUSAL", value_enum)]
+    pub on_refusal: Option<OnRefusalArg>,
     /// Accept leases signed with the published test key (conformance runs only).
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
@@ -481,6 +477,40 @@ pub struct LedgerArgs {
     /// (a present signature is always checked under the lease's key).
     #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
     pub require_record_signatures: bool,
+}
+
+/// `--listen`: an address, or a name resolved when `serve` starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Addr(std::net::SocketAddr),
+    /// `NAME:PORT`, kept as given until it is resolved.
+    Name(String),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Addr(addr) => addr.fmt(f),
+            ListenAddr::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// `ADDR:PORT`, `[V6]:PORT` or `NAME:PORT`.
+fn parse_listen(text: &str) -> Result<ListenAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(ListenAddr::Addr(addr));
+    }
+    let expected = || format!("{text:?}: expected ADDR:PORT or NAME:PORT, e.g. 127.0.0.1:3128");
+    let (name, port) = text.rsplit_once(':').ok_or_else(expected)?;
+    let valid_name = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if !valid_name || port.parse::<u16>().is_err() {
+        return Err(expected());
+    }
+    Ok(ListenAddr::Name(text.to_owned()))
 }
 
 /// `A-B` with A <= B.

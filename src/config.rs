@@ -155,6 +155,10 @@ pub enum ConfigError {
          pass --admin-insecure to accept the risk"
     )]
     AdminExposed(SocketAddr),
+    #[error("--listen {0}: the name was not resolved")]
+    Unresolved(String),
+    #[error("--listen {0}: the name resolves to no address")]
+    ListenResolve(String),
     #[error("--max-connections-per-client must be at least 1")]
     PerClientLimit,
     #[error("--resolve {0:?}: expected NAME=ADDR with an IP address")]
@@ -213,8 +217,8 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
         }
         let proxy = ProxyConfig {
             on_refusal: match args.on_refusal {
-                cli::OnRefusalArg::Revoke => OnRefusal::Revoke,
-                cli::OnRefusalArg::Log => OnRefusal::Log,
+                None | Some(cli::OnRefusalArg::Revoke) => OnRefusal::Revoke,
+                Some(cli::OnRefusalArg::Log) => OnRefusal::Log,
             },
             credentials: match args.credentials {
                 cli::CredentialsArg::Id => Credentials::Id,
@@ -268,7 +272,10 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             backlog: args.egress_stream_backlog as usize,
         });
         Ok(ServeConfig {
-            listen: args.listen,
+            listen: match args.listen {
+                cli::ListenAddr::Addr(addr) => addr,
+                cli::ListenAddr::Name(name) => return Err(ConfigError::Unresolved(name)),
+            },
             journal: args.journal.ok_or(ConfigError::NoJournal)?,
             store,
             keyring: Keyring::load(&args.key_files, args.allow_test_key)?
@@ -286,6 +293,18 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
         })
+    }
+}
+
+/// Resolves `--listen NAME:PORT` to its first address (a literal address is kept as is).
+pub async fn resolve_listen(listen: &cli::ListenAddr) -> Result<SocketAddr, ConfigError> {
+    match listen {
+        cli::ListenAddr::Addr(addr) => Ok(*addr),
+        cli::ListenAddr::Name(name) => tokio::net::lookup_host(name.as_str())
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or_else(|| ConfigError::ListenResolve(name.clone())),
     }
 }
 

@@ -5,7 +5,7 @@ use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use leasegate::bridge::{self, MirrorEvent};
 use leasegate::cli::{self, Cli, Command};
-use leasegate::config::{ProxyConfig, ServeConfig};
+use leasegate::config::{self, Credentials, OnRefusal, ProxyConfig, ServeConfig};
 use leasegate::contract::lease::is_lease_id;
 use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::dev;
@@ -45,10 +45,27 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("leasegate: {e:#}");
+            eprintln!("leasegate: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: many of our messages already embed
+/// their cause, which `{:#}` would print a second time.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 /// Logs go to stderr; RUST_LOG filters (default: info for `serve`, warn otherwise).
@@ -136,7 +153,7 @@ fn revoke(args: cli::RevokeArgs) -> Result<()> {
 /// Exit 0 all valid, 1 something invalid, 2 usage or I/O error.
 fn verify(args: cli::VerifyArgs) -> ExitCode {
     let usage_error = |e: anyhow::Error| {
-        eprintln!("leasegate verify: {e:#}");
+        eprintln!("leasegate verify: {}", error_text(&e));
         ExitCode::from(2)
     };
     let now = match args
@@ -334,24 +351,46 @@ fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
 }
 
 async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
-    let dev_lease = if args.dev {
+    let demo = if args.dev {
         Some(dev::prepare(&mut args)?)
     } else {
         None
     };
     let egress_on_stdout = args.egress_log.as_deref() == Some("-");
-    // In token mode the demo lease's credential is its token, minted with the dev key.
-    let dev_credential = match (&dev_lease, args.credentials, args.key_files.first()) {
-        (Some(lease), cli::CredentialsArg::Token, Some(key)) => {
-            Some(token::mint(&Key::load(key)?, lease))
-        }
-        (lease, _, _) => lease.clone(),
+    let tls = args.tls_cert.is_some();
+    args.listen = cli::ListenAddr::Addr(config::resolve_listen(&args.listen).await?);
+    let config = ServeConfig::try_from(args)?;
+    let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
+    let credentials = config.proxy.credentials;
+    // Bind first: a demo lease is issued only for a proxy that can start.
+    let bound = Server::bind(&config).await?;
+    let demo_lease = match &demo {
+        Some(demo) => Some(dev::demo_lease(demo)?),
+        None => None,
     };
-    let server = Server::start(ServeConfig::try_from(args)?).await?;
-    if let (Some(lease), Some(credential)) = (dev_lease, dev_credential) {
-        let url = format!("http://agent:{credential}@{}", server.addr);
-        println!("leasegate (dev) on {} with demo lease {lease}", server.addr);
-        println!("export HTTPS_PROXY={url} HTTP_PROXY={url}");
+    let server = Server::start_bound(config, bound).await?;
+    if let (Some(demo), Some(lease)) = (&demo, demo_lease) {
+        // In token mode the demo lease's credential is its token, minted with the dev key.
+        let credential = match credentials {
+            Credentials::Token => token::mint(&dev::signing_key(&demo.key_path)?, &lease.id),
+            Credentials::Id => lease.id.clone(),
+        };
+        let scheme = if tls { "https" } else { "http" };
+        let url = format!("{scheme}://agent:{credential}@{}", server.addr);
+        let how = if lease.reused { "reused" } else { "issued" };
+        let refusals = if revoking {
+            "a refusal revokes the lease"
+        } else {
+            "refusals are logged, not revoking (--on-refusal revoke to revoke)"
+        };
+        println!(
+            "leasegate (dev) on {} with demo lease {} ({how}); {refusals}",
+            server.addr, lease.id
+        );
+        println!(
+            "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
+             ALL_PROXY={url} all_proxy={url}"
+        );
     } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.
         eprintln!("leasegate listening on {}", server.addr);

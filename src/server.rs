@@ -181,20 +181,49 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
     }
 }
 
+/// The listeners of a server, bound before anything else happens (so `serve --dev` issues
+/// its demo lease only once the addresses are known to be free).
+pub struct Bound {
+    proxy: (TcpListener, SocketAddr),
+    admin: Option<(TcpListener, SocketAddr)>,
+}
+
+impl Bound {
+    /// The proxy listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.proxy.1
+    }
+}
+
 impl Server {
     /// Loads the journal, binds the listeners and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
+        let bound = Server::bind(&config).await?;
+        Server::start_bound(config, bound).await
+    }
+
+    /// Binds the proxy and admin listeners of `config`.
+    pub async fn bind(config: &ServeConfig) -> Result<Bound, StartError> {
+        let proxy = bind(config.listen).await?;
+        let admin = match config.admin {
+            Some(admin) => Some(bind(admin).await?),
+            None => None,
+        };
+        Ok(Bound { proxy, admin })
+    }
+
+    /// Loads the journal and starts serving on listeners [`Server::bind`] bound.
+    pub async fn start_bound(config: ServeConfig, bound: Bound) -> Result<Server, StartError> {
         let registry =
             open_registry(&config.journal, config.keyring.clone(), &config.store, true).await?;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,
         };
-        let (listener, addr) = bind(config.listen).await?;
-        let admin = match config.admin {
-            Some(admin) => Some(bind(admin).await?),
-            None => None,
-        };
+        let Bound {
+            proxy: (listener, addr),
+            admin,
+        } = bound;
         let egress = match config.egress {
             Some(destination) => EgressLog::open(destination)
                 .await

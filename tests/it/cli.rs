@@ -382,7 +382,7 @@ fn serve_dev_prints_a_working_export_line() {
     let _banner = lines.next().unwrap().unwrap();
     let export = lines.next().unwrap().unwrap();
     let url = export
-        .strip_prefix("export HTTPS_PROXY=")
+        .strip_prefix("export HTTP_PROXY=")
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("{export}"))
         .to_owned();

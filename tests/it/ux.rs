@@ -2,6 +2,7 @@
 //! log, journal path mistakes, messages.
 
 use crate::harness::{curl, http_origin, proxy_url, raw, Harness};
+use crate::support::leasegate_command;
 
 /// The first line of a raw response.
 fn status_line(response: &str) -> &str {
@@ -129,4 +130,193 @@ async fn curl_prints_the_refusal_code() {
 fn base64_basic(lease: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(format!("agent:{lease}"))
+}
+
+/// A `serve --dev` child in `dir` and its first two stdout lines (banner, export line).
+struct DevServe {
+    child: std::process::Child,
+    banner: String,
+    export: String,
+}
+
+impl Drop for DevServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_dev(dir: &std::path::Path, extra: &[&str]) -> DevServe {
+    use std::io::BufRead;
+    let mut child = leasegate_command(&["serve", "--dev", "--admin", "off"])
+        .args(extra)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let banner = lines.next().unwrap().unwrap();
+    let export = lines.next().unwrap().unwrap();
+    DevServe {
+        child,
+        banner,
+        export,
+    }
+}
+
+/// The lease id a dev banner names.
+fn banner_lease(banner: &str) -> String {
+    banner
+        .split_once("with demo lease ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{banner}"))
+        .to_owned()
+}
+
+fn granted_count(dir: &std::path::Path) -> usize {
+    std::fs::read_to_string(dir.join(".leasegate/journal.jsonl"))
+        .unwrap_or_default()
+        .matches("\"event\":\"granted\"")
+        .count()
+}
+
+#[test]
+fn serve_dev_exports_every_proxy_variable_and_logs_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin_port = origin.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in origin.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\ndev");
+        }
+    });
+    let dev = serve_dev(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-host",
+            "origin.test",
+            "--resolve",
+            "origin.test=127.0.0.1",
+            "--allow-private",
+            "127.0.0.1/32",
+        ],
+    );
+    let lease = banner_lease(&dev.banner);
+    let addr = dev
+        .banner
+        .strip_prefix("leasegate (dev) on ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        dev.banner,
+        format!(
+            "leasegate (dev) on {addr} with demo lease {lease} (issued); refusals are logged, \
+             not revoking (--on-refusal revoke to revoke)"
+        )
+    );
+    let url = format!("http://agent:{lease}@{addr}");
+    assert_eq!(
+        dev.export,
+        format!(
+            "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
+             ALL_PROXY={url} all_proxy={url}"
+        )
+    );
+
+    // curl reads only the lower-case http_proxy for http:// URLs: the export line works.
+    let curl_env = |target: &str| {
+        let mut command = std::process::Command::new("curl");
+        command
+            .args(["-sS", "-w", " %{http_code}", target])
+            .env_clear();
+        command.env("PATH", std::env::var("PATH").unwrap_or_default());
+        for pair in dev.export.trim_start_matches("export ").split(' ') {
+            let (k, v) = pair.split_once('=').unwrap();
+            command.env(k, v);
+        }
+        let out = command.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let allowed = format!("http://origin.test:{origin_port}/");
+    assert_eq!(curl_env(&allowed), "dev 200");
+    // A refusal is logged, and the lease still works afterwards.
+    let refused = curl_env(&format!("http://elsewhere.test:{origin_port}/"));
+    assert!(refused.ends_with(" 403"), "{refused}");
+    assert!(refused.contains(": host-not-allowed ("), "{refused}");
+    assert_eq!(curl_env(&allowed), "dev 200");
+    drop(dev);
+    let journal = std::fs::read_to_string(dir.path().join(".leasegate/journal.jsonl")).unwrap();
+    assert!(!journal.contains("\"event\":\"revoked\""), "{journal}");
+}
+
+#[test]
+fn serve_dev_twice_reuses_the_open_demo_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = serve_dev(dir.path(), &["--listen", "127.0.0.1:0"]);
+    let lease = banner_lease(&first.banner);
+    assert!(first.banner.contains(" (issued); "), "{}", first.banner);
+    drop(first);
+    let second = serve_dev(dir.path(), &["--listen", "127.0.0.1:0"]);
+    assert_eq!(banner_lease(&second.banner), lease);
+    assert!(second.banner.contains(" (reused); "), "{}", second.banner);
+    assert_eq!(granted_count(dir.path()), 1);
+    // Other hosts: another lease.
+    let third = serve_dev(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--allow-host", "example.com"],
+    );
+    assert_ne!(banner_lease(&third.banner), lease);
+    assert_eq!(granted_count(dir.path()), 2);
+}
+
+#[test]
+fn serve_dev_issues_nothing_when_the_port_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = leasegate_command(&["serve", "--dev", "--admin", "off", "--listen", &addr])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The cause once, not twice.
+    assert_eq!(
+        stderr,
+        format!("leasegate: listening on {addr}: Address already in use (os error 98)\n")
+    );
+    assert_eq!(granted_count(dir.path()), 0);
+}
+
+#[test]
+fn listen_accepts_a_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = serve_dev(dir.path(), &["--listen", "localhost:0"]);
+    assert!(
+        dev.banner.starts_with("leasegate (dev) on 127.0.0.1:")
+            || dev.banner.starts_with("leasegate (dev) on [::1]:"),
+        "{}",
+        dev.banner
+    );
+    let out = leasegate_command(&["serve", "--dev", "--listen", "no-port"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "invalid value 'no-port' for '--listen <LISTEN>': \"no-port\": expected ADDR:PORT or \
+             NAME:PORT, e.g. 127.0.0.1:3128"
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
