@@ -202,7 +202,8 @@ pub struct ServeArgs {
     /// Keys leases are signed with (repeatable, for rotation).
     #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',')]
     pub key_files: Vec<PathBuf>,
-    /// Egress log destination: a file, or `-` for stdout.
+    /// Egress log destination: a file, `-` for stdout, or `off` [default: egress.jsonl beside
+    /// a file journal, or under --data-dir for a stream journal].
     #[arg(long, env = "LEASEGATE_EGRESS_LOG")]
     pub egress_log: Option<String>,
     /// Also publish every egress line to this NATS JetStream stream

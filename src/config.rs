@@ -155,9 +155,11 @@ pub enum ConfigError {
          pass --admin-insecure to accept the risk"
     )]
     AdminExposed(SocketAddr),
+    #[error("the egress log {0} is the journal: give --egress-log another file")]
+    EgressIsJournal(String),
     #[error("--listen {0}: the name was not resolved")]
     Unresolved(String),
-    #[error("--listen {0}: the name resolves to no address")]
+    #[error("--listen {0}: the name does not resolve to an address")]
     ListenResolve(String),
     #[error("--max-connections-per-client must be at least 1")]
     PerClientLimit,
@@ -271,19 +273,30 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             max_age: args.egress_max_age,
             backlog: args.egress_stream_backlog as usize,
         });
+        let journal = args.journal.ok_or(ConfigError::NoJournal)?;
+        let egress = match args.egress_log.as_deref() {
+            Some("off") => None,
+            Some("-") => Some(Destination::Stdout),
+            Some(path) => Some(Destination::File(path.into())),
+            None => Some(Destination::File(default_egress_log(&journal, &store))),
+        };
+        if let (Some(Destination::File(egress)), JournalLocation::File(journal)) =
+            (&egress, &journal)
+        {
+            if egress == journal {
+                return Err(ConfigError::EgressIsJournal(egress.display().to_string()));
+            }
+        }
         Ok(ServeConfig {
             listen: match args.listen {
                 cli::ListenAddr::Addr(addr) => addr,
                 cli::ListenAddr::Name(name) => return Err(ConfigError::Unresolved(name)),
             },
-            journal: args.journal.ok_or(ConfigError::NoJournal)?,
+            journal,
             store,
             keyring: Keyring::load(&args.key_files, args.allow_test_key)?
                 .requiring_record_signatures(args.require_record_signatures),
-            egress: args.egress_log.as_deref().map(|d| match d {
-                "-" => Destination::Stdout,
-                path => Destination::File(path.into()),
-            }),
+            egress,
             egress_stream,
             proxy,
             admin,
@@ -293,6 +306,18 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
         })
+    }
+}
+
+/// Where the egress log goes without `--egress-log`: `egress.jsonl` beside a file journal,
+/// or under `--data-dir` for a stream journal.
+pub fn default_egress_log(journal: &JournalLocation, store: &StoreOptions) -> PathBuf {
+    match journal {
+        JournalLocation::File(path) => path
+            .parent()
+            .map(|dir| dir.join("egress.jsonl"))
+            .unwrap_or_else(|| PathBuf::from("egress.jsonl")),
+        JournalLocation::Nats(_) => store.data_dir.join("egress.jsonl"),
     }
 }
 
@@ -392,6 +417,37 @@ mod tests {
         ));
         let token = serve_config(&["--credentials", "token"]).unwrap();
         assert_eq!(token.proxy.credentials, Credentials::Token);
+    }
+
+    #[test]
+    fn the_egress_log_defaults_beside_the_journal_or_under_the_data_dir() {
+        let config = serve_config(&[]).unwrap();
+        let JournalLocation::File(journal) = &config.journal else {
+            unreachable!()
+        };
+        assert_eq!(
+            config.egress,
+            Some(Destination::File(journal.with_file_name("egress.jsonl")))
+        );
+        assert_eq!(serve_config(&["--egress-log", "off"]).unwrap().egress, None);
+        assert_eq!(
+            serve_config(&["--egress-log", "-"]).unwrap().egress,
+            Some(Destination::Stdout)
+        );
+        let stream: JournalLocation = "nats://127.0.0.1:4222/J".parse().unwrap();
+        let store = StoreOptions {
+            data_dir: PathBuf::from("/var/lib/leasegate"),
+            ..StoreOptions::default()
+        };
+        assert_eq!(
+            default_egress_log(&stream, &store),
+            PathBuf::from("/var/lib/leasegate/egress.jsonl")
+        );
+        let bare = JournalLocation::File(PathBuf::from("journal.jsonl"));
+        assert_eq!(
+            default_egress_log(&bare, &store),
+            PathBuf::from("egress.jsonl")
+        );
     }
 
     #[test]

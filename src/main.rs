@@ -15,6 +15,7 @@ use leasegate::registry::open;
 use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
+use leasegate::telemetry::egress::Destination;
 use leasegate::usage;
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -361,6 +362,11 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     args.listen = cli::ListenAddr::Addr(config::resolve_listen(&args.listen).await?);
     let config = ServeConfig::try_from(args)?;
     let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
+    let egress = match &config.egress {
+        None => "egress log off".to_owned(),
+        Some(Destination::Stdout) => "egress log on stdout".to_owned(),
+        Some(Destination::File(path)) => format!("egress log {}", path.display()),
+    };
     let credentials = config.proxy.credentials;
     // Bind first: a demo lease is issued only for a proxy that can start.
     let bound = Server::bind(&config).await?;
@@ -384,7 +390,7 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
             "refusals are logged, not revoking (--on-refusal revoke to revoke)"
         };
         println!(
-            "leasegate (dev) on {} with demo lease {} ({how}); {refusals}",
+            "leasegate (dev) on {} with demo lease {} ({how}); {refusals}; {egress}",
             server.addr, lease.id
         );
         println!(
@@ -393,9 +399,9 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
         );
     } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.
-        eprintln!("leasegate listening on {}", server.addr);
+        eprintln!("leasegate listening on {}; {egress}", server.addr);
     } else {
-        println!("leasegate listening on {}", server.addr);
+        println!("leasegate listening on {}; {egress}", server.addr);
     }
     shutdown_signal().await;
     server.shutdown().await;

@@ -16,6 +16,7 @@ use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
 use crate::registry::open::open_registry;
 use crate::registry::OpenError;
+use crate::telemetry::egress::Destination;
 use crate::telemetry::{EgressLog, EgressStream, Telemetry};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -33,8 +34,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("opening the egress log: {0}")]
-    Egress(std::io::Error),
+    #[error("opening the egress log {path}: {error}")]
+    Egress { path: String, error: std::io::Error },
     #[error("TLS listener: {0}")]
     Tls(String),
 }
@@ -225,9 +226,15 @@ impl Server {
             admin,
         } = bound;
         let egress = match config.egress {
-            Some(destination) => EgressLog::open(destination)
-                .await
-                .map_err(StartError::Egress)?,
+            Some(destination) => {
+                let path = match &destination {
+                    Destination::File(path) => path.display().to_string(),
+                    Destination::Stdout => "-".to_owned(),
+                };
+                EgressLog::open(destination)
+                    .await
+                    .map_err(|error| StartError::Egress { path, error })?
+            }
             None => EgressLog::disabled(),
         };
         let mut proxy_config = config.proxy;

@@ -93,6 +93,10 @@ impl Proxy {
         default_port: Option<u16>,
         ex: &mut Exchange,
     ) -> Result<Decision, Refusal> {
+        // An identification refusal's line names the target too, when the request names one.
+        if let Ok(target) = parse_authority(authority, default_port) {
+            ex.target = Some(target);
+        }
         let admitted = self.admit(conn, headers, ex)?;
         if ex.kind == Kind::Http && is_trace(&ex.method) {
             return Err(Refusal::new(

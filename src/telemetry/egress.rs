@@ -83,7 +83,7 @@ pub struct LoggedLine {
 }
 
 /// Where lines go.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
     File(PathBuf),
     Stdout,

@@ -219,7 +219,7 @@ fn serve_dev_exports_every_proxy_variable_and_logs_refusals() {
         dev.banner,
         format!(
             "leasegate (dev) on {addr} with demo lease {lease} (issued); refusals are logged, \
-             not revoking (--on-refusal revoke to revoke)"
+             not revoking (--on-refusal revoke to revoke); egress log .leasegate/egress.jsonl"
         )
     );
     let url = format!("http://agent:{lease}@{addr}");
@@ -252,9 +252,24 @@ fn serve_dev_exports_every_proxy_variable_and_logs_refusals() {
     assert!(refused.ends_with(" 403"), "{refused}");
     assert!(refused.contains(": host-not-allowed ("), "{refused}");
     assert_eq!(curl_env(&allowed), "dev 200");
+    // Lines are written just after the response: wait for the third.
+    let egress_path = dir.path().join(".leasegate/egress.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline
+        && std::fs::read_to_string(&egress_path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            < 3
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     drop(dev);
     let journal = std::fs::read_to_string(dir.path().join(".leasegate/journal.jsonl")).unwrap();
     assert!(!journal.contains("\"event\":\"revoked\""), "{journal}");
+    let egress = std::fs::read_to_string(&egress_path).unwrap();
+    assert_eq!(egress.lines().count(), 3, "{egress}");
+    assert!(egress.contains("\"code\":\"host-not-allowed\""), "{egress}");
 }
 
 #[test]
@@ -319,4 +334,144 @@ fn listen_accepts_a_name() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identification_refusals_name_the_target_in_the_egress_log() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &["denied.test"]);
+    let server = h
+        .start(h.config(&[("origin.test", "127.0.0.1"), ("denied.test", "127.0.0.1")]))
+        .await;
+
+    let answer = raw(
+        server.addr,
+        b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_line(&answer), "HTTP/1.1 407 lease-missing");
+    let line = h.egress_line(1).await;
+    assert_eq!(
+        (&line["code"], &line["host"], &line["port"]),
+        (&"lease-missing".into(), &"origin.test".into(), &443.into()),
+        "{line}"
+    );
+
+    let unknown = base64_basic("00000000-0000-4000-8000-000000000000");
+    let answer = raw(
+        server.addr,
+        format!(
+            "GET http://Origin.test:8080/x HTTP/1.1\r\nHost: origin.test:8080\r\n\
+             Proxy-Authorization: Basic {unknown}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(status_line(&answer), "HTTP/1.1 407 lease-unknown");
+    let line = h.egress_line(2).await;
+    assert_eq!(
+        (&line["code"], &line["host"], &line["port"]),
+        (&"lease-unknown".into(), &"origin.test".into(), &8080.into()),
+        "{line}"
+    );
+
+    // A denied host revokes the lease; its next request is lease-revoked, target named.
+    let auth = base64_basic(&lease);
+    let connect = |host: &str| {
+        format!(
+            "CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\
+             Proxy-Authorization: Basic {auth}\r\n\r\n"
+        )
+    };
+    let answer = raw(server.addr, connect("denied.test").as_bytes()).await;
+    assert_eq!(status_line(&answer), "HTTP/1.1 403 host-denied");
+    let answer = raw(server.addr, connect("origin.test").as_bytes()).await;
+    assert_eq!(status_line(&answer), "HTTP/1.1 403 lease-revoked");
+    let line = h.egress_line(4).await;
+    assert_eq!(
+        (&line["code"], &line["host"], &line["port"]),
+        (&"lease-revoked".into(), &"origin.test".into(), &443.into()),
+        "{line}"
+    );
+}
+
+/// A key file and a journal path in `dir` (the journal not created).
+fn key_and_journal(dir: &std::path::Path) -> (String, String) {
+    let key = dir.join("lease.key");
+    std::fs::write(&key, leasegate::contract::Key::generate().to_file_text()).unwrap();
+    (
+        key.display().to_string(),
+        dir.join("journal.jsonl").display().to_string(),
+    )
+}
+
+/// Starts `serve` with `args`, returns the child and its first stdout line.
+fn serve_line(args: &[&str]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = leasegate_command(&["serve", "--admin", "off", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    (child, line)
+}
+
+#[test]
+fn the_egress_log_is_on_by_default_beside_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    std::fs::write(&journal, "").unwrap();
+    let (mut child, line) = serve_line(&["--journal", &journal, "--key-file", &key]);
+    let egress = dir.path().join("egress.jsonl");
+    let addr = line
+        .strip_prefix("leasegate listening on ")
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    assert_eq!(
+        line,
+        format!(
+            "leasegate listening on {addr}; egress log {}",
+            egress.display()
+        )
+    );
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-x"])
+        .arg(format!("http://{addr}"))
+        .arg("http://example.test/")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "407");
+    // The line is written within moments; poll briefly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut text = String::new();
+    while std::time::Instant::now() < deadline && !text.contains('\n') {
+        text = std::fs::read_to_string(&egress).unwrap_or_default();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let line: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(line["code"], "lease-missing");
+    assert_eq!(line["host"], "example.test");
+
+    let quiet = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(quiet.path());
+    std::fs::write(&journal, "").unwrap();
+    let (mut child, line) = serve_line(&[
+        "--journal",
+        &journal,
+        "--key-file",
+        &key,
+        "--egress-log",
+        "off",
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.ends_with("; egress log off"), "{line}");
+    assert!(!quiet.path().join("egress.jsonl").exists());
+    assert!(!std::path::Path::new("off").exists());
 }
