@@ -197,6 +197,9 @@ pub struct ServeArgs {
     /// (`nats://HOST:PORT[,HOST:PORT...]/STREAM`). Required unless --dev.
     #[arg(long, env = "LEASEGATE_JOURNAL", required_unless_present = "dev")]
     pub journal: Option<JournalLocation>,
+    /// Create a missing journal file's directory too (the file itself is always created).
+    #[arg(long, env = "LEASEGATE_CREATE_JOURNAL")]
+    pub create_journal: bool,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Keys leases are signed with (repeatable, for rotation).

@@ -47,8 +47,28 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leasegate: {}", error_text(&e));
-            ExitCode::FAILURE
+            if e.downcast_ref::<MissingJournal>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
+    }
+}
+
+/// A report on a journal file that is not there: a mistyped path, not an empty journal.
+#[derive(Debug, thiserror::Error)]
+#[error("no journal at {0} (check --journal; `serve` creates it)")]
+struct MissingJournal(String);
+
+/// `leases` and `check` read a journal that must exist (the proxy's follower, by contrast,
+/// waits for a missing file to appear).
+fn require_journal(location: &JournalLocation) -> Result<()> {
+    match location {
+        JournalLocation::File(path) if !path.exists() => {
+            Err(MissingJournal(path.display().to_string()).into())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -239,6 +259,7 @@ where
 }
 
 fn leases(args: cli::LeasesArgs) -> Result<()> {
+    require_journal(&args.ledger.journal)?;
     let ledger = load_ledger(&args.ledger)?;
     let rows = inspect::lease_rows(&ledger, Timestamp::now());
     let mut out = std::io::stdout().lock();
@@ -359,6 +380,7 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     };
     let egress_on_stdout = args.egress_log.as_deref() == Some("-");
     let tls = args.tls_cert.is_some();
+    let create_journal = args.create_journal;
     args.listen = cli::ListenAddr::Addr(config::resolve_listen(&args.listen).await?);
     let config = ServeConfig::try_from(args)?;
     let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
@@ -370,6 +392,9 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     let credentials = config.proxy.credentials;
     // Bind first: a demo lease is issued only for a proxy that can start.
     let bound = Server::bind(&config).await?;
+    if let JournalLocation::File(path) = &config.journal {
+        open::create_journal_file(path, create_journal).await?;
+    }
     let demo_lease = match &demo {
         Some(demo) => Some(dev::demo_lease(demo)?),
         None => None,
@@ -417,6 +442,7 @@ async fn shutdown_signal() {
 }
 
 fn check(args: cli::CheckArgs) -> Result<()> {
+    require_journal(&args.ledger.journal)?;
     let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?
         .requiring_record_signatures(args.ledger.require_record_signatures);
     let config = ProxyConfig {

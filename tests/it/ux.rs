@@ -475,3 +475,86 @@ fn the_egress_log_is_on_by_default_beside_the_journal() {
     assert!(!quiet.path().join("egress.jsonl").exists());
     assert!(!std::path::Path::new("off").exists());
 }
+
+fn stderr_text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn serve_creates_a_missing_journal_and_its_directory_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    let (mut child, line) = serve_line(&["--journal", &journal, "--key-file", &key]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("leasegate listening on "), "{line}");
+    assert_eq!(std::fs::read(&journal).unwrap(), b"");
+
+    let nested = dir.path().join("state/journal.jsonl");
+    let nested_text = nested.display().to_string();
+    let out = leasegate_command(&[
+        "serve",
+        "--admin",
+        "off",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        &nested_text,
+        "--key-file",
+        &key,
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr_text(&out),
+        format!(
+            "leasegate: the journal {nested_text}: its directory {} does not exist (give \
+             --create-journal to create it)\n",
+            dir.path().join("state").display()
+        )
+    );
+    assert!(!dir.path().join("state").exists());
+
+    let (mut child, line) = serve_line(&[
+        "--journal",
+        &nested_text,
+        "--key-file",
+        &key,
+        "--create-journal",
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("leasegate listening on "), "{line}");
+    assert!(nested.exists());
+}
+
+#[test]
+fn leases_and_check_refuse_a_missing_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = key_and_journal(dir.path());
+    let missing = dir.path().join("jornal.jsonl").display().to_string();
+    let expected =
+        format!("leasegate: no journal at {missing} (check --journal; `serve` creates it)\n");
+    let out = leasegate_command(&["leases", "--journal", &missing, "--key-file", &key])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stderr_text(&out), expected);
+    assert_eq!(out.stdout, b"");
+    let out = leasegate_command(&[
+        "check",
+        "--journal",
+        &missing,
+        "--key-file",
+        &key,
+        "--lease",
+        "00000000-0000-4000-8000-000000000000",
+        "example.com:443",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stderr_text(&out), expected);
+    assert_eq!(out.stdout, b"");
+}
