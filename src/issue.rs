@@ -34,8 +34,11 @@ pub enum IssueError {
         parent: String,
         allowed: String,
     },
-    #[error("lease {0} is not in the journal under this key")]
-    UnknownLease(String),
+    #[error(
+        "lease {lease} is not in the journal under the key {key} (a lease signed with another \
+         key, or a mistyped id)"
+    )]
+    UnknownLease { lease: String, key: String },
     #[error("lease would not load: {0}")]
     Lease(#[from] LeaseError),
     #[error("record: {0}")]
@@ -194,7 +197,10 @@ pub fn revoke(
         Ok(None) => return Ok(false),
         // Our fold holds only leases signed by `key`, so both mean "not ours".
         Err(RevocationError::Unknown(_) | RevocationError::NoKey(_)) => {
-            return Err(IssueError::UnknownLease(lease_id.to_owned()))
+            return Err(IssueError::UnknownLease {
+                lease: lease_id.to_owned(),
+                key: key.fingerprint().to_owned(),
+            })
         }
         Err(RevocationError::Record(e)) => return Err(e.into()),
     };

@@ -17,7 +17,7 @@ use leasegate::run;
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;
 use leasegate::usage;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -96,6 +96,8 @@ fn init_logging(format: cli::LogFormat, serving: bool) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for a person at a terminal, never into a file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         cli::LogFormat::Text => builder.init(),

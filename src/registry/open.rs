@@ -168,13 +168,16 @@ pub async fn fold(
 ) -> Result<(Ledger, Vec<LineProblem>), OpenError> {
     if let JournalLocation::File(path) = location {
         let path = path.clone();
-        return tokio::task::spawn_blocking(move || journal::load(&path, ledger))
+        let (ledger, problems) = tokio::task::spawn_blocking(move || journal::load(&path, ledger))
             .await
             .map_err(io::Error::other)
             .and_then(|r| r)
-            .map_err(OpenError::io(location));
+            .map_err(OpenError::io(location))?;
+        journal::warn_skipped(&problems);
+        return Ok((ledger, problems));
     }
     let lines = read_lines(location, options).await?;
     let problems = journal::apply_lines(&mut ledger, lines.iter().map(Vec::as_slice));
+    journal::warn_skipped(&problems);
     Ok((ledger, problems))
 }

@@ -558,3 +558,176 @@ fn leases_and_check_refuse_a_missing_journal() {
     assert_eq!(stderr_text(&out), expected);
     assert_eq!(out.stdout, b"");
 }
+
+#[test]
+fn a_lease_port_held_elsewhere_is_reported_as_such_without_colour() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    let out = leasegate_command(&[
+        "issue",
+        "--journal",
+        &journal,
+        "--key-file",
+        &key,
+        "--allow-host",
+        "example.com",
+    ])
+    .output()
+    .unwrap();
+    let lease = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let range = format!("{port}-{port}");
+    let mut child = leasegate_command(&[
+        "serve",
+        "--admin",
+        "off",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        &journal,
+        "--key-file",
+        &key,
+        "--lease-ports",
+        &range,
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    for line in stderr.lines().map_while(Result::ok) {
+        let done = line.contains("lease_ports");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = seen.join("\n");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    let warning = seen.last().unwrap();
+    assert!(
+        warning.ends_with(&format!(
+            " WARN leasegate::proxy::lease_ports: no free lease port in {range}: port {port} held \
+             by another process: this lease is reachable by credentials only lease={lease}"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("Some("), "{text}");
+    drop(held);
+}
+
+#[test]
+fn verify_and_revoke_say_each_thing_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    let other = dir.path().join("other.key");
+    std::fs::write(&other, leasegate::contract::Key::generate().to_file_text()).unwrap();
+    let other = other.display().to_string();
+    let mut lease = String::new();
+    for _ in 0..3 {
+        let out = leasegate_command(&[
+            "issue",
+            "--journal",
+            &journal,
+            "--key-file",
+            &key,
+            "--allow-host",
+            "example.com",
+        ])
+        .output()
+        .unwrap();
+        lease = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_owned();
+    }
+    let fingerprint = |path: &str| {
+        leasegate::contract::Key::load(std::path::Path::new(path))
+            .unwrap()
+            .fingerprint()
+            .to_owned()
+    };
+    let out = leasegate_command(&[
+        "revoke",
+        "--journal",
+        &journal,
+        "--key-file",
+        &other,
+        "--lease",
+        &lease,
+        "--reason",
+        "test",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr_text(&out),
+        format!(
+            "leasegate: lease {lease} is not in the journal under the key {} (a lease signed \
+             with another key, or a mistyped id)\n",
+            fingerprint(&other)
+        )
+    );
+
+    std::fs::write(
+        &journal,
+        format!("{}garbage\n", std::fs::read_to_string(&journal).unwrap()),
+    )
+    .unwrap();
+    let out = leasegate_command(&["verify", "--key-file", &key, &journal])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{journal}: line 4: not JSON: expected value at line 1 column 1\n")
+    );
+    assert_eq!(
+        stderr_text(&out),
+        format!("{journal}: 1 problem(s) (schema, rules and signatures)\n")
+    );
+}
+
+#[test]
+fn a_host_pattern_outside_the_schema_is_explained_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    leasegate_command(&[
+        "issue",
+        "--journal",
+        &journal,
+        "--key-file",
+        &key,
+        "--allow-host",
+        "example.com",
+    ])
+    .output()
+    .unwrap();
+    let text = std::fs::read_to_string(&journal).unwrap();
+    std::fs::write(
+        &journal,
+        text.replacen("\"example.com\"", "\"ex_ample.com\"", 1),
+    )
+    .unwrap();
+    let out = leasegate_command(&["verify", &journal]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "{journal}: line 1: schema: /declared/allow/hosts/0: \"ex_ample.com\" is not a host \
+             pattern: only letters, digits, '-' and '.' (an international name as its A-labels, \
+             'xn--...')\n"
+        )
+    );
+}
