@@ -344,7 +344,8 @@ pub struct CheckArgs {
     pub resolve_names: bool,
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// HOST or HOST:PORT (port 443 if absent).
+    /// HOST, HOST:PORT (port 443 if absent) or a URL (`https://api.github.com/x`: its host,
+    /// and its port or its scheme's: 80 for http, 443 for https).
     pub target: String,
 }
 

@@ -731,3 +731,79 @@ fn a_host_pattern_outside_the_schema_is_explained_in_words() {
         )
     );
 }
+
+#[test]
+fn check_takes_a_url_and_says_dns_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    let out = leasegate_command(&[
+        "issue",
+        "--journal",
+        &journal,
+        "--key-file",
+        &key,
+        "--allow-host",
+        "api.github.com",
+        "--allow-host",
+        "*.invalid",
+    ])
+    .output()
+    .unwrap();
+    let lease = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    let check = |extra: &[&str]| {
+        let out = leasegate_command(&[
+            "check",
+            "--journal",
+            &journal,
+            "--key-file",
+            &key,
+            "--lease",
+            &lease,
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    for (url, port) in [
+        ("https://api.github.com/x", 443),
+        ("http://api.github.com/x", 80),
+        ("https://api.github.com:8443/", 8443),
+    ] {
+        assert_eq!(
+            check(&[url]),
+            (
+                Some(0),
+                format!(
+                    "allow\n  api.github.com:{port} is allowed by api.github.com in lease \
+                     {lease} (and by every ancestor)\n  names not resolved: pass \
+                     --resolve-names to check the addresses\n"
+                )
+            ),
+            "{url}"
+        );
+    }
+    let (code, said) = check(&["https://other.github.com/"]);
+    assert_eq!(code, Some(1));
+    assert!(said.starts_with("refuse host-not-allowed 403\n"), "{said}");
+
+    // `.invalid` never resolves (RFC 6761).
+    let (code, said) = check(&[
+        "--resolve-names",
+        "--dns-timeout",
+        "2s",
+        "http://nothing.invalid/",
+    ]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.starts_with("refuse dns-failed 502\n  nothing.invalid "),
+        "{said}"
+    );
+}
