@@ -426,9 +426,10 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
         );
     } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.
-        eprintln!("leasegate listening on {}; {egress}", server.addr);
+        eprintln!("leasegate ({egress}) listening on {}", server.addr);
     } else {
-        println!("leasegate listening on {}; {egress}", server.addr);
+        // The address stays the last word: scripts take it from there.
+        println!("leasegate ({egress}) listening on {}", server.addr);
     }
     shutdown_signal().await;
     server.shutdown().await;

@@ -426,15 +426,11 @@ fn the_egress_log_is_on_by_default_beside_the_journal() {
     std::fs::write(&journal, "").unwrap();
     let (mut child, line) = serve_line(&["--journal", &journal, "--key-file", &key]);
     let egress = dir.path().join("egress.jsonl");
-    let addr = line
-        .strip_prefix("leasegate listening on ")
-        .and_then(|rest| rest.split(';').next())
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
+    let addr = line.rsplit(' ').next().unwrap().to_owned();
     assert_eq!(
         line,
         format!(
-            "leasegate listening on {addr}; egress log {}",
+            "leasegate (egress log {}) listening on {addr}",
             egress.display()
         )
     );
@@ -471,7 +467,10 @@ fn the_egress_log_is_on_by_default_beside_the_journal() {
     ]);
     let _ = child.kill();
     let _ = child.wait();
-    assert!(line.ends_with("; egress log off"), "{line}");
+    assert!(
+        line.starts_with("leasegate (egress log off) listening on 127.0.0.1:"),
+        "{line}"
+    );
     assert!(!quiet.path().join("egress.jsonl").exists());
     assert!(!std::path::Path::new("off").exists());
 }
@@ -487,7 +486,7 @@ fn serve_creates_a_missing_journal_and_its_directory_only_when_asked() {
     let (mut child, line) = serve_line(&["--journal", &journal, "--key-file", &key]);
     let _ = child.kill();
     let _ = child.wait();
-    assert!(line.starts_with("leasegate listening on "), "{line}");
+    assert!(line.starts_with("leasegate (egress log "), "{line}");
     assert_eq!(std::fs::read(&journal).unwrap(), b"");
 
     let nested = dir.path().join("state/journal.jsonl");
@@ -525,7 +524,7 @@ fn serve_creates_a_missing_journal_and_its_directory_only_when_asked() {
     ]);
     let _ = child.kill();
     let _ = child.wait();
-    assert!(line.starts_with("leasegate listening on "), "{line}");
+    assert!(line.starts_with("leasegate (egress log "), "{line}");
     assert!(nested.exists());
 }
 
