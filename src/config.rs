@@ -165,11 +165,8 @@ pub enum ConfigError {
     PerClientLimit,
     #[error("--resolve {0:?}: expected NAME=ADDR with an IP address")]
     Resolve(String),
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("reading {path}: {error}")]
+    Read { path: String, error: std::io::Error },
 }
 
 impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
@@ -243,9 +240,9 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
         };
         let admin_token = match &args.admin_token_file {
             Some(path) => std::fs::read_to_string(path)
-                .map_err(|source| ConfigError::Read {
+                .map_err(|error| ConfigError::Read {
                     path: path.display().to_string(),
-                    source,
+                    error,
                 })?
                 .trim()
                 .to_owned(),

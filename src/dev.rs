@@ -23,11 +23,8 @@ pub enum DevError {
         "--dev issues its demo lease into a file journal; give --journal a file, or leave it out"
     )]
     StreamJournal,
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error("{0} holds the published TEST key; issue and revoke refuse it")]
@@ -37,9 +34,9 @@ pub enum DevError {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> DevError + '_ {
-    move |source| DevError::Io {
+    move |error| DevError::Io {
         path: path.display().to_string(),
-        source,
+        error,
     }
 }
 

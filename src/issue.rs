@@ -21,11 +21,8 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
-    #[error("journal {path}: {source}")]
-    Journal {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("journal {path}: {error}")]
+    Journal { path: String, error: std::io::Error },
     #[error("parent lease: {0}")]
     Parent(#[from] ChainError),
     #[error("host {host:?} is not contained in parent {parent}'s allow.hosts ({allowed})")]
@@ -73,9 +70,9 @@ fn fold(journal_path: &Path, key: &Key) -> Result<Ledger, IssueError> {
     keyring.insert(key.clone());
     journal::load(journal_path, Ledger::new(keyring))
         .map(|(ledger, _)| ledger)
-        .map_err(|source| IssueError::Journal {
+        .map_err(|error| IssueError::Journal {
             path: journal_path.display().to_string(),
-            source,
+            error,
         })
 }
 
@@ -211,8 +208,8 @@ pub fn revoke(
 fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
     store::file::append(journal_path, record, true)
         .map(drop)
-        .map_err(|source| IssueError::Journal {
+        .map_err(|error| IssueError::Journal {
             path: journal_path.display().to_string(),
-            source,
+            error,
         })
 }

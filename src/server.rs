@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 pub enum StartError {
     #[error(transparent)]
     Journal(#[from] OpenError),
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}: {error}")]
     Bind {
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("opening the egress log {path}: {error}")]
     Egress { path: String, error: std::io::Error },
@@ -62,10 +62,10 @@ pub struct Server {
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| StartError::Bind { addr, source })?;
+        .map_err(|error| StartError::Bind { addr, error })?;
     let bound = listener
         .local_addr()
-        .map_err(|source| StartError::Bind { addr, source })?;
+        .map_err(|error| StartError::Bind { addr, error })?;
     Ok((listener, bound))
 }
 

@@ -380,7 +380,7 @@ impl Proxy {
         ex.observe_decision();
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
-        tracing::info!(code = %refusal.code, lease = ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
+        tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
         refusal::response(
             &refusal,
             &ex.method,

@@ -39,17 +39,17 @@ pub enum OpenError {
     NoDirectory { journal: String, dir: String },
     #[error("creating the journal {journal}: {error}")]
     Create { journal: String, error: io::Error },
-    #[error("reading the journal {location}: {source}")]
-    Io { location: String, source: io::Error },
+    #[error("reading the journal {location}: {error}")]
+    Io { location: String, error: io::Error },
     #[error(transparent)]
     Nats(#[from] NatsError),
 }
 
 impl OpenError {
     fn io(location: &JournalLocation) -> impl FnOnce(io::Error) -> OpenError + '_ {
-        move |source| OpenError::Io {
+        move |error| OpenError::Io {
             location: location.to_string(),
-            source,
+            error,
         }
     }
 }
