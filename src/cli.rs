@@ -232,7 +232,8 @@ pub struct ServeArgs {
     /// (a present signature is always checked under the lease's key).
     #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
     pub require_record_signatures: bool,
-    /// Development mode: key and journal under ./.leasegate/, a demo lease, the export line.
+    /// Development mode: key, journal and egress log under ./.leasegate/, a demo lease (the open
+    /// one reused), the export line; refusals are logged, not revoking, unless --on-refusal.
     #[arg(long, env = "LEASEGATE_DEV")]
     pub dev: bool,
     /// Hosts of the --dev demo lease (default `*`).

@@ -366,6 +366,8 @@ fn serve_dev_prints_a_working_export_line() {
         .args([
             "serve",
             "--dev",
+            "--admin",
+            "off",
             "--listen",
             "127.0.0.1:0",
             "--allow-host",

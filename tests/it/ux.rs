@@ -806,3 +806,37 @@ fn check_takes_a_url_and_says_dns_failed() {
         "{said}"
     );
 }
+
+#[test]
+fn serve_dev_with_tls_exports_https_proxy_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    std::fs::write(dir.path().join("proxy.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("proxy.key"), cert.key_pair.serialize_pem()).unwrap();
+    let dev = serve_dev(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "proxy.pem",
+            "--tls-key",
+            "proxy.key",
+        ],
+    );
+    let lease = banner_lease(&dev.banner);
+    let addr = dev
+        .banner
+        .strip_prefix("leasegate (dev) on ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let url = format!("https://agent:{lease}@{addr}");
+    assert_eq!(
+        dev.export,
+        format!(
+            "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
+             ALL_PROXY={url} all_proxy={url}"
+        )
+    );
+}
