@@ -840,3 +840,75 @@ fn serve_dev_with_tls_exports_https_proxy_urls() {
         )
     );
 }
+
+/// Runs `program` with `args` and `HTTPS_PROXY`/`HTTP_PROXY` set to `proxy`; (exit, stderr).
+async fn client(program: &str, args: &[&str], proxy: &str) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", "/nonexistent")
+        .env("HTTPS_PROXY", proxy)
+        .env("HTTP_PROXY", proxy)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_git_print_what_they_print_on_a_refusal() {
+    let h = Harness::new();
+    let mut config = h.config(&[]);
+    config.on_refusal = leasegate::proxy::OnRefusal::Log;
+    let lease = h.lease(&["allowed.test"], &[]);
+    let server = h.start(config).await;
+    let proxy = proxy_url(&server, &lease);
+
+    let python = |url: &str| {
+        format!(
+            "import urllib.request, urllib.error\n\
+             try:\n    urllib.request.urlopen('{url}')\n\
+             except urllib.error.HTTPError as e:\n    print(e)\n\
+             except urllib.error.URLError as e:\n    print(e)\n"
+        )
+    };
+    let out = tokio::process::Command::new("python3")
+        .args(["-c", &python("https://elsewhere.test/")])
+        .env_clear()
+        .env("HTTPS_PROXY", &proxy)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "<urlopen error Tunnel connection failed: 403 host-not-allowed>\n"
+    );
+    let out = tokio::process::Command::new("python3")
+        .args(["-c", &python("http://elsewhere.test/")])
+        .env_clear()
+        .env("HTTP_PROXY", &proxy)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "HTTP Error 403: host-not-allowed\n"
+    );
+
+    let (code, stderr) = client(
+        "git",
+        &["ls-remote", "https://elsewhere.test/repo.git"],
+        &proxy,
+    )
+    .await;
+    assert_eq!(code, Some(128));
+    assert_eq!(
+        stderr,
+        "fatal: unable to access 'https://elsewhere.test/repo.git/': CONNECT tunnel failed, \
+         response 403\n"
+    );
+}
