@@ -224,19 +224,23 @@ pub enum ModeArg {
 pub struct ServeArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// Where the proxy listens.
-    #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128")]
-    pub listen: std::net::SocketAddr,
+    /// Where the proxy listens: ADDR:PORT or NAME:PORT (a name is resolved at start).
+    #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:3128", value_parser = parse_listen)]
+    pub listen: ListenAddr,
     /// The lease journal: a file, or a NATS JetStream stream
     /// (`nats://HOST:PORT[,HOST:PORT...]/STREAM`). Required unless --dev.
     #[arg(long, env = "LEASEGATE_JOURNAL", required_unless_present = "dev")]
     pub journal: Option<JournalLocation>,
+    /// Create a missing journal file's directory too (the file itself is always created).
+    #[arg(long, env = "LEASEGATE_CREATE_JOURNAL")]
+    pub create_journal: bool,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Keys leases are signed with (repeatable, for rotation).
     #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',')]
     pub key_files: Vec<PathBuf>,
-    /// Egress log destination: a file, or `-` for stdout.
+    /// Egress log destination: a file, `-` for stdout, or `off` [default: egress.jsonl beside
+    /// a file journal, or under --data-dir for a stream journal].
     #[arg(long, env = "LEASEGATE_EGRESS_LOG")]
     pub egress_log: Option<String>,
     /// Also publish every egress line to this NATS JetStream stream
@@ -251,14 +255,10 @@ pub struct ServeArgs {
     /// (leasegate_egress_stream_dropped_total). Requests never wait on the stream.
     #[arg(long, env = "LEASEGATE_EGRESS_STREAM_BACKLOG", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub egress_stream_backlog: u32,
-    /// What a revoking refusal does: revoke the lease, or only log.
-    #[arg(
-        long,
-        env = "LEASEGATE_ON_REFUSAL",
-        value_enum,
-        default_value = "revoke"
-    )]
-    pub on_refusal: OnRefusalArg,
+    /// What a revoking refusal does: revoke the lease, or only log [default: revoke; log
+    /// under --dev].
+    #[arg(long, env = "LEASEGATE_ON_REFUSAL", value_enum)]
+    pub on_refusal: Option<OnRefusalArg>,
     /// Accept leases signed with the published test key (conformance runs only).
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
@@ -266,7 +266,8 @@ pub struct ServeArgs {
     /// (a present signature is always checked under the lease's key).
     #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
     pub require_record_signatures: bool,
-    /// Development mode: key and journal under ./.leasegate/, a demo lease, the export line.
+    /// Development mode: key, journal and egress log under ./.leasegate/, a demo lease (the open
+    /// one reused), the export line; refusals are logged, not revoking, unless --on-refusal.
     #[arg(long, env = "LEASEGATE_DEV")]
     pub dev: bool,
     /// Hosts of the --dev demo lease (default `*`).
@@ -378,7 +379,8 @@ pub struct CheckArgs {
     pub resolve_names: bool,
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// HOST or HOST:PORT (port 443 if absent).
+    /// HOST, HOST:PORT (port 443 if absent) or a URL (`https://api.github.com/x`: its host,
+    /// and its port or its scheme's: 80 for http, 443 for https).
     pub target: String,
 }
 
@@ -515,6 +517,40 @@ pub struct LedgerArgs {
     /// (a present signature is always checked under the lease's key).
     #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
     pub require_record_signatures: bool,
+}
+
+/// `--listen`: an address, or a name resolved when `serve` starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Addr(std::net::SocketAddr),
+    /// `NAME:PORT`, kept as given until it is resolved.
+    Name(String),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Addr(addr) => addr.fmt(f),
+            ListenAddr::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// `ADDR:PORT`, `[V6]:PORT` or `NAME:PORT`.
+fn parse_listen(text: &str) -> Result<ListenAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(ListenAddr::Addr(addr));
+    }
+    let expected = || format!("{text:?}: expected ADDR:PORT or NAME:PORT, e.g. 127.0.0.1:3128");
+    let (name, port) = text.rsplit_once(':').ok_or_else(expected)?;
+    let valid_name = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if !valid_name || port.parse::<u16>().is_err() {
+        return Err(expected());
+    }
+    Ok(ListenAddr::Name(text.to_owned()))
 }
 
 /// `A-B` with A <= B.

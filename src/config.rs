@@ -155,15 +155,18 @@ pub enum ConfigError {
          pass --admin-insecure to accept the risk"
     )]
     AdminExposed(SocketAddr),
+    #[error("the egress log {0} is the journal: give --egress-log another file")]
+    EgressIsJournal(String),
+    #[error("--listen {0}: the name was not resolved")]
+    Unresolved(String),
+    #[error("--listen {0}: the name does not resolve to an address")]
+    ListenResolve(String),
     #[error("--max-connections-per-client must be at least 1")]
     PerClientLimit,
     #[error("--resolve {0:?}: expected NAME=ADDR with an IP address")]
     Resolve(String),
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("reading {path}: {error}")]
+    Read { path: String, error: std::io::Error },
 }
 
 impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
@@ -213,8 +216,8 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
         }
         let proxy = ProxyConfig {
             on_refusal: match args.on_refusal {
-                cli::OnRefusalArg::Revoke => OnRefusal::Revoke,
-                cli::OnRefusalArg::Log => OnRefusal::Log,
+                None | Some(cli::OnRefusalArg::Revoke) => OnRefusal::Revoke,
+                Some(cli::OnRefusalArg::Log) => OnRefusal::Log,
             },
             credentials: match args.credentials {
                 cli::CredentialsArg::Id => Credentials::Id,
@@ -237,9 +240,9 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
         };
         let admin_token = match &args.admin_token_file {
             Some(path) => std::fs::read_to_string(path)
-                .map_err(|source| ConfigError::Read {
+                .map_err(|error| ConfigError::Read {
                     path: path.display().to_string(),
-                    source,
+                    error,
                 })?
                 .trim()
                 .to_owned(),
@@ -267,16 +270,30 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             max_age: args.egress_max_age,
             backlog: args.egress_stream_backlog as usize,
         });
+        let journal = args.journal.ok_or(ConfigError::NoJournal)?;
+        let egress = match args.egress_log.as_deref() {
+            Some("off") => None,
+            Some("-") => Some(Destination::Stdout),
+            Some(path) => Some(Destination::File(path.into())),
+            None => Some(Destination::File(default_egress_log(&journal, &store))),
+        };
+        if let (Some(Destination::File(egress)), JournalLocation::File(journal)) =
+            (&egress, &journal)
+        {
+            if egress == journal {
+                return Err(ConfigError::EgressIsJournal(egress.display().to_string()));
+            }
+        }
         Ok(ServeConfig {
-            listen: args.listen,
-            journal: args.journal.ok_or(ConfigError::NoJournal)?,
+            listen: match args.listen {
+                cli::ListenAddr::Addr(addr) => addr,
+                cli::ListenAddr::Name(name) => return Err(ConfigError::Unresolved(name)),
+            },
+            journal,
             store,
             keyring: Keyring::load(&args.key_files, args.allow_test_key)?
                 .requiring_record_signatures(args.require_record_signatures),
-            egress: args.egress_log.as_deref().map(|d| match d {
-                "-" => Destination::Stdout,
-                path => Destination::File(path.into()),
-            }),
+            egress,
             egress_stream,
             proxy,
             admin,
@@ -286,6 +303,30 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
         })
+    }
+}
+
+/// Where the egress log goes without `--egress-log`: `egress.jsonl` beside a file journal,
+/// or under `--data-dir` for a stream journal.
+pub fn default_egress_log(journal: &JournalLocation, store: &StoreOptions) -> PathBuf {
+    match journal {
+        JournalLocation::File(path) => path
+            .parent()
+            .map(|dir| dir.join("egress.jsonl"))
+            .unwrap_or_else(|| PathBuf::from("egress.jsonl")),
+        JournalLocation::Nats(_) => store.data_dir.join("egress.jsonl"),
+    }
+}
+
+/// Resolves `--listen NAME:PORT` to its first address (a literal address is kept as is).
+pub async fn resolve_listen(listen: &cli::ListenAddr) -> Result<SocketAddr, ConfigError> {
+    match listen {
+        cli::ListenAddr::Addr(addr) => Ok(*addr),
+        cli::ListenAddr::Name(name) => tokio::net::lookup_host(name.as_str())
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or_else(|| ConfigError::ListenResolve(name.clone())),
     }
 }
 
@@ -373,6 +414,37 @@ mod tests {
         ));
         let token = serve_config(&["--credentials", "token"]).unwrap();
         assert_eq!(token.proxy.credentials, Credentials::Token);
+    }
+
+    #[test]
+    fn the_egress_log_defaults_beside_the_journal_or_under_the_data_dir() {
+        let config = serve_config(&[]).unwrap();
+        let JournalLocation::File(journal) = &config.journal else {
+            unreachable!()
+        };
+        assert_eq!(
+            config.egress,
+            Some(Destination::File(journal.with_file_name("egress.jsonl")))
+        );
+        assert_eq!(serve_config(&["--egress-log", "off"]).unwrap().egress, None);
+        assert_eq!(
+            serve_config(&["--egress-log", "-"]).unwrap().egress,
+            Some(Destination::Stdout)
+        );
+        let stream: JournalLocation = "nats://127.0.0.1:4222/J".parse().unwrap();
+        let store = StoreOptions {
+            data_dir: PathBuf::from("/var/lib/leasegate"),
+            ..StoreOptions::default()
+        };
+        assert_eq!(
+            default_egress_log(&stream, &store),
+            PathBuf::from("/var/lib/leasegate/egress.jsonl")
+        );
+        let bare = JournalLocation::File(PathBuf::from("journal.jsonl"));
+        assert_eq!(
+            default_egress_log(&bare, &store),
+            PathBuf::from("egress.jsonl")
+        );
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! Invariant: a key file is created readable by its owner only and never overwritten; the
 //! published test key never signs anything here.
 
-use crate::cli::ServeArgs;
+use crate::cli::{OnRefusalArg, ServeArgs};
 use crate::contract::keys::KeyError;
-use crate::contract::{Key, Timestamp};
+use crate::contract::{Key, Keyring, Timestamp};
 use crate::issue::{self, IssueError, IssueRequest};
+use crate::registry::ledger::{Ledger, Status};
 use crate::registry::JournalLocation;
 use std::io::Write;
 use std::path::Path;
@@ -22,11 +23,8 @@ pub enum DevError {
         "--dev issues its demo lease into a file journal; give --journal a file, or leave it out"
     )]
     StreamJournal,
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error("{0} holds the published TEST key; issue and revoke refuse it")]
@@ -36,9 +34,9 @@ pub enum DevError {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> DevError + '_ {
-    move |source| DevError::Io {
+    move |error| DevError::Io {
         path: path.display().to_string(),
-        source,
+        error,
     }
 }
 
@@ -65,9 +63,28 @@ pub fn signing_key(path: &Path) -> Result<Key, DevError> {
     Ok(key)
 }
 
-/// `serve --dev`: fills in the journal, key and egress log under [`DEV_DIR`] (made if missing)
-/// where the flags left them out, and issues a demo lease; returns its id.
-pub fn prepare(args: &mut ServeArgs) -> Result<String, DevError> {
+/// What `serve --dev` needs to find or issue its demo lease.
+#[derive(Debug, Clone)]
+pub struct Demo {
+    pub journal: std::path::PathBuf,
+    pub key_path: std::path::PathBuf,
+    /// The demo lease's allow list.
+    pub hosts: Vec<String>,
+}
+
+/// The demo lease `serve --dev` hands out, and whether an open one was reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoLease {
+    pub id: String,
+    pub reused: bool,
+}
+
+const DEMO_AGENT: &str = "dev-agent";
+
+/// `serve --dev`: fills in the journal, key and egress log under [`DEV_DIR`] (made if
+/// missing) where the flags left them out, and logs refusals rather than revoking unless
+/// `--on-refusal` says otherwise. Issues nothing: see [`demo_lease`].
+pub fn prepare(args: &mut ServeArgs) -> Result<Demo, DevError> {
     let dir = Path::new(DEV_DIR);
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
     let key_path = dir.join("dev.key");
@@ -87,23 +104,62 @@ pub fn prepare(args: &mut ServeArgs) -> Result<String, DevError> {
     if args.egress_log.is_none() {
         args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
     }
+    // One refusal must not end the demo: a user trying things out hits refusals on purpose.
+    args.on_refusal.get_or_insert(OnRefusalArg::Log);
     let hosts = if args.allow_hosts.is_empty() {
         vec!["*".to_owned()]
     } else {
         args.allow_hosts.clone()
     };
+    Ok(Demo {
+        journal,
+        key_path,
+        hosts,
+    })
+}
+
+/// The open demo lease in the journal for the same hosts, signed with the dev key, if there
+/// is one; otherwise a new one, issued now.
+pub fn demo_lease(demo: &Demo) -> Result<DemoLease, DevError> {
+    let key = signing_key(&demo.key_path)?;
+    let mut keyring = Keyring::new(false);
+    keyring.insert(key.clone());
+    let (ledger, _) = crate::registry::journal::load(&demo.journal, Ledger::new(keyring))
+        .map_err(io_error(&demo.journal))?;
+    let now = Timestamp::now();
+    let open = ledger.leases().filter(|lease| {
+        lease.agent_name == DEMO_AGENT
+            && lease.parent.is_none()
+            && lease.allow_hosts == demo.hosts
+            && lease.deny_hosts.is_empty()
+            && lease.key_fingerprint == key.fingerprint()
+            // An hour left at least: a reused lease should outlive the session.
+            && lease.expires_at.as_millis() > now.saturating_add_millis(3_600_000).as_millis()
+            && ledger.status(&lease.id, now) == Some(Status::Open)
+    });
+    // The newest one: it lives longest.
+    let open = open.last();
+    if let Some(lease) = open {
+        return Ok(DemoLease {
+            id: lease.id.clone(),
+            reused: true,
+        });
+    }
     let issued = issue::issue(
-        &journal,
-        &signing_key(&key_path)?,
+        &demo.journal,
+        &key,
         &IssueRequest {
-            allow_hosts: hosts,
+            allow_hosts: demo.hosts.clone(),
             deny_hosts: vec![],
             parent: None,
             ttl: std::time::Duration::from_secs(24 * 3600),
-            name: "dev-agent".into(),
+            name: DEMO_AGENT.into(),
             purpose: "demo lease issued by leasegate serve --dev".into(),
-            now: Timestamp::now(),
+            now,
         },
     )?;
-    Ok(issued.lease_id)
+    Ok(DemoLease {
+        id: issued.lease_id,
+        reused: false,
+    })
 }

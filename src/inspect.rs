@@ -7,7 +7,7 @@ use crate::config::ProxyConfig;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
 use crate::policy::pattern::MalformedPattern;
-use crate::policy::refusal::Refusal;
+use crate::policy::refusal::{Code, Refusal};
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::{ClientConn, Proxy};
@@ -127,6 +127,33 @@ fn verify_journal(text: &[u8], keyring: Option<&Keyring>) -> Vec<Problem> {
     problems
 }
 
+#[cfg(test)]
+mod target_tests {
+    use super::target_authority;
+
+    #[test]
+    fn a_url_names_its_host_and_its_schemes_port() {
+        for (given, want) in [
+            ("https://api.github.com/x", "api.github.com:443"),
+            ("http://api.github.com/x?y", "api.github.com:80"),
+            (
+                "https://Agent:pw@API.github.com:8443/",
+                "api.github.com:8443",
+            ),
+            ("http://[::1]/", "[::1]:80"),
+            ("wss://10.0.0.1/socket", "10.0.0.1:443"),
+            ("api.github.com:8080", "api.github.com:8080"),
+            ("api.github.com", "api.github.com"),
+        ] {
+            assert_eq!(target_authority(given).as_deref(), Ok(want), "{given}");
+        }
+        assert_eq!(
+            target_authority("ftp2://example.com/"),
+            Err("ftp2://example.com/: no port, and ftp2:// has no default: give HOST:PORT".into())
+        );
+    }
+}
+
 /// One row of `leases`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LeaseRow {
@@ -228,6 +255,27 @@ pub struct Explanation {
 /// proxy's own pipeline ([`Proxy::decide`]) with `config`'s guard, exceptions and resolver,
 /// as if the request arrived on the lease's own port. Names are resolved only with
 /// `config.resolve_names`; nothing is dialled and nothing is written.
+/// `check`'s target as the authority a CONNECT would name: `HOST[:PORT]` as given, or a URL's
+/// host and port (its scheme's default when it has none: 80 for `http://`, 443 for `https://`).
+pub fn target_authority(target: &str) -> Result<String, String> {
+    if !target.contains("://") {
+        return Ok(target.to_owned());
+    }
+    let url = url::Url::parse(target).map_err(|e| format!("{target}: not a URL: {e}"))?;
+    let port = url.port_or_known_default().ok_or_else(|| {
+        format!(
+            "{target}: no port, and {}:// has no default: give HOST:PORT",
+            url.scheme()
+        )
+    })?;
+    match url.host() {
+        Some(url::Host::Domain(name)) => Ok(format!("{name}:{port}")),
+        Some(url::Host::Ipv4(ip)) => Ok(format!("{ip}:{port}")),
+        Some(url::Host::Ipv6(ip)) => Ok(format!("[{ip}]:{port}")),
+        None => Err(format!("{target}: the URL names no host")),
+    }
+}
+
 pub async fn check(
     journal: &JournalLocation,
     store: &StoreOptions,
@@ -247,8 +295,18 @@ pub async fn check(
         conn.client,
         conn.listener,
     );
+    let authority = match target_authority(target) {
+        Ok(authority) => authority,
+        Err(why) => {
+            return Ok(Explanation {
+                reason: why.clone(),
+                refusal: Some(Refusal::new(Code::BadTarget, why)),
+                notes: Vec::new(),
+            })
+        }
+    };
     let decision = proxy
-        .decide(&conn, &HeaderMap::new(), target, Some(443), &mut ex)
+        .decide(&conn, &HeaderMap::new(), &authority, Some(443), &mut ex)
         .await;
     let decision = match decision {
         Ok(decision) => decision,

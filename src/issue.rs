@@ -21,11 +21,8 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
-    #[error("journal {path}: {source}")]
-    Journal {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("journal {path}: {error}")]
+    Journal { path: String, error: std::io::Error },
     #[error("parent lease: {0}")]
     Parent(#[from] ChainError),
     #[error("host {host:?} is not contained in parent {parent}'s allow.hosts ({allowed})")]
@@ -34,8 +31,11 @@ pub enum IssueError {
         parent: String,
         allowed: String,
     },
-    #[error("lease {0} is not in the journal under this key")]
-    UnknownLease(String),
+    #[error(
+        "lease {lease} is not in the journal under the key {key} (a lease signed with another \
+         key, or a mistyped id)"
+    )]
+    UnknownLease { lease: String, key: String },
     #[error("lease would not load: {0}")]
     Lease(#[from] LeaseError),
     #[error("record: {0}")]
@@ -70,9 +70,9 @@ fn fold(journal_path: &Path, key: &Key) -> Result<Ledger, IssueError> {
     keyring.insert(key.clone());
     journal::load(journal_path, Ledger::new(keyring))
         .map(|(ledger, _)| ledger)
-        .map_err(|source| IssueError::Journal {
+        .map_err(|error| IssueError::Journal {
             path: journal_path.display().to_string(),
-            source,
+            error,
         })
 }
 
@@ -194,7 +194,10 @@ pub fn revoke(
         Ok(None) => return Ok(false),
         // Our fold holds only leases signed by `key`, so both mean "not ours".
         Err(RevocationError::Unknown(_) | RevocationError::NoKey(_)) => {
-            return Err(IssueError::UnknownLease(lease_id.to_owned()))
+            return Err(IssueError::UnknownLease {
+                lease: lease_id.to_owned(),
+                key: key.fingerprint().to_owned(),
+            })
         }
         Err(RevocationError::Record(e)) => return Err(e.into()),
     };
@@ -205,8 +208,8 @@ pub fn revoke(
 fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
     store::file::append(journal_path, record, true)
         .map(drop)
-        .map_err(|source| IssueError::Journal {
+        .map_err(|error| IssueError::Journal {
             path: journal_path.display().to_string(),
-            source,
+            error,
         })
 }

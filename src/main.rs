@@ -5,7 +5,7 @@ use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use leasegate::bridge::{self, MirrorEvent};
 use leasegate::cli::{self, Cli, Command};
-use leasegate::config::{ProxyConfig, ServeConfig};
+use leasegate::config::{self, Credentials, OnRefusal, ProxyConfig, ServeConfig};
 use leasegate::contract::lease::is_lease_id;
 use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::dev;
@@ -16,8 +16,9 @@ use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
 use leasegate::suggest;
+use leasegate::telemetry::egress::Destination;
 use leasegate::usage;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -47,10 +48,47 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("leasegate: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("leasegate: {}", error_text(&e));
+            if e.downcast_ref::<MissingJournal>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// A report on a journal file that is not there: a mistyped path, not an empty journal.
+#[derive(Debug, thiserror::Error)]
+#[error("no journal at {0} (check --journal; `serve` creates it)")]
+struct MissingJournal(String);
+
+/// `leases` and `check` read a journal that must exist (the proxy's follower, by contrast,
+/// waits for a missing file to appear).
+fn require_journal(location: &JournalLocation) -> Result<()> {
+    match location {
+        JournalLocation::File(path) if !path.exists() => {
+            Err(MissingJournal(path.display().to_string()).into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// An error and its causes on one line, each cause once: many of our messages already embed
+/// their cause, which `{:#}` would print a second time.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 /// Logs go to stderr; RUST_LOG filters (default: info for `serve`, warn otherwise).
@@ -60,6 +98,8 @@ fn init_logging(format: cli::LogFormat, serving: bool) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for a person at a terminal, never into a file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         cli::LogFormat::Text => builder.init(),
@@ -138,7 +178,7 @@ fn revoke(args: cli::RevokeArgs) -> Result<()> {
 /// Exit 0 all valid, 1 something invalid, 2 usage or I/O error.
 fn verify(args: cli::VerifyArgs) -> ExitCode {
     let usage_error = |e: anyhow::Error| {
-        eprintln!("leasegate verify: {e:#}");
+        eprintln!("leasegate verify: {}", error_text(&e));
         ExitCode::from(2)
     };
     let now = match args
@@ -223,6 +263,7 @@ where
 }
 
 fn leases(args: cli::LeasesArgs) -> Result<()> {
+    require_journal(&args.ledger.journal)?;
     let ledger = load_ledger(&args.ledger)?;
     let rows = inspect::lease_rows(&ledger, Timestamp::now());
     let mut out = std::io::stdout().lock();
@@ -377,29 +418,61 @@ fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
 }
 
 async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
-    let dev_lease = if args.dev {
+    let demo = if args.dev {
         Some(dev::prepare(&mut args)?)
     } else {
         None
     };
     let egress_on_stdout = args.egress_log.as_deref() == Some("-");
-    // In token mode the demo lease's credential is its token, minted with the dev key.
-    let dev_credential = match (&dev_lease, args.credentials, args.key_files.first()) {
-        (Some(lease), cli::CredentialsArg::Token, Some(key)) => {
-            Some(token::mint(&Key::load(key)?, lease))
-        }
-        (lease, _, _) => lease.clone(),
+    let tls = args.tls_cert.is_some();
+    let create_journal = args.create_journal;
+    args.listen = cli::ListenAddr::Addr(config::resolve_listen(&args.listen).await?);
+    let config = ServeConfig::try_from(args)?;
+    let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
+    let egress = match &config.egress {
+        None => "egress log off".to_owned(),
+        Some(Destination::Stdout) => "egress log on stdout".to_owned(),
+        Some(Destination::File(path)) => format!("egress log {}", path.display()),
     };
-    let server = Server::start(ServeConfig::try_from(args)?).await?;
-    if let (Some(lease), Some(credential)) = (dev_lease, dev_credential) {
-        let url = format!("http://agent:{credential}@{}", server.addr);
-        println!("leasegate (dev) on {} with demo lease {lease}", server.addr);
-        println!("export HTTPS_PROXY={url} HTTP_PROXY={url}");
+    let credentials = config.proxy.credentials;
+    // Bind first: a demo lease is issued only for a proxy that can start.
+    let bound = Server::bind(&config).await?;
+    if let JournalLocation::File(path) = &config.journal {
+        open::create_journal_file(path, create_journal).await?;
+    }
+    let demo_lease = match &demo {
+        Some(demo) => Some(dev::demo_lease(demo)?),
+        None => None,
+    };
+    let server = Server::start_bound(config, bound).await?;
+    if let (Some(demo), Some(lease)) = (&demo, demo_lease) {
+        // In token mode the demo lease's credential is its token, minted with the dev key.
+        let credential = match credentials {
+            Credentials::Token => token::mint(&dev::signing_key(&demo.key_path)?, &lease.id),
+            Credentials::Id => lease.id.clone(),
+        };
+        let scheme = if tls { "https" } else { "http" };
+        let url = format!("{scheme}://agent:{credential}@{}", server.addr);
+        let how = if lease.reused { "reused" } else { "issued" };
+        let refusals = if revoking {
+            "a refusal revokes the lease"
+        } else {
+            "refusals are logged, not revoking (--on-refusal revoke to revoke)"
+        };
+        println!(
+            "leasegate (dev) on {} with demo lease {} ({how}); {refusals}; {egress}",
+            server.addr, lease.id
+        );
+        println!(
+            "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
+             ALL_PROXY={url} all_proxy={url}"
+        );
     } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.
-        eprintln!("leasegate listening on {}", server.addr);
+        eprintln!("leasegate ({egress}) listening on {}", server.addr);
     } else {
-        println!("leasegate listening on {}", server.addr);
+        // The address stays the last word: scripts take it from there.
+        println!("leasegate ({egress}) listening on {}", server.addr);
     }
     shutdown_signal().await;
     server.shutdown().await;
@@ -415,6 +488,7 @@ async fn shutdown_signal() {
 }
 
 fn check(args: cli::CheckArgs) -> Result<()> {
+    require_journal(&args.ledger.journal)?;
     let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?
         .requiring_record_signatures(args.ledger.require_record_signatures);
     let config = ProxyConfig {

@@ -16,6 +16,7 @@ use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy};
 use crate::registry::open::open_registry;
 use crate::registry::OpenError;
+use crate::telemetry::egress::Destination;
 use crate::telemetry::{EgressLog, EgressStream, Telemetry};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -28,13 +29,13 @@ use tokio_util::sync::CancellationToken;
 pub enum StartError {
     #[error(transparent)]
     Journal(#[from] OpenError),
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}: {error}")]
     Bind {
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("opening the egress log: {0}")]
-    Egress(std::io::Error),
+    #[error("opening the egress log {path}: {error}")]
+    Egress { path: String, error: std::io::Error },
     #[error("TLS listener: {0}")]
     Tls(String),
 }
@@ -61,10 +62,10 @@ pub struct Server {
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| StartError::Bind { addr, source })?;
+        .map_err(|error| StartError::Bind { addr, error })?;
     let bound = listener
         .local_addr()
-        .map_err(|source| StartError::Bind { addr, source })?;
+        .map_err(|error| StartError::Bind { addr, error })?;
     Ok((listener, bound))
 }
 
@@ -181,24 +182,59 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
     }
 }
 
+/// The listeners of a server, bound before anything else happens (so `serve --dev` issues
+/// its demo lease only once the addresses are known to be free).
+pub struct Bound {
+    proxy: (TcpListener, SocketAddr),
+    admin: Option<(TcpListener, SocketAddr)>,
+}
+
+impl Bound {
+    /// The proxy listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.proxy.1
+    }
+}
+
 impl Server {
     /// Loads the journal, binds the listeners and starts serving.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
+        let bound = Server::bind(&config).await?;
+        Server::start_bound(config, bound).await
+    }
+
+    /// Binds the proxy and admin listeners of `config`.
+    pub async fn bind(config: &ServeConfig) -> Result<Bound, StartError> {
+        let proxy = bind(config.listen).await?;
+        let admin = match config.admin {
+            Some(admin) => Some(bind(admin).await?),
+            None => None,
+        };
+        Ok(Bound { proxy, admin })
+    }
+
+    /// Loads the journal and starts serving on listeners [`Server::bind`] bound.
+    pub async fn start_bound(config: ServeConfig, bound: Bound) -> Result<Server, StartError> {
         let registry =
             open_registry(&config.journal, config.keyring.clone(), &config.store, true).await?;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,
         };
-        let (listener, addr) = bind(config.listen).await?;
-        let admin = match config.admin {
-            Some(admin) => Some(bind(admin).await?),
-            None => None,
-        };
+        let Bound {
+            proxy: (listener, addr),
+            admin,
+        } = bound;
         let egress = match config.egress {
-            Some(destination) => EgressLog::open(destination)
-                .await
-                .map_err(StartError::Egress)?,
+            Some(destination) => {
+                let path = match &destination {
+                    Destination::File(path) => path.display().to_string(),
+                    Destination::Stdout => "-".to_owned(),
+                };
+                EgressLog::open(destination)
+                    .await
+                    .map_err(|error| StartError::Egress { path, error })?
+            }
             None => EgressLog::disabled(),
         };
         let mut proxy_config = config.proxy;

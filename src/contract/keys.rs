@@ -16,11 +16,8 @@ pub const TEST_KEY_FINGERPRINT: &str = "sha256:9d12c441941d9b5e";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("cannot read key file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read key file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("key file {path}: expected 64 hex characters (32 bytes) outside `#` comment lines")]
     Malformed { path: String },
     #[error("key file {path} holds the published TEST key ({TEST_KEY_FINGERPRINT}); it is refused unless --allow-test-key is given")]
@@ -69,9 +66,9 @@ impl Key {
 
     pub fn load(path: &Path) -> Result<Key, KeyError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| KeyError::Read {
             path: shown.clone(),
-            source,
+            error,
         })?;
         Key::parse(&text).ok_or(KeyError::Malformed { path: shown })
     }

@@ -70,12 +70,34 @@ impl Schema {
         }
         Err(validator
             .iter_errors(instance)
-            .map(|e| SchemaIssue {
-                path: e.instance_path().to_string(),
-                message: e.to_string(),
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                let message = match e.kind() {
+                    jsonschema::error::ValidationErrorKind::Pattern { .. } => {
+                        pattern_words(&path, e.instance())
+                    }
+                    _ => e.to_string(),
+                };
+                SchemaIssue { path, message }
             })
             .collect())
     }
+}
+
+/// A pattern violation in words: a regular expression tells a user nothing.
+fn pattern_words(path: &str, instance: &Value) -> String {
+    let text = match instance.as_str() {
+        Some(text) => text,
+        None => return "not in the expected form".to_owned(),
+    };
+    if path.contains("/hosts/") {
+        let why = match crate::policy::pattern::HostPattern::parse(text) {
+            Err(bad) => bad.why,
+            Ok(_) => "a host pattern is written in lower case".to_owned(),
+        };
+        return format!("{text:?} is not a host pattern: {why}");
+    }
+    format!("{text:?} is not in the expected form")
 }
 
 /// Major version of a `schema_version` string ("1.2" → 1).

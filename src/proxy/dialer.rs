@@ -37,10 +37,10 @@ impl Dialer for TcpDialer {
 pub enum DialError {
     #[error("no address to dial")]
     NoAddress,
-    #[error("connecting to {addr}: {source}")]
+    #[error("connecting to {addr}: {error}")]
     Failed {
         addr: UpstreamAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("connecting to {addr} timed out after {after:?}")]
     TimedOut { addr: UpstreamAddr, after: Duration },
@@ -67,7 +67,7 @@ pub async fn dial_first(
     for &addr in addrs {
         match tokio::time::timeout(timeout, dialer.connect(addr)).await {
             Ok(Ok(stream)) => return Ok((stream, addr)),
-            Ok(Err(source)) => last = DialError::Failed { addr, source },
+            Ok(Err(error)) => last = DialError::Failed { addr, error },
             Err(_) => {
                 last = DialError::TimedOut {
                     addr,

@@ -100,11 +100,21 @@ impl LeasePorts {
                 continue;
             }
             let used: HashSet<u16> = by_lease.values().map(|(p, _)| *p).collect();
+            // Ports another process holds: said as such, not as an exhausted range.
+            let mut held = Vec::new();
             let bound = self
                 .range
                 .clone()
                 .filter(|p| !used.contains(p) && !resting.contains_key(p))
-                .find_map(|p| bind(SocketAddr::new(self.bind, p)).map(|l| (p, l)));
+                .find_map(|p| match bind(SocketAddr::new(self.bind, p)) {
+                    Ok(listener) => Some((p, listener)),
+                    Err(e) => {
+                        if e.kind() == std::io::ErrorKind::AddrInUse {
+                            held.push(p);
+                        }
+                        None
+                    }
+                });
             match bound {
                 Some((port, listener)) => {
                     let stop = shutdown.child_token();
@@ -119,7 +129,12 @@ impl LeasePorts {
                 }
                 None => {
                     if warned.insert(lease.id.clone()) {
-                        tracing::warn!(lease = %lease.id, range = ?self.range, "lease-port range exhausted: this lease is reachable by credentials only");
+                        let range = format!("{}-{}", self.range.start(), self.range.end());
+                        tracing::warn!(
+                            lease = %lease.id,
+                            "{}: this lease is reachable by credentials only",
+                            no_port_reason(&range, &held, used.len(), resting.len())
+                        );
                     }
                 }
             }
@@ -127,8 +142,56 @@ impl LeasePorts {
     }
 }
 
-fn bind(addr: SocketAddr) -> Option<tokio::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(addr).ok()?;
-    listener.set_nonblocking(true).ok()?;
-    tokio::net::TcpListener::from_std(listener).ok()
+/// Why no port of `range` was free, in words: ports held by other processes first.
+fn no_port_reason(range: &str, held: &[u16], leased: usize, resting: usize) -> String {
+    let mut parts = Vec::new();
+    if !held.is_empty() {
+        let mut ports: Vec<String> = held.iter().take(5).map(u16::to_string).collect();
+        if held.len() > 5 {
+            ports.push(format!("{} more", held.len() - 5));
+        }
+        let what = if held.len() == 1 { "port" } else { "ports" };
+        parts.push(format!(
+            "{what} {} held by another process",
+            ports.join(", ")
+        ));
+    }
+    if leased > 0 {
+        parts.push(format!("{leased} serving other leases"));
+    }
+    if resting > 0 {
+        parts.push(format!("{resting} resting after their lease closed"));
+    }
+    if parts.is_empty() {
+        parts.push("none could be bound".to_owned());
+    }
+    format!("no free lease port in {range}: {}", parts.join("; "))
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::no_port_reason;
+
+    #[test]
+    fn a_port_held_elsewhere_is_not_an_exhausted_range() {
+        assert_eq!(
+            no_port_reason("40000-40000", &[40000], 0, 0),
+            "no free lease port in 40000-40000: port 40000 held by another process"
+        );
+        assert_eq!(
+            no_port_reason("1-9", &[1, 2, 3, 4, 5, 6, 7], 1, 1),
+            "no free lease port in 1-9: ports 1, 2, 3, 4, 5, 2 more held by another process; \
+             1 serving other leases; 1 resting after their lease closed"
+        );
+        assert_eq!(
+            no_port_reason("1-2", &[], 2, 0),
+            "no free lease port in 1-2: 2 serving other leases"
+        );
+    }
 }

@@ -235,7 +235,7 @@ async fn refuse_connection(mut stream: TcpStream, why: String) {
     use tokio::io::AsyncWriteExt;
     let body = format!("leasegate refused the connection: too-many-connections ({why})\n");
     let response = format!(
-        "HTTP/1.1 429 Too Many Requests\r\nx-leasegate-refusal: too-many-connections\r\n\
+        "HTTP/1.1 429 too-many-connections\r\nx-leasegate-refusal: too-many-connections\r\n\
          content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );

@@ -93,6 +93,10 @@ impl Proxy {
         default_port: Option<u16>,
         ex: &mut Exchange,
     ) -> Result<Decision, Refusal> {
+        // An identification refusal's line names the target too, when the request names one.
+        if let Ok(target) = parse_authority(authority, default_port) {
+            ex.target = Some(target);
+        }
         let admitted = self.admit(conn, headers, ex)?;
         if ex.kind == Kind::Http && is_trace(&ex.method) {
             return Err(Refusal::new(
@@ -376,7 +380,7 @@ impl Proxy {
         ex.observe_decision();
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
-        tracing::info!(code = %refusal.code, lease = ?ex.lease_id, method = %ex.method, target = %ex.target_text(target_fallback), "refused");
+        tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
         refusal::response(
             &refusal,
             &ex.method,

@@ -1,6 +1,7 @@
 //! The one place a refusal becomes the response the client sees.
 //!
-//! Invariant: every refusal answers with its code's status, an
+//! Invariant: every refusal answers with its code's status, the code as the status line's
+//! reason phrase (`HTTP/1.1 403 host-denied`: most clients print only the status line), an
 //! `X-Leasegate-Refusal` header and a one-line plain-text body naming the lease, the target and
 //! the reason.
 
@@ -28,6 +29,9 @@ pub fn response(
     );
     let mut response = Response::new(super::full(Bytes::from(body)));
     *response.status_mut() = refusal.code.status();
+    if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(refusal.code.as_str().as_bytes()) {
+        response.extensions_mut().insert(reason);
+    }
     let headers = response.headers_mut();
     headers.insert(
         "x-leasegate-refusal",

@@ -28,14 +28,14 @@ pub struct LineProblem {
 }
 
 /// Folds journal bytes. A final line without its newline is applied (a finished file,
-/// not a live tail); blank lines are ignored. Skipped lines are returned and logged.
+/// not a live tail); blank lines are ignored. Skipped lines are returned, not logged.
 pub fn fold_bytes(ledger: &mut Ledger, bytes: &[u8]) -> Vec<LineProblem> {
     let (lines, rest) = split_lines(bytes);
     apply_lines(ledger, lines.chain((!rest.is_empty()).then_some(rest)))
 }
 
 /// Applies complete lines in order (blank ones ignored); the skipped ones are returned, with
-/// their 1-based number among `lines`, and logged.
+/// their 1-based number among `lines` (the caller logs them: see [`warn_skipped`]).
 pub fn apply_lines<'a>(
     ledger: &mut Ledger,
     lines: impl Iterator<Item = &'a [u8]>,
@@ -46,11 +46,32 @@ pub fn apply_lines<'a>(
             continue;
         }
         if let Err(error) = ledger.apply_line_bytes(raw) {
-            tracing::warn!(line = i + 1, %error, "journal line skipped");
             problems.push(LineProblem { line: i + 1, error });
         }
     }
     problems
+}
+
+/// Logs skipped lines, one warning per distinct reason: a wrong key would otherwise warn
+/// once per lease in the journal.
+pub fn warn_skipped(problems: &[LineProblem]) {
+    const SHOWN: usize = 5;
+    let mut reasons: Vec<(String, Vec<usize>)> = Vec::new();
+    for problem in problems {
+        let text = problem.error.to_string();
+        match reasons.iter_mut().find(|(reason, _)| *reason == text) {
+            Some((_, lines)) => lines.push(problem.line),
+            None => reasons.push((text, vec![problem.line])),
+        }
+    }
+    for (error, lines) in reasons {
+        let mut shown: Vec<String> = lines.iter().take(SHOWN).map(usize::to_string).collect();
+        if lines.len() > SHOWN {
+            shown.push(format!("{} more", lines.len() - SHOWN));
+        }
+        let lines = shown.join(", ");
+        tracing::warn!(%lines, %error, "journal lines skipped");
+    }
 }
 
 /// Reads and folds a whole journal file. A missing file is an empty journal.

@@ -163,8 +163,9 @@ impl Registry {
         // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
         loop {
             let batch = store.read_new().await?;
-            skipped +=
-                journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice)).len();
+            let problems = journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
+            journal::warn_skipped(&problems);
+            skipped += problems.len();
             if !pending.is_empty() {
                 let queue = pending.clone();
                 let lines = batch.lines;
@@ -415,7 +416,9 @@ impl Registry {
         }
         self.publish(|next| {
             let granted = next.ledger.granted();
-            journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice));
+            let problems =
+                journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice));
+            journal::warn_skipped(&problems);
             next.compile_since(granted);
         });
         self.close_where_not_open(Timestamp::now());

@@ -32,17 +32,24 @@ impl Default for StoreOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("reading the journal {location}: {source}")]
-    Io { location: String, source: io::Error },
+    #[error(
+        "the journal {journal}: its directory {dir} does not exist (give --create-journal to \
+         create it)"
+    )]
+    NoDirectory { journal: String, dir: String },
+    #[error("creating the journal {journal}: {error}")]
+    Create { journal: String, error: io::Error },
+    #[error("reading the journal {location}: {error}")]
+    Io { location: String, error: io::Error },
     #[error(transparent)]
     Nats(#[from] NatsError),
 }
 
 impl OpenError {
     fn io(location: &JournalLocation) -> impl FnOnce(io::Error) -> OpenError + '_ {
-        move |source| OpenError::Io {
+        move |error| OpenError::Io {
             location: location.to_string(),
-            source,
+            error,
         }
     }
 }
@@ -89,6 +96,42 @@ pub async fn open_registry(
     }
 }
 
+/// `serve` on a journal file that is not there yet: creates the file, and its directory when
+/// `create_dir` (otherwise a missing directory is most likely a mistyped path).
+pub async fn create_journal_file(
+    path: &std::path::Path,
+    create_dir: bool,
+) -> Result<(), OpenError> {
+    let journal = path.display().to_string();
+    let create = |error| OpenError::Create {
+        journal: journal.clone(),
+        error,
+    };
+    if tokio::fs::try_exists(path).await.map_err(create)? {
+        return Ok(());
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    if !tokio::fs::try_exists(dir).await.map_err(create)? {
+        if !create_dir {
+            return Err(OpenError::NoDirectory {
+                journal,
+                dir: dir.display().to_string(),
+            });
+        }
+        tokio::fs::create_dir_all(dir).await.map_err(create)?;
+    }
+    tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+        .map(drop)
+        .map_err(create)
+}
+
 /// Every line of the journal now, without their newlines.
 pub async fn read_lines(
     location: &JournalLocation,
@@ -125,13 +168,16 @@ pub async fn fold(
 ) -> Result<(Ledger, Vec<LineProblem>), OpenError> {
     if let JournalLocation::File(path) = location {
         let path = path.clone();
-        return tokio::task::spawn_blocking(move || journal::load(&path, ledger))
+        let (ledger, problems) = tokio::task::spawn_blocking(move || journal::load(&path, ledger))
             .await
             .map_err(io::Error::other)
             .and_then(|r| r)
-            .map_err(OpenError::io(location));
+            .map_err(OpenError::io(location))?;
+        journal::warn_skipped(&problems);
+        return Ok((ledger, problems));
     }
     let lines = read_lines(location, options).await?;
     let problems = journal::apply_lines(&mut ledger, lines.iter().map(Vec::as_slice));
+    journal::warn_skipped(&problems);
     Ok((ledger, problems))
 }

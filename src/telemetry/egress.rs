@@ -114,7 +114,7 @@ impl LoggedLine {
 }
 
 /// Where lines go.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
     File(PathBuf),
     Stdout,

@@ -366,6 +366,8 @@ fn serve_dev_prints_a_working_export_line() {
         .args([
             "serve",
             "--dev",
+            "--admin",
+            "off",
             "--listen",
             "127.0.0.1:0",
             "--allow-host",
@@ -382,7 +384,7 @@ fn serve_dev_prints_a_working_export_line() {
     let _banner = lines.next().unwrap().unwrap();
     let export = lines.next().unwrap().unwrap();
     let url = export
-        .strip_prefix("export HTTPS_PROXY=")
+        .strip_prefix("export HTTP_PROXY=")
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("{export}"))
         .to_owned();

@@ -19,3 +19,4 @@ mod scale_out;
 mod suggest;
 mod support;
 mod usage;
+mod ux;

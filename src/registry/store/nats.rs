@@ -94,8 +94,8 @@ impl StreamSpec {
 /// Why a stream could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum NatsError {
-    #[error("reading {path}: {source}")]
-    Creds { path: String, source: io::Error },
+    #[error("reading {path}: {error}")]
+    Creds { path: String, error: io::Error },
     #[error("cannot reach NATS at {location}: {reason}")]
     Connect { location: String, reason: String },
     #[error("{location}: {reason}")]
@@ -386,9 +386,9 @@ async fn connect_client(
         connect = connect
             .credentials_file(path)
             .await
-            .map_err(|source| NatsError::Creds {
+            .map_err(|error| NatsError::Creds {
                 path: path.display().to_string(),
-                source,
+                error,
             })?;
     }
     if let Some(ca) = &options.tls_ca {
