@@ -52,7 +52,8 @@ impl NatsNode {
                 )
             });
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Generous: on a loaded 2-core CI machine a JetStream node can take seconds to listen.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(self.addr()).is_err() {
             assert!(Instant::now() < deadline, "{} did not listen", self.name);
             std::thread::sleep(Duration::from_millis(20));
