@@ -53,6 +53,9 @@ pub enum Command {
     Run(RunArgs),
     /// Print the proxy token of a lease (`<lease-id>.<tag>`, for `--credentials token`).
     Token(TokenArgs),
+    /// Probe a running proxy's admin API (`/healthz`, or `/readyz`): exit 0 if it answers 200
+    /// (a container HEALTHCHECK that needs no shell).
+    Health(HealthArgs),
     /// Calls, refusals, bytes and top hosts per lease, from an egress stream (every replica)
     /// or an egress log file.
     Usage(UsageArgs),
@@ -162,6 +165,20 @@ pub struct MirrorArgs {
     pub to: NatsLocation,
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The admin API address `serve` listens on (0.0.0.0 is probed on loopback).
+    #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
+    pub admin: String,
+    /// Ask `/readyz` (journal followed, listeners bound) instead of `/healthz` (alive).
+    #[arg(long)]
+    pub ready: bool,
+    /// The admin token (`/readyz` needs it when `serve` has one): the same file and variable
+    /// `serve` reads.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

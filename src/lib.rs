@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod contract;
 pub mod dev;
+pub mod health;
 pub mod inspect;
 pub mod issue;
 pub mod policy;

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Run(args) => return run_agent(args),
         Command::Token(args) => token(args),
+        Command::Health(args) => return health(args),
         Command::Usage(args) => usage_report(args),
         Command::Suggest(args) => suggest(args),
         Command::Journal(args) => journal(args),
@@ -247,6 +248,30 @@ fn load_ledger(args: &cli::LedgerArgs) -> Result<Ledger> {
         &StoreOptions::from(&args.store),
     ))?;
     Ok(ledger)
+}
+
+/// `health`: 0 when the admin API answers 200, else one line and 1.
+fn health(args: cli::HealthArgs) -> ExitCode {
+    let path = if args.ready { "/readyz" } else { "/healthz" };
+    let token = match &args.admin_token_file {
+        Some(file) => match std::fs::read_to_string(file) {
+            Ok(token) => Some(token.trim().to_owned()),
+            Err(e) => {
+                eprintln!("leasegate health: {}: {e}", file.display());
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    match leasegate::health::target(&args.admin)
+        .and_then(|addr| leasegate::health::probe(addr, path, token.as_deref()))
+    {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasegate health: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs `future` on a current-thread runtime (the read-only commands).

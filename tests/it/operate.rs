@@ -746,3 +746,58 @@ async fn a_closed_leases_series_go_after_the_grace_period() {
     let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
     assert!(!text.contains(&lease), "{text}");
 }
+
+/// `leasegate health`: the image's HEALTHCHECK, with no shell and no HTTP client in the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_probes_the_admin_api_and_says_why_it_fails() {
+    let h = Harness::new();
+    let server = h.start(h.config(&[])).await;
+    let port = server.admin_addr.unwrap().port();
+    for args in [
+        vec!["health", "--admin", &format!("127.0.0.1:{port}")],
+        vec!["health", "--admin", &format!("0.0.0.0:{port}"), "--ready"],
+    ] {
+        let out = crate::support::leasegate(&args).await;
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // With an admin token, /readyz needs it (as the Kubernetes readiness probe sends it).
+    let token_file = h.dir.path().join("admin-token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let mut config = h.serve_config(h.config(&[]), None);
+    config.admin_token = Some("s3cret".into());
+    let guarded = Server::start(config).await.unwrap();
+    let admin = guarded.admin_addr.unwrap().to_string();
+    let out = crate::support::leasegate(&["health", "--admin", &admin, "--ready"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/readyz: HTTP/1.0 401 Unauthorized"), "{stderr}");
+    let out = crate::support::leasegate(&[
+        "health",
+        "--admin",
+        &admin,
+        "--ready",
+        "--admin-token-file",
+        token_file.to_str().unwrap(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let free = closed.local_addr().unwrap();
+    drop(closed);
+    let out = crate::support::leasegate(&["health", "--admin", &free.to_string()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("leasegate health: {free}/healthz: ")),
+        "{stderr}"
+    );
+}
