@@ -169,6 +169,7 @@ struct Browser {
 
 impl Browser {
     async fn start() -> Browser {
+        // A port that was free a moment ago (chromedriver takes no listening socket).
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -383,6 +384,12 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     );
     assert!(page.contains("<title>leasegate</title>"));
     assert!(!page.contains("src=\"http") && !page.contains("href=\"http"));
+    let post = raw(
+        admin,
+        b"POST / HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&post), 405, "{post}");
 
     let browser = Browser::start().await;
     browser.goto(&format!("http://{admin}/")).await;
