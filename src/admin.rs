@@ -1,10 +1,11 @@
 //! The admin API: health, readiness, metrics, leases with their counters, revocation and
-//! recent refusals.
+//! recent refusals, and the live dashboard page at `/` that reads them.
 //!
-//! Invariant: with a token configured, nothing but `/healthz` answers without it; every answer
-//! but `/metrics` is JSON, errors included. A credential (a `proxy_url` carrying a lease id
-//! or token) is shown only to a caller that presented the configured token: with no token
-//! configured nobody is authenticated, so nobody gets one.
+//! Invariant: with a token configured, nothing but `/healthz` and the page at `/` answers
+//! without it (the page holds no data: every call it makes carries the token); every answer
+//! but `/metrics` and `/` is JSON, errors included. A credential (a `proxy_url` carrying a
+//! lease id or token) is shown only to a caller that presented the configured token: with no
+//! token configured nobody is authenticated, so nobody gets one.
 
 use crate::config::Credentials;
 use crate::contract::lease::is_lease_id;
@@ -107,7 +108,8 @@ fn is_authenticated(state: &AdminState, req: &Request<Incoming>) -> bool {
 async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().trim_end_matches('/').to_owned();
     let segments: Vec<&str> = path.split('/').skip(1).collect();
-    if segments != ["healthz"] && !is_authorized(&state, &req) {
+    let is_public = segments == ["healthz"] || segments.is_empty();
+    if !is_public && !is_authorized(&state, &req) {
         let mut response = error(
             StatusCode::UNAUTHORIZED,
             "this route needs Authorization: Bearer <admin token>",
@@ -129,6 +131,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
     let method = req.method().clone();
     let with_credentials = is_authenticated(&state, &req);
     match (&method, segments.as_slice()) {
+        (&Method::GET, []) => dashboard(),
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => {
             let problem = match state.ready.load(Ordering::SeqCst) {
@@ -150,7 +153,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             let leases: Vec<Value> = snapshot
                 .ledger
                 .leases()
-                .filter_map(|l| lease_view(&state, &l.id, now, 0, with_credentials))
+                .filter_map(|l| lease_view(&state, &l.id, now, LIST_TOP_HOSTS, with_credentials))
                 .collect();
             json_response(StatusCode::OK, json!({ "leases": leases }))
         }
@@ -176,6 +179,10 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 None => refusals(&state, 50),
             }
         }
+        (_, []) => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on /"),
+        ),
         (
             _,
             ["healthz" | "readyz" | "metrics" | "leases" | "refusals"]
@@ -191,6 +198,39 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
 
 /// Hosts listed per lease in `GET /leases/{id}`.
 const TOP_HOSTS: usize = 50;
+/// Hosts listed per lease in `GET /leases` (the dashboard's "top hosts").
+const LIST_TOP_HOSTS: usize = 5;
+
+/// The dashboard: one self-contained page (inline CSS and JS, no external fetches) that
+/// polls `/leases` and `/refusals` with the token it keeps in sessionStorage.
+const DASHBOARD: &str = include_str!("admin/dashboard.html");
+
+fn dashboard() -> Response<Body> {
+    let mut response = Response::new(full(DASHBOARD));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // Inline script and style only, calls to this origin only; never framed (the page has a
+    // revoke button).
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src data:; form-action 'none'; frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
+}
 
 fn metrics(state: &AdminState) -> Response<Body> {
     let now = Timestamp::now();

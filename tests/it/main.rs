@@ -7,6 +7,7 @@ mod bridges;
 mod cli;
 mod clients;
 mod conformance;
+mod dashboard;
 mod fold;
 mod fuzz_corpus;
 mod harness;
