@@ -774,7 +774,10 @@ async fn health_probes_the_admin_api_and_says_why_it_fails() {
     let out = crate::support::leasegate(&["health", "--admin", &admin, "--ready"]).await;
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("/readyz: HTTP/1.0 401 Unauthorized"), "{stderr}");
+    assert!(
+        stderr.contains("/readyz: HTTP/1.0 401 Unauthorized"),
+        "{stderr}"
+    );
     let out = crate::support::leasegate(&[
         "health",
         "--admin",
