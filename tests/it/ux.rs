@@ -405,6 +405,25 @@ fn key_and_journal(dir: &std::path::Path) -> (String, String) {
     )
 }
 
+/// `leasegate issue` into `journal` under `key` for `hosts`; the new lease's id.
+fn issue_sync(journal: &str, key: &str, hosts: &[&str]) -> String {
+    let mut args = vec!["issue", "--journal", journal, "--key-file", key];
+    for host in hosts {
+        args.extend(["--allow-host", host]);
+    }
+    let out = leasegate_command(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
 /// Starts `serve` with `args`, returns the child and its first stdout line.
 fn serve_line(args: &[&str]) -> (std::process::Child, String) {
     use std::io::BufRead;
@@ -563,22 +582,7 @@ fn a_lease_port_held_elsewhere_is_reported_as_such_without_colour() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let (key, journal) = key_and_journal(dir.path());
-    let out = leasegate_command(&[
-        "issue",
-        "--journal",
-        &journal,
-        "--key-file",
-        &key,
-        "--allow-host",
-        "example.com",
-    ])
-    .output()
-    .unwrap();
-    let lease = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap()
-        .to_owned();
+    let lease = issue_sync(&journal, &key, &["example.com"]);
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = held.local_addr().unwrap().port();
     let range = format!("{port}-{port}");
@@ -633,22 +637,7 @@ fn verify_and_revoke_say_each_thing_once() {
     let other = other.display().to_string();
     let mut lease = String::new();
     for _ in 0..3 {
-        let out = leasegate_command(&[
-            "issue",
-            "--journal",
-            &journal,
-            "--key-file",
-            &key,
-            "--allow-host",
-            "example.com",
-        ])
-        .output()
-        .unwrap();
-        lease = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()
-            .unwrap()
-            .to_owned();
+        lease = issue_sync(&journal, &key, &["example.com"]);
     }
     let fingerprint = |path: &str| {
         leasegate::contract::Key::load(std::path::Path::new(path))
@@ -702,17 +691,7 @@ fn verify_and_revoke_say_each_thing_once() {
 fn a_host_pattern_outside_the_schema_is_explained_in_words() {
     let dir = tempfile::tempdir().unwrap();
     let (key, journal) = key_and_journal(dir.path());
-    leasegate_command(&[
-        "issue",
-        "--journal",
-        &journal,
-        "--key-file",
-        &key,
-        "--allow-host",
-        "example.com",
-    ])
-    .output()
-    .unwrap();
+    issue_sync(&journal, &key, &["example.com"]);
     let text = std::fs::read_to_string(&journal).unwrap();
     std::fs::write(
         &journal,
@@ -735,24 +714,7 @@ fn a_host_pattern_outside_the_schema_is_explained_in_words() {
 fn check_takes_a_url_and_says_dns_failed() {
     let dir = tempfile::tempdir().unwrap();
     let (key, journal) = key_and_journal(dir.path());
-    let out = leasegate_command(&[
-        "issue",
-        "--journal",
-        &journal,
-        "--key-file",
-        &key,
-        "--allow-host",
-        "api.github.com",
-        "--allow-host",
-        "*.invalid",
-    ])
-    .output()
-    .unwrap();
-    let lease = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap()
-        .to_owned();
+    let lease = issue_sync(&journal, &key, &["api.github.com", "*.invalid"]);
     let check = |extra: &[&str]| {
         let out = leasegate_command(&[
             "check",
