@@ -924,3 +924,48 @@ async fn an_upstream_silent_past_the_response_timeout_is_a_504() {
         "a timeout does not revoke"
     );
 }
+
+/// `bad-target` exactly: a forwarded request naming two hosts, and CONNECT authorities our
+/// parser refuses, are refused as bad targets (400, the code as the reason phrase), each
+/// with its egress line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_requests_are_bad_targets() {
+    let h = Harness::new();
+    let lease = h.lease(&["*.example"], &[]);
+    let server = h.start(h.config(&[])).await;
+    let two_hosts = raw(
+        server.addr,
+        format!(
+            "GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nX-Lease-Id: {lease}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(
+        two_hosts.starts_with("HTTP/1.1 400 bad-target\r\n"),
+        "{two_hosts}"
+    );
+    assert!(
+        two_hosts.contains("x-leasegate-refusal: bad-target"),
+        "{two_hosts}"
+    );
+    // Authorities the HTTP parser passes and ours refuses: port 0, an empty port, an empty
+    // label, brackets around a name, a wildcard, a signed port, a malformed A-label.
+    for target in [
+        "a.example:0",
+        "a.example:",
+        "a..example:443",
+        "[a.example]:443",
+        "*.example:443",
+        "a.example:+443",
+        "xn--a.example:443",
+    ] {
+        let answer = connect_raw(server.addr, target, &lease).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400 bad-target\r\n"),
+            "{target}: {answer}"
+        );
+    }
+    let lines = h.egress_lines(8).await;
+    assert!(lines.iter().all(|l| l["code"] == "bad-target"), "{lines:?}");
+}
