@@ -317,12 +317,10 @@ async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Respons
             error(StatusCode::NOT_FOUND, format!("no lease {id}"))
         }
         // Revoked in memory; the record waits in the queue for the journal.
-        Err(e @ (RevokeError::Journal(_) | RevokeError::Timeout(_) | RevokeError::Queued(_))) => {
-            json_response(
-                StatusCode::ACCEPTED,
-                json!({"lease_id": id, "revoked": true, "queued": true, "error": e.to_string()}),
-            )
-        }
+        Err(e) if e.revoked_in_memory() => json_response(
+            StatusCode::ACCEPTED,
+            json!({"lease_id": id, "revoked": true, "queued": true, "error": e.to_string()}),
+        ),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

@@ -7,7 +7,6 @@
 //! and under which at least `collapse` sibling names were reached; nothing else widens.
 
 use crate::policy::pattern::HostPattern;
-use crate::telemetry::egress::{LoggedLine, ReadLine};
 use crate::usage::Filter;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,17 +69,9 @@ impl Tally {
 
     /// Counts one egress line (without its newline; an empty line is skipped silently).
     pub fn add(&mut self, line: &[u8]) {
-        let (time, line) = match LoggedLine::read(line) {
-            ReadLine::Blank => return,
-            ReadLine::Unreadable => {
-                self.unreadable += 1;
-                return;
-            }
-            ReadLine::Line(time, line) => (time, line),
-        };
-        if !self.filter.admits(line.lease_id.as_deref(), time) {
+        let Some((_, line)) = self.filter.take(line, &mut self.unreadable) else {
             return;
-        }
+        };
         let group = match (&self.agent, line.label, line.lease_id) {
             (Some(agent), Some(label), _) if *agent == label => Group::Agent(label),
             (Some(_), _, _) => return,

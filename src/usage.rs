@@ -37,6 +37,21 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// Reads one egress line and keeps it (with its time) if it passes; a line that is not an egress line is
+    /// counted in `unreadable` (a blank one is skipped silently).
+    pub fn take(&self, line: &[u8], unreadable: &mut u64) -> Option<(Timestamp, LoggedLine)> {
+        match LoggedLine::read(line) {
+            ReadLine::Blank => None,
+            ReadLine::Unreadable => {
+                *unreadable += 1;
+                None
+            }
+            ReadLine::Line(time, line) => self
+                .admits(line.lease_id.as_deref(), time)
+                .then_some((time, line)),
+        }
+    }
+
     /// Whether a line of this lease, logged at `time`, passes.
     pub fn admits(&self, lease_id: Option<&str>, time: Timestamp) -> bool {
         let lease_ok = match (self.lease.as_deref(), lease_id) {
@@ -114,17 +129,9 @@ impl Tally {
 
     /// Counts one egress line (without its newline; an empty line is skipped silently).
     pub fn add(&mut self, line: &[u8]) {
-        let (time, line) = match LoggedLine::read(line) {
-            ReadLine::Blank => return,
-            ReadLine::Unreadable => {
-                self.unreadable += 1;
-                return;
-            }
-            ReadLine::Line(time, line) => (time, line),
-        };
-        if !self.filter.admits(line.lease_id.as_deref(), time) {
+        let Some((time, line)) = self.filter.take(line, &mut self.unreadable) else {
             return;
-        }
+        };
         let counts = self.leases.entry(line.lease_id).or_insert(Counts {
             calls: 0,
             refusals: BTreeMap::new(),

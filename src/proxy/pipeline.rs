@@ -24,7 +24,7 @@ use crate::policy::target::{parse_authority, TargetHost};
 use crate::policy::verdict::{decide as verdict_over, denied_address};
 use crate::policy::{HostPolicy, HostVerdict, Target, UpstreamAddr};
 use crate::registry::revocation::RefusedEgress;
-use crate::registry::{RevokeError, Snapshot};
+use crate::registry::Snapshot;
 use crate::telemetry::egress::{Kind, LoggedVerdict};
 use http::{header, HeaderMap, Response};
 use std::net::SocketAddr;
@@ -356,10 +356,7 @@ impl Proxy {
         match self.registry.revoke_for_refusal(&lease_id, &egress).await {
             Ok(revoked) => ex.revoked = Some(revoked),
             // Revoked in memory and torn down; its record waits in the durable queue.
-            Err(
-                error
-                @ (RevokeError::Journal(_) | RevokeError::Timeout(_) | RevokeError::Queued(_)),
-            ) => {
+            Err(error) if error.revoked_in_memory() => {
                 tracing::warn!(%error, lease = %lease_id, "revoked after a refusal; the record is queued");
                 ex.revoked = Some(true);
             }

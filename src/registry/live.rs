@@ -97,6 +97,14 @@ pub enum RevokeError {
     Queued(usize),
 }
 
+impl RevokeError {
+    /// The lease is revoked in memory and torn down; only its record waits (in the durable
+    /// queue). `false`: nothing was revoked.
+    pub fn revoked_in_memory(&self) -> bool {
+        !matches!(self, RevokeError::Revocation(_))
+    }
+}
+
 /// Whether the store takes our appends: what `/readyz` and the metrics report.
 #[derive(Debug, Default)]
 struct JournalHealth {
