@@ -254,46 +254,13 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
+#[path = "../../tests/it/tls_hello.rs"]
+mod tls_hello;
+
+#[cfg(test)]
 mod tests {
+    use super::tls_hello::{client_hello, reframe};
     use super::*;
-    use std::sync::Arc;
-
-    /// What a rustls client sends first for `sni`, with `alpn` protocol names offered.
-    fn client_hello(sni: &str, alpn: Vec<Vec<u8>>) -> Vec<u8> {
-        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-        config.alpn_protocols = alpn;
-        let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
-        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-        let mut out = Vec::new();
-        while conn.wants_write() {
-            conn.write_tls(&mut out).unwrap();
-        }
-        out
-    }
-
-    /// The handshake bytes of `records`, re-framed `size` bytes per record.
-    fn reframe(records: &[u8], size: usize) -> Vec<u8> {
-        let mut handshake = Vec::new();
-        let mut at = 0;
-        while at < records.len() {
-            let len = usize::from(u16::from_be_bytes([records[at + 3], records[at + 4]]));
-            handshake.extend_from_slice(&records[at + 5..at + 5 + len]);
-            at += 5 + len;
-        }
-        let mut out = Vec::new();
-        for chunk in handshake.chunks(size) {
-            out.extend_from_slice(&[22, 3, 1]);
-            out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
-            out.extend_from_slice(chunk);
-        }
-        out
-    }
 
     fn probe_growing(raw: &[u8]) -> Probe {
         // Byte by byte, as the slowest client would deliver it.

@@ -3,68 +3,12 @@
 //! the URI's host, and the exact request-head limit.
 
 use crate::harness::{http_origin, https_origin, raw, status_of, Harness};
-use base64::Engine as _;
+use crate::tls_hello::{first_flight, reframe, tls_client};
 use leasegate::server::Server;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// A rustls client for `name` trusting `ca` (PEM; none: nothing is trusted), offering `alpn`.
-fn tls_client(
-    name: &str,
-    ca: Option<&std::path::Path>,
-    alpn: Vec<Vec<u8>>,
-) -> rustls::ClientConnection {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(ca) = ca {
-        let pem = std::fs::read_to_string(ca).unwrap();
-        let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-        let der = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap();
-        roots.add(der.into()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = alpn;
-    let name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
-    rustls::ClientConnection::new(Arc::new(config), name).unwrap()
-}
-
-/// The records a rustls client sends first (its ClientHello).
-fn first_flight(conn: &mut rustls::ClientConnection) -> Vec<u8> {
-    let mut out = Vec::new();
-    while conn.wants_write() {
-        conn.write_tls(&mut out).unwrap();
-    }
-    out
-}
-
-/// The same handshake bytes as `records`, re-framed `size` bytes per record.
-fn reframe(records: &[u8], size: usize) -> Vec<u8> {
-    let mut handshake = Vec::new();
-    let mut at = 0;
-    while at < records.len() {
-        assert_eq!(records[at], 22, "only handshake records expected");
-        let len = usize::from(u16::from_be_bytes([records[at + 3], records[at + 4]]));
-        handshake.extend_from_slice(&records[at + 5..at + 5 + len]);
-        at += 5 + len;
-    }
-    let mut out = Vec::new();
-    for chunk in handshake.chunks(size) {
-        out.extend_from_slice(&[22, 3, 1]);
-        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
-        out.extend_from_slice(chunk);
-    }
-    out
-}
 
 /// A CONNECT tunnel to `target` for `lease`, answered 200.
 async fn tunnel(proxy: SocketAddr, target: &str, lease: &str) -> TcpStream {

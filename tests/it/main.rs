@@ -19,5 +19,6 @@ mod proxy;
 mod scale_out;
 mod suggest;
 mod support;
+mod tls_hello;
 mod usage;
 mod ux;
