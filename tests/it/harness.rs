@@ -562,6 +562,15 @@ pub async fn admin_get(server: &Server, path: &str) -> (u16, Value) {
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
+/// Polls `/readyz` until it answers `status`, for at most `limit`; the body it answered.
+pub async fn readyz_turns(server: &Server, status: u16, limit: Duration) -> Option<Value> {
+    eventually(limit, || async {
+        let (answered, body) = admin_get(server, "/readyz").await;
+        (answered == status).then_some(body)
+    })
+    .await
+}
+
 /// `GET path` on the admin API: the status and the body as text.
 pub async fn admin_text(server: &Server, path: &str) -> (u16, String) {
     let answer = raw(

@@ -1,8 +1,8 @@
 //! Live leases: journal tailing, teardown on revocation and expiry, per-lease ports, `run`.
 
 use crate::harness::{
-    admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, streaming_tunnel,
-    until_closed, Harness,
+    admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, readyz_turns,
+    streaming_tunnel, until_closed, Harness,
 };
 use crate::support::leasegate;
 use leasegate::contract::Timestamp;
@@ -622,11 +622,7 @@ async fn a_refusal_while_the_journal_is_unwritable_revokes_and_queues_its_record
 
     std::fs::remove_dir(&h.journal).unwrap();
     std::fs::write(&h.journal, saved).unwrap();
-    let ready = eventually(Duration::from_secs(5), || async {
-        let (status, _) = admin_get(&server, "/readyz").await;
-        (status == 200).then_some(())
-    })
-    .await;
+    let ready = readyz_turns(&server, 200, Duration::from_secs(5)).await;
     assert!(ready.is_some(), "ready again once the queue is flushed");
     let revocations = h.revocations().await;
     assert_eq!(revocations.len(), 1, "appended once");
@@ -649,12 +645,9 @@ async fn an_unreadable_journal_makes_readyz_say_so() {
     let saved = std::fs::read(&h.journal).unwrap();
     std::fs::remove_file(&h.journal).unwrap();
     std::fs::create_dir(&h.journal).unwrap();
-    let unready = eventually(Duration::from_secs(5), || async {
-        let (status, body) = admin_get(&server, "/readyz").await;
-        (status == 503).then_some(body)
-    })
-    .await
-    .expect("/readyz turns 503");
+    let unready = readyz_turns(&server, 503, Duration::from_secs(5))
+        .await
+        .expect("/readyz turns 503");
     let reason = unready["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("journal not readable"), "{unready}");
     assert!(
@@ -664,11 +657,7 @@ async fn an_unreadable_journal_makes_readyz_say_so() {
 
     std::fs::remove_dir(&h.journal).unwrap();
     std::fs::write(&h.journal, saved).unwrap();
-    let ready = eventually(Duration::from_secs(5), || async {
-        let (status, _) = admin_get(&server, "/readyz").await;
-        (status == 200).then_some(())
-    })
-    .await;
+    let ready = readyz_turns(&server, 200, Duration::from_secs(5)).await;
     assert!(ready.is_some(), "ready again once a read succeeds");
 }
 

@@ -2,7 +2,7 @@
 //! refusal or an admin revocation on one replica closes the lease's tunnels on the others.
 
 use crate::harness::{
-    admin_get, eventually, http_origin, raw, streaming_tunnel, until_closed, Harness,
+    admin_get, eventually, http_origin, raw, readyz_turns, streaming_tunnel, until_closed, Harness,
 };
 use crate::nats_support::{publish_file, NatsCluster};
 use leasegate::registry::store::nats::NatsStream;
@@ -304,12 +304,9 @@ async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revoca
     );
     // Both replicas say they are not following the store.
     for server in [&a, &b] {
-        let unready = eventually(Duration::from_secs(5), || async {
-            let (status, body) = admin_get(server, "/readyz").await;
-            (status == 503).then_some(body)
-        })
-        .await
-        .expect("/readyz stayed 200 without the store");
+        let unready = readyz_turns(server, 503, Duration::from_secs(5))
+            .await
+            .expect("/readyz stayed 200 without the store");
         assert!(
             unready["reason"].as_str().unwrap().contains("no contact"),
             "{unready}"
@@ -330,11 +327,7 @@ async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revoca
         "the queued revocation never reached B"
     );
     for server in [&a, &b] {
-        let ready = eventually(Duration::from_secs(20), || async {
-            let (status, _) = admin_get(server, "/readyz").await;
-            (status == 200).then_some(())
-        })
-        .await;
+        let ready = readyz_turns(server, 200, Duration::from_secs(20)).await;
         assert!(ready.is_some(), "/readyz never came back");
     }
     let all = records(&stream).await;
