@@ -2,40 +2,23 @@
 //!
 //! Targets (DESIGN.md): lease load ≤ 50 µs; fold ≥ 200,000 lines/s.
 
+mod common;
+
+use common::keyring;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use leasegate::contract::lease::sign;
-use leasegate::contract::{Key, Keyring, Lease};
+use leasegate::contract::{Key, Lease};
 use leasegate::registry::journal::fold_bytes;
 use leasegate::registry::Ledger;
 use serde_json::{json, Value};
 
+/// A lease of the benchmark's fixed hour.
 fn signed_lease(key: &Key, n: u32) -> Value {
-    let mut lease = json!({
-        "schema_version": "1.2",
-        "lease_id": format!("{n:08x}-0000-4000-8000-000000000000"),
-        "declared_hash": "0".repeat(64),
-        "issued_at": "2026-09-15T10:00:00.000Z",
-        "expires_at": "2026-09-15T11:00:00.000Z",
-        "issuer_session_id": "bench",
-        "manifest": {
-            "schema_version": "1.2",
-            "agent": {"name": "bench", "kind": "external", "runtime_agent": "unknown"},
-            "intent": {"purpose": "benchmark"},
-            "allow": {"tools": [], "read_paths": [], "write_paths": [],
-                      "hosts": ["api.example.com", "*.github.com", "pypi.org"], "commands": []},
-            "deny": {"commands": [], "paths": [], "hosts": ["evil.example.com"]},
-            "budget": {},
-            "approvals": [],
-        },
-    });
-    sign(&mut lease, key).unwrap();
-    lease
-}
-
-fn keyring(key: &Key) -> Keyring {
-    let mut ring = Keyring::new(false);
-    ring.insert(key.clone());
-    ring
+    common::signed_lease(
+        key,
+        u64::from(n),
+        ("2026-09-15T10:00:00.000Z", "2026-09-15T11:00:00.000Z"),
+        &["api.example.com", "*.github.com", "pypi.org"],
+    )
 }
 
 fn lease_load(c: &mut Criterion) {
@@ -57,7 +40,7 @@ fn journal_fold(c: &mut Criterion) {
     // A realistic mix: one grant in ten lines, the rest heartbeats and closings.
     let mut journal = String::new();
     for n in 0..LINES {
-        let lease_id = format!("{:08x}-0000-4000-8000-000000000000", n / 10);
+        let lease_id = common::lease_id(u64::from(n / 10));
         let line = match n % 10 {
             0 => {
                 json!({"schema_version": "1.2", "at": "2026-09-15T10:00:00.000Z", "event": "granted",

@@ -9,13 +9,15 @@
 //! `cargo bench --bench scale_out` (set `RECORDS=N` for a smaller stream). Not criterion: each
 //! figure is one long measurement with its own setup.
 
+mod common;
+
 use bytes::Bytes;
+use common::{keyring, lease_id, signed_lease};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use leasegate::config::ServeConfig;
-use leasegate::contract::lease::sign;
-use leasegate::contract::{Key, Keyring, Timestamp};
+use leasegate::contract::{Key, Timestamp};
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::ProxyConfig;
 use leasegate::registry::open::open_registry;
@@ -32,33 +34,16 @@ use tokio_util::sync::CancellationToken;
 /// Lines per lease in the catch-up stream: a grant, heartbeats, and (for most) a closing.
 const LINES_PER_LEASE: u64 = 10;
 
-fn lease_id(n: u64) -> String {
-    format!("{n:08x}-0000-4000-8000-000000000000")
-}
-
 /// A granted line for lease `n`, open for a day from now.
 fn granted(key: &Key, n: u64) -> Value {
     let now = Timestamp::now();
     let expires = Timestamp::from_millis(now.as_millis() + 86_400_000);
-    let mut lease = json!({
-        "schema_version": "1.2",
-        "lease_id": lease_id(n),
-        "declared_hash": "0".repeat(64),
-        "issued_at": now.to_string(),
-        "expires_at": expires.to_string(),
-        "issuer_session_id": "bench",
-        "manifest": {
-            "schema_version": "1.2",
-            "agent": {"name": "bench", "kind": "external", "runtime_agent": "unknown"},
-            "intent": {"purpose": "benchmark"},
-            "allow": {"tools": [], "read_paths": [], "write_paths": [],
-                      "hosts": ["origin.test", "*.github.com", "pypi.org"], "commands": []},
-            "deny": {"commands": [], "paths": [], "hosts": ["evil.example.com"]},
-            "budget": {},
-            "approvals": [],
-        },
-    });
-    sign(&mut lease, key).unwrap();
+    let lease = signed_lease(
+        key,
+        n,
+        (&now.to_string(), &expires.to_string()),
+        &["origin.test", "*.github.com", "pypi.org"],
+    );
     json!({"schema_version": "1.2", "at": now.to_string(), "event": "granted",
            "lease_id": lease_id(n), "lease": lease})
 }
@@ -125,12 +110,6 @@ impl Drop for Nats {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn keyring(key: &Key) -> Keyring {
-    let mut ring = Keyring::new(false);
-    ring.insert(key.clone());
-    ring
 }
 
 async fn stream(nats: &Nats, name: &str) -> NatsStream {

@@ -227,7 +227,6 @@ pub async fn https_origin(name: &str, dir: &Path) -> (Origin, PathBuf) {
 
 /// An HTTPS origin for `name` serving the files under `root` (GET only; 404 for anything
 /// missing), e.g. a git repository over the dumb HTTP protocol.
-#[allow(dead_code)]
 pub async fn https_file_origin(name: &str, dir: &Path, root: PathBuf) -> (Origin, PathBuf) {
     https_origin_with(name, dir, move |req: Request<Incoming>| {
         let root = root.clone();

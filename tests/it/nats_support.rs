@@ -67,11 +67,6 @@ impl NatsNode {
             let _ = child.wait();
         }
     }
-
-    #[allow(dead_code)]
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
 }
 
 impl Drop for NatsNode {
