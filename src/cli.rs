@@ -443,6 +443,21 @@ pub struct IssueArgs {
         default_value = "development lease issued by leasegate"
     )]
     pub purpose: String,
+    /// What to print on stdout: `all` (the lease id, its proxy token, its expiry: one per
+    /// line), or one value alone for `$(...)` in scripts: `id` or `token`.
+    #[arg(long, env = "LEASEGATE_PRINT", value_enum, default_value_t = IssuePrint::All)]
+    pub print: IssuePrint,
+}
+
+/// What `issue` prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IssuePrint {
+    /// The lease id, its proxy token and `expires_at <time>`, one per line.
+    All,
+    /// The lease id alone.
+    Id,
+    /// The proxy token (`<lease-id>.<tag>`, for `--credentials token`) alone.
+    Token,
 }
 
 #[derive(Debug, Args)]

@@ -140,10 +140,15 @@ fn issue_lease(args: cli::IssueArgs) -> Result<()> {
     )?;
     // `leasegate issue ... | head -1` closes the pipe after the first line: not an error.
     let mut out = std::io::stdout().lock();
-    // Line 1 the lease id, line 2 its proxy token (`--credentials token`), line 3 expiry.
-    let _ = writeln!(out, "{}", issued.lease_id)
-        .and_then(|()| writeln!(out, "{}", token::mint(&key, &issued.lease_id)))
-        .and_then(|()| writeln!(out, "expires_at {}", issued.expires_at));
+    let token = token::mint(&key, &issued.lease_id);
+    let _ = match args.print {
+        // Line 1 the lease id, line 2 its proxy token (`--credentials token`), line 3 expiry.
+        cli::IssuePrint::All => writeln!(out, "{}", issued.lease_id)
+            .and_then(|()| writeln!(out, "{token}"))
+            .and_then(|()| writeln!(out, "expires_at {}", issued.expires_at)),
+        cli::IssuePrint::Id => writeln!(out, "{}", issued.lease_id),
+        cli::IssuePrint::Token => writeln!(out, "{token}"),
+    };
     Ok(())
 }
 

@@ -8,6 +8,7 @@ mod cli;
 mod clients;
 mod conformance;
 mod dashboard;
+mod deploy;
 mod fold;
 mod fuzz_corpus;
 mod harness;
