@@ -1,13 +1,19 @@
 //! `journal compact`: the compacted journal folds the same for every lease within the
 //! retention, nothing is deleted, and a running proxy follows the swap without folding again.
 
-use crate::support::{event_line, granted_line, id, key, lease, signed_line};
+use crate::harness::{admin_text, curl, eventually, http_origin, proxy_url, Harness};
+use crate::live::{issue_cli, revoke_cli};
+use crate::operate::sample;
+use crate::scale_out::admin_revoke;
+use crate::support::{event_line, granted_line, id, key, lease, leasegate, signed_line};
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::registry::compact::{select, DEFAULT_RETENTION};
 use leasegate::registry::journal::fold_bytes;
 use leasegate::registry::Ledger;
+use leasegate::server::Server;
 use serde_json::json;
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 const HOUR: i64 = 3600 * 1000;
 
@@ -157,5 +163,132 @@ fn a_compacted_journal_folds_the_same_for_every_kept_lease() {
     assert_eq!(
         folded.status(&id(7), noon()),
         fold(ring(&k), &refs).status(&id(7), noon())
+    );
+}
+
+/// `journal compact` of the harness's journal under its key.
+fn compact_args(h: &Harness) -> [&str; 6] {
+    let (journal, key) = (h.journal.to_str().unwrap(), h.key_path.to_str().unwrap());
+    [
+        "journal",
+        "compact",
+        "--journal",
+        journal,
+        "--key-file",
+        key,
+    ]
+}
+
+/// What the proxy answers a plain request through `lease`: the status and the refusal code.
+async fn through(server: &Server, lease: &str, url: &str) -> (u16, Option<String>) {
+    let out = curl(&["-x", &proxy_url(server, lease), url], &[]).await;
+    (out.status, out.header("x-leasegate-refusal"))
+}
+
+/// Compacted under a running proxy: it follows the new file from what it covers (its fold
+/// counts no line twice), and a lease granted or revoked after the swap, by another process or
+/// through the proxy's own admin API, is followed. The old file is kept byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_proxy_follows_a_compaction_without_folding_again() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    let three_days_ago = Timestamp::now().saturating_add_millis(-72 * HOUR);
+    let old = h.lease_with(
+        &["origin.test"],
+        &[],
+        None,
+        three_days_ago,
+        Duration::from_secs(3600),
+    );
+    let kept = h.lease(&["origin.test"], &[]);
+    let revoked_elsewhere = h.lease(&["origin.test"], &[]);
+    let revoked_here = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    assert_eq!(through(&server, &kept, &url).await.0, 200);
+    let before = std::fs::read(&h.journal).unwrap();
+
+    let out = leasegate(&compact_args(&h)).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("3 of 4 lines kept"), "{stdout}");
+    assert!(stdout.contains("3 leases kept, 1 dropped"), "{stdout}");
+    let archives: Vec<_> = std::fs::read_dir(h.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("journal.jsonl.20"))
+        .collect();
+    assert_eq!(archives.len(), 1, "{archives:?}");
+    assert_eq!(
+        std::fs::read(&archives[0]).unwrap(),
+        before,
+        "the old journal is kept"
+    );
+    let compacted = std::fs::read_to_string(&h.journal).unwrap();
+    assert!(!compacted.contains(&old) && compacted.contains(&kept));
+
+    let fresh = issue_cli(&h, "origin.test", &[]).await;
+    let opened = eventually(Duration::from_secs(5), || async {
+        (through(&server, &fresh, &url).await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(
+        opened.is_some(),
+        "a lease granted after the swap never opened"
+    );
+    revoke_cli(&h, &revoked_elsewhere).await;
+    let refused = eventually(Duration::from_secs(5), || async {
+        let answer = through(&server, &revoked_elsewhere, &url).await;
+        (answer.0 == 403).then_some(answer.1)
+    })
+    .await;
+    assert_eq!(refused, Some(Some("lease-revoked".into())));
+    admin_revoke(&server, &revoked_here).await;
+    assert_eq!(
+        through(&server, &revoked_here, &url).await,
+        (403, Some("lease-revoked".into()))
+    );
+    assert_eq!(through(&server, &kept, &url).await.0, 200);
+    assert_eq!(
+        through(&server, &old, &url).await.1.as_deref(),
+        Some("lease-expired")
+    );
+
+    let (_, metrics) = admin_text(&server, "/metrics").await;
+    let lines = |event: &str| {
+        sample(
+            &metrics,
+            &format!("leasegate_journal_lines_total{{event=\"{event}\"}}"),
+        )
+    };
+    assert_eq!(
+        lines("granted"),
+        Some(5.0),
+        "each grant folded once: {metrics}"
+    );
+    assert_eq!(lines("revoked"), Some(2.0));
+    let records = h.revocations().await;
+    assert_eq!(
+        records.len(),
+        2,
+        "both revocations are in the compacted journal"
+    );
+}
+
+/// A mistyped path is a usage error (exit 2), and nothing is created.
+#[test]
+fn compacting_a_missing_journal_is_refused() {
+    let h = Harness::new();
+    let out = crate::support::leasegate_sync(&compact_args(&h));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no journal at"));
+    assert_eq!(
+        std::fs::read_dir(h.dir.path()).unwrap().count(),
+        1,
+        "only the key"
     );
 }

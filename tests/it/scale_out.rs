@@ -115,7 +115,7 @@ async fn refuse(server: &Server, lease: &str) {
 }
 
 /// `POST /leases/{id}/revoke` on `server`'s admin API.
-async fn admin_revoke(server: &Server, lease: &str) {
+pub(crate) async fn admin_revoke(server: &Server, lease: &str) {
     let url = format!(
         "http://{}/leases/{lease}/revoke",
         server.admin_addr.unwrap()
