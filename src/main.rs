@@ -440,26 +440,36 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
 fn compact(args: cli::CompactArgs) -> Result<()> {
     require_journal(&args.ledger.journal)?;
     let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?;
-    let JournalLocation::File(path) = &args.ledger.journal else {
-        return Err(anyhow!(
-            "compacting a stream journal is not supported yet: give a journal file"
-        ));
-    };
     let retention = args.retention;
+    let path = match &args.ledger.journal {
+        JournalLocation::File(path) => path,
+        JournalLocation::Nats(location) => {
+            let options = StoreOptions::from(&args.ledger.store).nats;
+            let done = block_on(compact::compact_stream(
+                location,
+                &options,
+                keyring,
+                retention,
+                Timestamp::now(),
+            ))?;
+            let (s, marker) = (&done.selection, &done.marker);
+            report_skipped(s);
+            println!(
+                "snapshot of {location} up to sequence {}: {} of {} lines kept; {} leases kept, {} dropped past the retention of {}; published to {} (new replicas start from it; the journal is unchanged)",
+                marker.covers,
+                marker.lines,
+                s.lines,
+                s.leases_kept,
+                s.leases_dropped,
+                humantime::format_duration(retention),
+                done.location,
+            );
+            return Ok(());
+        }
+    };
     let done = compact::compact_file(path, keyring, retention, Timestamp::now())?;
     let (s, swapped) = (&done.selection, &done.swapped);
-    let invalid: Vec<String> = InvalidReason::ALL
-        .iter()
-        .zip(s.invalid)
-        .filter(|(_, n)| *n > 0)
-        .map(|(reason, n)| format!("{n} {}", reason.as_str()))
-        .collect();
-    if !invalid.is_empty() {
-        eprintln!(
-            "skipped lines the fold skips too: {} (see `leasegate verify`)",
-            invalid.join(", ")
-        );
-    }
+    report_skipped(s);
     if swapped.torn_bytes > 0 {
         eprintln!(
             "left out an unterminated last line ({} bytes)",
@@ -482,6 +492,22 @@ fn compact(args: cli::CompactArgs) -> Result<()> {
         swapped.archive.display(),
     );
     Ok(())
+}
+
+/// Tells how many lines a compaction left out because the fold skips them.
+fn report_skipped(s: &compact::Selection) {
+    let invalid: Vec<String> = InvalidReason::ALL
+        .iter()
+        .zip(s.invalid)
+        .filter(|(_, n)| *n > 0)
+        .map(|(reason, n)| format!("{n} {}", reason.as_str()))
+        .collect();
+    if !invalid.is_empty() {
+        eprintln!(
+            "skipped lines the fold skips too: {} (see `leasegate verify`)",
+            invalid.join(", ")
+        );
+    }
 }
 
 fn serve(args: Box<cli::ServeArgs>) -> Result<()> {

@@ -1,5 +1,6 @@
 //! Compaction: which lines of a journal a compacted journal keeps, and `journal compact` for a
-//! file (read, choose, swap in under a running follower).
+//! file (read, choose, swap in under a running follower) or a stream (read, choose, publish as
+//! the snapshot new replicas start from).
 //!
 //! Invariant: kept lines are the original bytes, in their original order, and folding them
 //! gives every kept lease the status and chain check that folding the whole journal gives. A
@@ -14,6 +15,9 @@
 use super::journal::split_lines;
 use super::ledger::{Applied, InvalidReason, Ledger};
 use super::store::file::swap::{self, SwapError, Swapped};
+use super::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
+use super::store::snapshot::{self, Marker};
+use super::store::NatsLocation;
 use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
 use std::collections::{BTreeSet, HashMap};
@@ -140,6 +144,13 @@ pub enum CompactError {
     Read { path: String, cause: std::io::Error },
     #[error("swapping the compacted journal in at {path}: {cause}")]
     Swap { path: String, cause: SwapError },
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("reading the stream {location}: {cause}")]
+    Stream {
+        location: String,
+        cause: std::io::Error,
+    },
 }
 
 /// Compacts the journal file at `path`: keeps the old file as `<path>.<now>`, and swaps the
@@ -168,4 +179,42 @@ pub fn compact_file(
             cause,
         })?;
     Ok(Compacted { selection, swapped })
+}
+
+/// What `journal compact` did to a stream.
+#[derive(Debug, Clone)]
+pub struct Snapshotted {
+    pub selection: Selection,
+    pub marker: Marker,
+    /// Where the snapshot went.
+    pub location: NatsLocation,
+}
+
+/// Compacts the journal stream at `location` into a snapshot of everything it holds now,
+/// published to its snapshot stream. The journal itself is left as it is.
+pub async fn compact_stream(
+    location: &NatsLocation,
+    options: &NatsOptions,
+    keyring: Keyring,
+    retention: Duration,
+    now: Timestamp,
+) -> Result<Snapshotted, CompactError> {
+    let journal = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+    let messages = journal
+        .read_all()
+        .await
+        .map_err(|cause| CompactError::Stream {
+            location: location.to_string(),
+            cause,
+        })?;
+    let covers = messages.last().map_or(0, |(sequence, _)| *sequence);
+    let lines: Vec<&[u8]> = messages.iter().map(|(_, line)| &line[..]).collect();
+    let selection = select(lines.iter().copied(), keyring, now, retention);
+    let kept = selection.kept.iter().map(|&i| lines[i]);
+    let marker = snapshot::publish(&journal, options, covers, kept).await?;
+    Ok(Snapshotted {
+        selection,
+        marker,
+        location: snapshot::location_of(location),
+    })
 }

@@ -8,6 +8,7 @@
 pub mod file;
 pub mod location;
 pub mod nats;
+pub mod snapshot;
 
 pub use file::FileStore;
 pub use location::{JournalLocation, NatsLocation};

@@ -1,10 +1,11 @@
 //! `journal compact`: the compacted journal folds the same for every lease within the
 //! retention, nothing is deleted, and a running proxy follows the swap without folding again.
 
-use crate::harness::{admin_text, curl, eventually, http_origin, proxy_url, Harness};
+use crate::harness::{admin_get, admin_text, curl, eventually, http_origin, proxy_url, Harness};
 use crate::live::{issue_cli, revoke_cli};
+use crate::nats_support::{publish_file, NatsCluster};
 use crate::operate::sample;
-use crate::scale_out::admin_revoke;
+use crate::scale_out::{admin_revoke, replica};
 use crate::support::{event_line, granted_line, id, key, lease, leasegate, signed_line};
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::registry::compact::{select, DEFAULT_RETENTION};
@@ -166,6 +167,14 @@ fn a_compacted_journal_folds_the_same_for_every_kept_lease() {
     );
 }
 
+/// Issues a lease that expired three days ago and one open for an hour.
+fn expired_and_open(h: &Harness) -> (String, String) {
+    let three_days_ago = Timestamp::now().saturating_add_millis(-72 * HOUR);
+    let hour = Duration::from_secs(3600);
+    let old = h.lease_with(&["origin.test"], &[], None, three_days_ago, hour);
+    (old, h.lease(&["origin.test"], &[]))
+}
+
 /// `journal compact` of the harness's journal under its key.
 fn compact_args(h: &Harness) -> [&str; 6] {
     let (journal, key) = (h.journal.to_str().unwrap(), h.key_path.to_str().unwrap());
@@ -193,15 +202,7 @@ async fn a_running_proxy_follows_a_compaction_without_folding_again() {
     let h = Harness::new();
     let origin = http_origin().await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
-    let three_days_ago = Timestamp::now().saturating_add_millis(-72 * HOUR);
-    let old = h.lease_with(
-        &["origin.test"],
-        &[],
-        None,
-        three_days_ago,
-        Duration::from_secs(3600),
-    );
-    let kept = h.lease(&["origin.test"], &[]);
+    let (old, kept) = expired_and_open(&h);
     let revoked_elsewhere = h.lease(&["origin.test"], &[]);
     let revoked_here = h.lease(&["origin.test"], &[]);
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
@@ -290,5 +291,73 @@ fn compacting_a_missing_journal_is_refused() {
         std::fs::read_dir(h.dir.path()).unwrap().count(),
         1,
         "only the key"
+    );
+}
+
+/// A lease's status on `server`'s admin API (`None`: not known there).
+async fn status_on(server: &Server, lease: &str) -> Option<String> {
+    let (status, view) = admin_get(server, &format!("/leases/{lease}")).await;
+    (status == 200).then(|| view["status"].as_str().unwrap_or_default().to_owned())
+}
+
+/// A stream journal compacts into a snapshot: a replica started afterwards folds the snapshot
+/// (it never sees the lease the snapshot dropped), then follows the stream from the sequence
+/// after it, as does one started after a revocation. The journal keeps every message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_replica_starts_from_the_snapshot_and_follows_the_stream() {
+    let cluster = NatsCluster::start(1);
+    let stream = cluster.journal("LGC").await;
+    let h = Harness::new();
+    let (old, kept) = expired_and_open(&h);
+    let revoked = h.lease(&["origin.test"], &[]);
+    publish_file(&stream, &h.journal).await;
+
+    let url = cluster.url("LGC");
+    let key = h.key_path.to_str().unwrap();
+    let out = leasegate(&["journal", "compact", "--journal", &url, "--key-file", key]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("up to sequence 3: 2 of 3 lines kept"),
+        "{stdout}"
+    );
+
+    let fresh = h.lease(&["origin.test"], &[]);
+    let text = std::fs::read_to_string(&h.journal).unwrap();
+    let last = text.lines().last().unwrap();
+    stream
+        .publish(stream.subject(Some(&fresh)), last.as_bytes(), None)
+        .await
+        .unwrap();
+    let a = replica(&h, &cluster, "LGC", "a").await;
+    assert_eq!(
+        status_on(&a, &old).await,
+        None,
+        "the dropped lease was never read"
+    );
+    assert_eq!(status_on(&a, &kept).await.as_deref(), Some("open"));
+    assert_eq!(
+        status_on(&a, &fresh).await.as_deref(),
+        Some("open"),
+        "after the snapshot"
+    );
+    admin_revoke(&a, &revoked).await;
+    let b = replica(&h, &cluster, "LGC", "b").await;
+    assert_eq!(status_on(&b, &revoked).await.as_deref(), Some("revoked"));
+    assert_eq!(status_on(&b, &old).await, None);
+    let (_, metrics) = admin_text(&b, "/metrics").await;
+    assert_eq!(
+        sample(&metrics, "leasegate_journal_lines_total{event=\"granted\"}"),
+        Some(3.0),
+        "two grants from the snapshot, one after it"
+    );
+    assert_eq!(
+        stream.last_sequence().await.unwrap(),
+        5,
+        "the journal keeps every message"
     );
 }
