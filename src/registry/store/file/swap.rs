@@ -186,6 +186,7 @@ fn write_and_swap<'a>(
     out.write_all(&fresh[..complete])?;
     let appended_meanwhile = fresh[..complete].iter().filter(|&&b| b == b'\n').count();
     let new = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+    new.set_permissions(meta.permissions())?;
     new.sync_all()?;
     let new_meta = new.metadata()?;
     let archive = suffixed(path, stamp);

@@ -262,6 +262,39 @@ fn a_compaction_is_followed_without_reading_anything_again() {
     assert_eq!(lines(&batch), [b"z"]);
 }
 
+/// Appends from another thread while a compaction reads, chooses and swaps: every line is in
+/// the new file exactly once, in order (the swap copies what came after its read, and an append
+/// waits for the swap and then goes to the new file).
+#[test]
+fn no_append_is_lost_to_a_compaction() {
+    const LINES: usize = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    append(&path, &serde_json::json!(0), false).unwrap();
+    let writer = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            for i in 1..LINES {
+                append(&path, &serde_json::json!(i), false).unwrap();
+            }
+        })
+    };
+    for round in 0.. {
+        let read = swap::read(&path).unwrap();
+        let (kept, _) = crate::registry::journal::split_lines(&read.bytes);
+        match swap::swap_in(&path, &read, kept, &format!("{round}")) {
+            Ok(_) | Err(swap::SwapError::Changed { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        if writer.is_finished() {
+            break;
+        }
+    }
+    writer.join().unwrap();
+    let expected: String = (0..LINES).map(|i| format!("{i}\n")).collect();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
+}
+
 proptest! {
     /// However the bytes of a journal arrive, the tail hands out the same complete lines.
     #[test]
