@@ -132,6 +132,23 @@ pub enum JournalCommand {
     /// Follow a journal file an issuer appends to and publish each new line once, until
     /// SIGINT or SIGTERM (a restart publishes nothing twice).
     Mirror(MirrorArgs),
+    /// Write a smaller journal that folds the same for every lease open or closed within the
+    /// retention; the old file is kept as `<journal>.<timestamp>`, and a running `serve`
+    /// follows the swap without folding anything again.
+    Compact(CompactArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompactArgs {
+    /// The journal, and the keys its leases are signed with (unsigned closing records are
+    /// kept whatever --require-record-signatures says: a fold that requires signatures skips
+    /// them as it did before).
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
+    /// Keep a lease until this long after both its expiry and its last closing record, e.g.
+    /// `24h`, `7d`.
+    #[arg(long, env = "LEASEGATE_COMPACT_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub retention: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -11,7 +11,7 @@ use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::dev;
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
-use leasegate::registry::open;
+use leasegate::registry::{compact, open, InvalidReason};
 use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
@@ -391,9 +391,10 @@ fn suggest(args: cli::SuggestArgs) -> Result<()> {
     Ok(())
 }
 
-/// `journal import | export | mirror`.
+/// `journal import | export | mirror | compact`.
 fn journal(args: cli::JournalArgs) -> Result<()> {
     match args.command {
+        cli::JournalCommand::Compact(args) => compact(args),
         cli::JournalCommand::Import(args) => {
             let options = StoreOptions::from(&args.store).nats;
             let imported = block_on(bridge::import(&args.file, &args.to, &options))?;
@@ -437,6 +438,80 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
                 },
             ))
         }
+    }
+}
+
+/// `journal compact`: one summary line on stdout, what was skipped on stderr.
+fn compact(args: cli::CompactArgs) -> Result<()> {
+    require_journal(&args.ledger.journal)?;
+    let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?;
+    let retention = args.retention;
+    let path = match &args.ledger.journal {
+        JournalLocation::File(path) => path,
+        JournalLocation::Nats(location) => {
+            let options = StoreOptions::from(&args.ledger.store).nats;
+            let done = block_on(compact::compact_stream(
+                location,
+                &options,
+                keyring,
+                retention,
+                Timestamp::now(),
+            ))?;
+            let (s, marker) = (&done.selection, &done.marker);
+            report_skipped(s);
+            println!(
+                "snapshot of {location} up to sequence {}: {} of {} lines kept; {} leases kept, {} dropped past the retention of {}; published to {} (new replicas start from it; the journal is unchanged)",
+                marker.covers,
+                marker.lines,
+                s.lines,
+                s.leases_kept,
+                s.leases_dropped,
+                humantime::format_duration(retention),
+                done.location,
+            );
+            return Ok(());
+        }
+    };
+    let done = compact::compact_file(path, keyring, retention, Timestamp::now())?;
+    let (s, swapped) = (&done.selection, &done.swapped);
+    report_skipped(s);
+    if swapped.torn_bytes > 0 {
+        eprintln!(
+            "left out an unterminated last line ({} bytes)",
+            swapped.torn_bytes
+        );
+    }
+    println!(
+        "compacted {}: {} of {} lines kept ({} bytes, was {}); {} leases kept, {} dropped past the retention of {}; {} duplicate grants and {} records that change no status dropped; {} lines appended meanwhile copied; the old journal is kept as {}",
+        path.display(),
+        s.kept.len() + swapped.appended_meanwhile,
+        s.lines + swapped.appended_meanwhile,
+        swapped.length,
+        swapped.covered,
+        s.leases_kept,
+        s.leases_dropped,
+        humantime::format_duration(retention),
+        s.duplicate_grants,
+        s.notes_dropped,
+        swapped.appended_meanwhile,
+        swapped.archive.display(),
+    );
+    Ok(())
+}
+
+/// Tells how many lines a compaction left out because the fold skips them.
+fn report_skipped(s: &compact::Selection) {
+    let invalid: Vec<String> = InvalidReason::ALL
+        .iter()
+        .zip(s.invalid)
+        .filter(|(_, n)| *n > 0)
+        .map(|(reason, n)| format!("{n} {}", reason.as_str()))
+        .collect();
+    if !invalid.is_empty() {
+        eprintln!(
+            "skipped lines the fold skips too: {} (see `leasegate verify`)",
+            invalid.join(", ")
+        );
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod file;
 pub mod location;
 pub mod nats;
+pub mod snapshot;
 
 pub use file::FileStore;
 pub use location::{JournalLocation, NatsLocation};
@@ -23,11 +24,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A place in a store: after the lines before it. Ordered within the life of one store
 /// handle: a higher generation (the journal was replaced or truncated and read again from its
-/// start) is later than any offset of a lower one.
+/// start, or replaced by a compaction of what was read and followed from what it covers) is
+/// later than any offset of a lower one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
-    /// How many times the store restarted (the file: replaced or truncated; a stream: a new
-    /// incarnation). 0 before anything was read.
+    /// How many times the store restarted (the file: replaced, truncated or compacted; a
+    /// stream: a new incarnation). 0 before anything was read.
     pub generation: u64,
     /// Within the generation: the file's byte offset, a stream's sequence number.
     pub offset: u64,

@@ -8,7 +8,7 @@ use crate::support::leasegate;
 use leasegate::contract::Timestamp;
 use std::time::{Duration, Instant};
 
-async fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
+pub(crate) async fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
     let mut args = vec![
         "issue",
         "--journal",
@@ -32,7 +32,7 @@ async fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
         .to_owned()
 }
 
-async fn revoke_cli(h: &Harness, lease: &str) {
+pub(crate) async fn revoke_cli(h: &Harness, lease: &str) {
     let out = leasegate(&[
         "revoke",
         "--journal",

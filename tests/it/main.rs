@@ -6,6 +6,7 @@ mod boundary_tls;
 mod bridges;
 mod cli;
 mod clients;
+mod compact;
 mod conformance;
 mod dashboard;
 mod deploy;

@@ -34,7 +34,7 @@ fn json_of(text: &str) -> Value {
 }
 
 /// The value of one sample line of Prometheus text.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics
         .lines()
         .find_map(|l| {

@@ -12,7 +12,12 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// A replica of the proxy on `cluster`'s stream `stream`.
-async fn replica(h: &Harness, cluster: &NatsCluster, stream: &str, data: &str) -> Server {
+pub(crate) async fn replica(
+    h: &Harness,
+    cluster: &NatsCluster,
+    stream: &str,
+    data: &str,
+) -> Server {
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
     config.journal = JournalLocation::Nats(cluster.location(stream));
     config.store = StoreOptions {
@@ -115,7 +120,7 @@ async fn refuse(server: &Server, lease: &str) {
 }
 
 /// `POST /leases/{id}/revoke` on `server`'s admin API.
-async fn admin_revoke(server: &Server, lease: &str) {
+pub(crate) async fn admin_revoke(server: &Server, lease: &str) {
     let url = format!(
         "http://{}/leases/{lease}/revoke",
         server.admin_addr.unwrap()

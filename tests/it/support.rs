@@ -109,3 +109,10 @@ pub async fn leasegate(args: &[&str]) -> std::process::Output {
 pub fn leasegate_sync(args: &[&str]) -> std::process::Output {
     leasegate_command(args).output().unwrap()
 }
+
+/// `line` (a journal record) signed by `signer`.
+pub fn signed_line(line: &str, signer: &Key) -> String {
+    let mut record: Value = serde_json::from_str(line).unwrap();
+    sign(&mut record, signer).unwrap();
+    record.to_string()
+}

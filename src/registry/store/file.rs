@@ -4,15 +4,21 @@
 //! last line is held until its newline arrives; a replaced file (new inode), a truncated one
 //! (shorter than what we read) or a rewritten one (its first bytes or the bytes just before our
 //! offset differ from what we read there: truncated and rewritten past the old length between
-//! two polls) starts a new generation, read from its start. An append is one
-//! complete line in one `write`, after a newline if the file ends in a torn line, so our record
-//! never fuses with another writer's. Nothing here rewrites the file, and no file I/O runs on a
+//! two polls) starts a new generation, read from its start, unless a compaction's note
+//! ([`swap`]) shows the new file is a compaction of the one we read: then the rest of the old
+//! file is read and the new one followed from what it covers, a new generation that re-reads
+//! nothing. An append is one complete line in one `write`, under a shared lock on the file the
+//! path names, after a newline if the file ends in a torn line, so our record never fuses with
+//! another writer's and never lands in a file a compaction has replaced. Nothing here rewrites
+//! the file, and no file I/O runs on a
 //! runtime worker thread (it all goes through `spawn_blocking`). Reads are cancel-safe: lines
 //! of a read whose caller went away are handed out by the next one.
 
+pub mod swap;
+
 use super::{Batch, BoxFuture, Position, Store};
 use serde_json::Value;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -83,6 +89,13 @@ impl Cursor {
         let meta = file.metadata()?;
         let identity = Some((meta.dev(), meta.ino()));
         let mut restarted = false;
+        // Lines of the old file a compaction replaced, read before the new file's.
+        let mut carried = Vec::new();
+        if identity != self.identity && self.identity.is_some() {
+            if let Some(lines) = self.follow_compaction(path, &file, &meta) {
+                carried = lines;
+            }
+        }
         if identity != self.identity || meta.len() < self.offset || !self.is_same_content(&file)? {
             if self.identity.is_some() {
                 tracing::info!(journal = %path.display(), "journal replaced, truncated or rewritten: reading it from the start");
@@ -96,7 +109,7 @@ impl Cursor {
             restarted = true;
         }
         if meta.len() == self.offset {
-            return Ok(self.batch(restarted, vec![]));
+            return Ok(self.batch(restarted, carried));
         }
         file.seek(SeekFrom::Start(self.offset))?;
         let mut bytes = std::mem::take(&mut self.partial);
@@ -106,9 +119,67 @@ impl Cursor {
         self.offset += read as u64;
         self.witness(&bytes[kept..]);
         let (lines, rest) = crate::registry::journal::split_lines(&bytes);
-        let lines: Vec<Vec<u8>> = lines.map(<[u8]>::to_vec).collect();
+        carried.extend(lines.map(<[u8]>::to_vec));
         self.partial = rest.to_vec();
-        Ok(self.batch(restarted, lines))
+        Ok(self.batch(restarted, carried))
+    }
+
+    /// The file was replaced: if by a compaction of the one we followed (its note matches),
+    /// reads what we had not read of the old file, then goes on in the new one after what it
+    /// covers, as a new generation that is not a restart. `None`: read it from its start.
+    fn follow_compaction(
+        &mut self,
+        path: &Path,
+        file: &File,
+        meta: &std::fs::Metadata,
+    ) -> Option<Vec<Vec<u8>>> {
+        let note = swap::read_note(path)?;
+        let matches = Some(note.old) == self.identity
+            && note.new == (meta.dev(), meta.ino())
+            && meta.len() >= note.length
+            && self.offset <= note.covered;
+        if !matches {
+            tracing::info!(journal = %path.display(), "journal replaced; its compaction note does not match what we read");
+            return None;
+        }
+        let archive = path.with_file_name(&note.archive);
+        let rest = File::open(&archive)
+            .and_then(|old| {
+                let old_meta = old.metadata()?;
+                if (old_meta.dev(), old_meta.ino()) != note.old
+                    || old_meta.len() < note.covered
+                    || !self.is_same_content(&old)?
+                {
+                    return Err(io::Error::other("not the file we read"));
+                }
+                let mut rest = vec![0; (note.covered - self.offset) as usize];
+                old.read_exact_at(&mut rest, self.offset)?;
+                Ok(rest)
+            })
+            .inspect_err(|error| tracing::info!(journal = %path.display(), archive = %archive.display(), %error, "journal compacted, but its old file cannot be matched"))
+            .ok()?;
+        let mut witness = vec![0; (note.length.min(WITNESS_BYTES as u64)) as usize];
+        let tail_from = note.length - witness.len() as u64;
+        let mut head = vec![0; witness.len()];
+        if file
+            .read_exact_at(&mut head, 0)
+            .and_then(|()| file.read_exact_at(&mut witness, tail_from))
+            .is_err()
+        {
+            return None;
+        }
+        let mut bytes = std::mem::take(&mut self.partial);
+        bytes.extend_from_slice(&rest);
+        // An unterminated end of the old file is torn for good: the compaction left it out.
+        let (lines, _torn) = crate::registry::journal::split_lines(&bytes);
+        let lines: Vec<Vec<u8>> = lines.map(<[u8]>::to_vec).collect();
+        tracing::info!(journal = %path.display(), archive = %archive.display(), "journal compacted: following the new file from what it covers");
+        self.identity = Some(note.new);
+        self.generation += 1;
+        self.offset = note.length;
+        self.head = head;
+        self.tail = witness;
+        Some(lines)
     }
 
     /// Whether the bytes we kept from the start of the file and from just before our offset
@@ -171,11 +242,8 @@ pub fn append(path: &Path, record: &Value, fsync: bool) -> io::Result<Appended> 
 
 /// Appends `line` (one serialized record, no newline) and its newline in one `write`.
 fn append_line(path: &Path, mut line: Vec<u8>, fsync: bool) -> io::Result<Appended> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .read(true)
-        .open(path)?;
+    // Shared lock: a compaction's swap (exclusive) waits for it, and it for the swap.
+    let mut file = swap::open_locked_for_append(path)?;
     let meta = file.metadata()?;
     let len = meta.len();
     let mut last = [b'\n'];

@@ -15,6 +15,8 @@
 //!   (`Nats-Expected-Last-Subject-Sequence`): when the subject's last message already closes
 //!   the lease (another replica's revocation, or our own whose ack was lost) nothing is
 //!   published and that message's position is returned.
+//! - A replica starts from the latest snapshot ([`super::snapshot`]) that applies, then follows
+//!   from the sequence after the one it covers: the same fold, without reading what it covers.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
 //!   (`/readyz` 503) while the last folded state stays in force.
@@ -510,7 +512,8 @@ struct Contact {
 }
 
 impl NatsStore {
-    /// Opens the journal stream at `location` and starts following it from its first message.
+    /// Opens the journal stream at `location` and starts following it: from the latest
+    /// snapshot's lines and the message after the sequence it covers, or from the first message.
     pub async fn open(
         location: &NatsLocation,
         options: &NatsOptions,
@@ -521,10 +524,26 @@ impl NatsStore {
             reason: e.to_string(),
         };
         let initial_head = stream.last_sequence().await.map_err(stream_error)?;
+        // A snapshot that cannot be read is not used: the journal holds everything.
+        let (covers, lines) = match super::snapshot::latest(&stream, initial_head).await {
+            Ok(Some((marker, lines))) => {
+                tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
+                (marker.covers, lines)
+            }
+            Ok(None) => (0, Vec::new()),
+            Err(error) => {
+                tracing::warn!(store = %location, %error, "the journal's snapshot cannot be read: folding the journal from its start");
+                (0, Vec::new())
+            }
+        };
         let now = Instant::now();
         let shared = Arc::new(Shared {
-            received: Mutex::new(Received::default()),
-            delivered: watch::channel(0).0,
+            received: Mutex::new(Received {
+                lines,
+                last: covers,
+                handed: 0,
+            }),
+            delivered: watch::channel(covers).0,
             initial_head,
             contact: Mutex::new(Contact {
                 last: now,
@@ -532,7 +551,10 @@ impl NatsStore {
                 caught_up: now,
             }),
         });
-        let messages = stream.ordered_from(1).await.map_err(stream_error)?;
+        let messages = stream
+            .ordered_from(covers + 1)
+            .await
+            .map_err(stream_error)?;
         let follower = tokio::spawn(follow(stream.clone(), messages, shared.clone()));
         let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
         Ok(NatsStore {

@@ -1,5 +1,6 @@
 use super::*;
 use proptest::prelude::*;
+use std::fs::OpenOptions;
 
 fn writer(path: &Path) -> File {
     OpenOptions::new()
@@ -206,6 +207,92 @@ async fn a_dropped_read_loses_no_line() {
     // and this read comes after it: either way one read hands out the rest.
     lines.extend(store.read_new().await.unwrap().lines);
     assert_eq!(lines, [b"one".to_vec(), b"two".to_vec()]);
+}
+
+/// A compaction swapped in: the store reads what it had not read of the old file, then goes on
+/// in the new one after what it covers; nothing is handed out twice, and a line appended
+/// between the compaction's read and its swap is in the new file. A later plain rotation, which
+/// the note does not describe, is read from its start.
+#[test]
+fn a_compaction_is_followed_without_reading_anything_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::new(path.clone(), false);
+    let mut f = writer(&path);
+    f.write_all(b"a\nb\nc\n").unwrap();
+    assert_eq!(lines(&store.inner.read_new().unwrap()), [b"a", b"b", b"c"]);
+    f.write_all(b"d\n").unwrap();
+    let read = swap::read(&path).unwrap();
+    f.write_all(b"e\n").unwrap();
+    let kept = [&b"b"[..], b"d"];
+    let swapped = swap::swap_in(&path, &read, kept.into_iter(), "stamp").unwrap();
+    assert_eq!(swapped.appended_meanwhile, 1);
+    assert_eq!(std::fs::read(&path).unwrap(), b"b\nd\ne\n");
+    assert_eq!(std::fs::read(&swapped.archive).unwrap(), b"a\nb\nc\nd\ne\n");
+    assert_eq!(swapped.archive, dir.path().join("j.stamp"));
+    // Appended to the new file before the store noticed the swap: already its next generation.
+    let appended = store.inner.append(b"f".to_vec()).unwrap();
+    assert_eq!(
+        appended,
+        Position {
+            generation: 2,
+            offset: 8
+        }
+    );
+    let batch = store.inner.read_new().unwrap();
+    assert!(!batch.restarted, "a compaction is not a restart");
+    assert_eq!(lines(&batch), [b"d", b"e", b"f"]);
+    assert_eq!(batch.position, appended);
+    assert!(store.inner.read_new().unwrap().lines.is_empty());
+    assert!(
+        matches!(
+            swap::swap_in(&path, &read, kept.into_iter(), "again"),
+            Err(swap::SwapError::Changed { .. })
+        ),
+        "a read of a file since replaced is not swapped in"
+    );
+
+    std::fs::rename(&path, dir.path().join("j.1")).unwrap();
+    std::fs::write(&path, b"z\n").unwrap();
+    let batch = store.inner.read_new().unwrap();
+    assert!(
+        batch.restarted,
+        "a rotation the note does not describe starts over"
+    );
+    assert_eq!(lines(&batch), [b"z"]);
+}
+
+/// Appends from another thread while a compaction reads, chooses and swaps: every line is in
+/// the new file exactly once, in order (the swap copies what came after its read, and an append
+/// waits for the swap and then goes to the new file).
+#[test]
+fn no_append_is_lost_to_a_compaction() {
+    const LINES: usize = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    append(&path, &serde_json::json!(0), false).unwrap();
+    let writer = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            for i in 1..LINES {
+                append(&path, &serde_json::json!(i), false).unwrap();
+            }
+        })
+    };
+    for round in 0.. {
+        let read = swap::read(&path).unwrap();
+        let (kept, _) = crate::registry::journal::split_lines(&read.bytes);
+        match swap::swap_in(&path, &read, kept, &format!("{round}")) {
+            Ok(_) | Err(swap::SwapError::Changed { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        if writer.is_finished() {
+            break;
+        }
+    }
+    writer.join().unwrap();
+    let expected: String = (0..LINES).map(|i| format!("{i}\n")).collect();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
 }
 
 proptest! {
