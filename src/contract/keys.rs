@@ -176,6 +176,10 @@ impl Keyring {
         }
     }
 
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.keys.iter()
+    }
+
     pub fn get(&self, fingerprint: &str) -> Option<&Key> {
         self.keys.iter().find(|k| &*k.fingerprint == fingerprint)
     }

@@ -131,10 +131,7 @@ impl Lease {
             agent_name: text(&manifest["agent"]["name"]),
             allow_hosts: hosts(&manifest["allow"]["hosts"]),
             deny_hosts: hosts(&manifest["deny"]["hosts"]),
-            key_fingerprint: value["key_fingerprint"]
-                .as_str()
-                .unwrap_or_default()
-                .into(),
+            key_fingerprint: value["key_fingerprint"].as_str().unwrap_or_default().into(),
         }
     }
 }
