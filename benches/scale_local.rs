@@ -6,7 +6,8 @@
 //!   journal) / N, read from /proc once `/readyz` is 200;
 //! - fold time: restart-to-ready less that of an empty journal;
 //! - where the bytes of one lease go: heap bytes (dhat) of its parsed JSON, of a ledger that
-//!   folded it, and of the compiled host lists, over a small sample.
+//!   folded it (compiled host lists included), of the registry, and of a retired lease, over
+//!   a small sample.
 //!
 //! Leases come from an independent signer (benches/common), each with two allow patterns and
 //! one deny. `cargo bench --bench scale_local`; `LEASES=10000,100000` picks the sizes (default
@@ -224,10 +225,21 @@ fn breakdown(runtime: &tokio::runtime::Runtime, dir: &Path, key: &Key, n: u64) {
     let registry_bytes = per(base, heap_bytes());
     drop(registry);
 
-    println!("heap per open lease over {n} leases (dhat):");
+    let closed = dir.join("breakdown-closed.jsonl");
+    write_journal(&closed, key, n, Shape::ClosedLongAgo);
+    let closed_bytes = std::fs::read(&closed).unwrap();
+    let base = heap_bytes();
+    let mut ledger = Ledger::new(keyring(key)).retaining_closed(Duration::from_secs(86_400));
+    fold_bytes(&mut ledger, &closed_bytes);
+    let retired_bytes = per(base, heap_bytes());
+    assert_eq!(ledger.retired_count() as u64, n);
+    drop(ledger);
+
+    println!("heap per lease over {n} leases (dhat):");
     println!("  a lease's parsed JSON alone (serde_json::Value): {json:>7.0} B");
     println!("  ledger after the fold (all it holds):            {ledger_bytes:>7.0} B");
     println!("  registry (ledger, compiled host lists, store):   {registry_bytes:>7.0} B");
+    println!("  ledger of leases retired (closed 25 h ago):      {retired_bytes:>7.0} B");
 }
 
 fn main() {

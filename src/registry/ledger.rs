@@ -6,7 +6,8 @@
 //! reported, not waited for); a closing record that carries a signature applies only if it
 //! verifies under its lease's own key (with `--require-record-signatures`, only signed ones
 //! apply); and whether a lease opens anything is decided over its whole chain at a given `now`.
-//! Every loaded lease has its compiled host lists beside it.
+//! Every loaded lease has its compiled host lists beside it (shared by leases with the same
+//! lists).
 //! With a retention ([`Ledger::retaining_closed`]), a lease closed (or expired) longer ago than
 //! that is retired: only its id, parent, key and closing are kept ([`Retired`]), enough to
 //! refuse it and its descendants with the right code; a retired lease never opens again.
@@ -14,12 +15,14 @@
 //! publish a new ledger per journal refresh without copying every lease ever granted.
 
 use super::prepared::{ClosingFacts, Prepared, RecordSignature, Step};
+use super::shared_policies::SharedPolicies;
 use crate::contract::lease::is_lease_id;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
 use crate::policy::refusal::{Code, Refusal};
 use crate::policy::HostPolicy;
 use imbl::Vector;
+use std::num::NonZeroU128;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -211,8 +214,8 @@ struct Granted {
 /// a token for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retired {
-    /// The parent's id ([`lease_key`]).
-    parent: Option<u128>,
+    /// The parent's id ([`lease_key`]; a lease whose parent is the nil UUID is not retired).
+    parent: Option<NonZeroU128>,
     /// The closing that applied (the earliest), or `None`: it expired.
     closing: Option<(Event, Timestamp)>,
     /// The key it was signed with (shared with the keyring).
@@ -228,7 +231,7 @@ impl Retired {
     }
 
     pub fn parent(&self) -> Option<String> {
-        self.parent.map(lease_id_of)
+        self.parent.map(|key| lease_id_of(key.get()))
     }
 }
 
@@ -273,8 +276,11 @@ pub struct Ledger {
     order: imbl::OrdMap<u64, Arc<Lease>>,
     /// How many leases have been granted: the next `Granted::seq`.
     granted: u64,
-    /// Leases retired after their retention, by [`lease_key`].
-    retired: PersistentMap<u128, Retired>,
+    /// Leases retired after their retention, by [`lease_key`]. A B-tree: its nodes stay at
+    /// least half full, where a hash trie's sparse leaves would cost several slots per entry.
+    retired: imbl::OrdMap<u128, Retired>,
+    /// Compiled host lists shared by leases with the same lists.
+    shared: SharedPolicies,
     /// How long a closed or expired lease is kept whole; `None`: forever.
     retention: Option<Duration>,
     stats: FoldStats,
@@ -298,7 +304,8 @@ impl Ledger {
             held: PersistentMap::default(),
             order: imbl::OrdMap::new(),
             granted: 0,
-            retired: PersistentMap::default(),
+            retired: imbl::OrdMap::new(),
+            shared: SharedPolicies::default(),
             retention: None,
             stats: FoldStats::default(),
         }
@@ -419,6 +426,7 @@ impl Ledger {
                 } else {
                     self.release_held(&lease);
                     let lease = Arc::new(lease);
+                    let policy = self.shared.share(&lease, policy);
                     let seq = self.granted;
                     self.granted += 1;
                     self.order.insert(seq, lease.clone());
@@ -665,12 +673,21 @@ impl Ledger {
         let Some(key) = lease_key(id) else {
             return;
         };
+        let parent = match lease.parent.as_deref().map(lease_key) {
+            None => None,
+            Some(Some(parent)) => match NonZeroU128::new(parent) {
+                Some(parent) => Some(parent),
+                None => return,
+            },
+            Some(None) => return,
+        };
         let retired = Retired {
-            parent: lease.parent.as_deref().and_then(lease_key),
+            parent,
             closing,
             key_fingerprint: lease.key_fingerprint.clone(),
         };
         let seq = granted.seq;
+        self.shared.forget(&granted.lease.clone());
         self.order.remove(&seq);
         self.leases.remove(id);
         self.closures.remove(id);

@@ -7,6 +7,7 @@ pub mod open;
 pub mod pending;
 pub mod prepared;
 pub mod revocation;
+mod shared_policies;
 pub mod store;
 pub mod tokens;
 

@@ -642,3 +642,24 @@ fn ledger_of(k: &Key) -> Ledger {
     ring.insert(k.clone());
     Ledger::new(ring)
 }
+
+/// Leases with the same host lists share one compiled policy; other lists get their own, and
+/// each still decides by its own lists.
+#[test]
+fn leases_with_the_same_lists_share_their_compiled_policy() {
+    let k = key(1);
+    let grant =
+        |n: u32, allow: &[&str]| granted_line(&lease(&k, &id(n), None, WINDOW, allow, &[]), AT);
+    let (ledger, skipped) = fold(&[
+        grant(1, &["*.example.com"]),
+        grant(2, &["*.example.com"]),
+        grant(3, &["pypi.org"]),
+    ]);
+    assert_eq!(skipped, 0);
+    let policy = |n: u32| ledger.policy(&id(n)).unwrap().clone();
+    assert!(std::sync::Arc::ptr_eq(&policy(1), &policy(2)));
+    assert!(!std::sync::Arc::ptr_eq(&policy(1), &policy(3)));
+    let host = leasegate::policy::target::parse_host("pypi.org").unwrap();
+    assert!(policy(3).allow.find(&host).is_some());
+    assert!(policy(2).allow.find(&host).is_none());
+}

@@ -31,7 +31,7 @@ const WITNESS_BYTES: usize = 128;
 /// The most one read takes from the file: a long journal is handed out in batches of about
 /// this size, so what a fold holds of it at once (the bytes and their lines) stays small and
 /// its memory is reused batch after batch rather than left behind fragmented.
-const READ_AT_MOST: u64 = 16 << 20;
+const READ_AT_MOST: u64 = 4 << 20;
 
 /// The journal file, followed and appended to.
 #[derive(Debug, Clone)]
