@@ -148,6 +148,22 @@ struct Started {
     ready: Duration,
     rss: u64,
     peak: u64,
+    /// CPU seconds (user and system, every thread) the process used until ready: on a busy
+    /// machine, what the fold would take on an idle one is about this over the cores.
+    cpu: f64,
+}
+
+/// User and system CPU seconds of process `pid` (/proc/PID/stat, at 100 ticks a second).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
 }
 
 /// Starts `leasegate serve` on `journal`, waits for `/readyz` 200, and reads its memory.
@@ -174,6 +190,7 @@ fn serve(journal: &Path, key_file: &Path) -> Started {
         std::thread::sleep(Duration::from_millis(10));
     }
     let ready = started.elapsed();
+    let cpu = cpu_seconds(serve.0.id());
     // Let the follower's first polls settle.
     std::thread::sleep(Duration::from_millis(500));
     let pid = serve.0.id();
@@ -181,6 +198,7 @@ fn serve(journal: &Path, key_file: &Path) -> Started {
         ready,
         rss: proc_bytes(pid, "VmRSS"),
         peak: proc_bytes(pid, "VmHWM"),
+        cpu,
     }
 }
 
@@ -278,9 +296,9 @@ fn main() {
     let per_lease = |rss: u64, n: u64| (rss.saturating_sub(base.rss)) as f64 / n as f64;
 
     println!(
-        "| leases | journal records | state | RSS | RSS per lease | peak RSS | fold | restart to /readyz 200 |"
+        "| leases | journal records | state | RSS | RSS per lease | peak RSS | fold | restart to /readyz 200 | CPU until ready |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     for &n in &sizes {
         for shape in [Shape::Open, Shape::ClosedLongAgo] {
             let journal = dir.path().join("journal.jsonl");
@@ -291,12 +309,13 @@ fn main() {
                 Shape::ClosedLongAgo => (2 * n, "closed 25 h ago"),
             };
             println!(
-                "| {n} | {records} | {state} | {:.1} MB | {:.0} B | {:.1} MB | {:.2} s | {:.2} s |",
+                "| {n} | {records} | {state} | {:.1} MB | {:.0} B | {:.1} MB | {:.2} s | {:.2} s | {:.1} s |",
                 started.rss as f64 / 1e6,
                 per_lease(started.rss, n),
                 started.peak as f64 / 1e6,
                 started.ready.saturating_sub(base.ready).as_secs_f64(),
                 started.ready.as_secs_f64(),
+                started.cpu,
             );
             std::fs::remove_file(&journal).unwrap();
         }
