@@ -357,6 +357,11 @@ pub struct ServeArgs {
     /// How long the metric series of a closed lease stay on /metrics.
     #[arg(long, env = "LEASEGATE_METRICS_GRACE", default_value = "5m", value_parser = humantime::parse_duration)]
     pub metrics_grace: std::time::Duration,
+    /// How long a closed or expired lease is kept whole after it closed; then only its id,
+    /// parent and closing are kept (a request naming it, or a descendant, is still refused with
+    /// the right code; the admin API no longer lists it).
+    #[arg(long, env = "LEASEGATE_CLOSED_LEASE_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub closed_lease_retention: std::time::Duration,
     /// On SIGTERM/SIGINT, how long requests and tunnels may finish before they are closed.
     #[arg(long, env = "LEASEGATE_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_timeout: std::time::Duration,

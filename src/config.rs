@@ -203,6 +203,7 @@ impl From<&cli::StoreArgs> for StoreOptions {
                 stale_after: args.store_stale_after,
             },
             data_dir: args.data_dir.clone(),
+            closed_lease_retention: None,
         }
     }
 }
@@ -263,7 +264,10 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 return Err(ConfigError::AdminExposed(addr));
             }
         }
-        let store = StoreOptions::from(&args.store);
+        let store = StoreOptions {
+            closed_lease_retention: Some(args.closed_lease_retention),
+            ..StoreOptions::from(&args.store)
+        };
         let egress_stream = args.egress_stream.map(|location| EgressStreamConfig {
             location,
             nats: store.nats.clone(),

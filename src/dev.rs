@@ -132,7 +132,7 @@ pub fn demo_lease(demo: &Demo) -> Result<DemoLease, DevError> {
             && lease.parent.is_none()
             && lease.allow_hosts == demo.hosts
             && lease.deny_hosts.is_empty()
-            && lease.key_fingerprint == key.fingerprint()
+            && *lease.key_fingerprint == *key.fingerprint()
             // An hour left at least: a reused lease should outlive the session.
             && lease.expires_at.as_millis() > now.saturating_add_millis(3_600_000).as_millis()
             && ledger.status(&lease.id, now) == Some(Status::Open)

@@ -13,7 +13,7 @@
 use serde_json::Value;
 
 /// Why a value has no canonical form.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum CanonError {
     #[error("a non-finite number ({0}) has no canonical form")]
     NonFinite(f64),

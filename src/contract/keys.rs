@@ -8,6 +8,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -28,7 +29,8 @@ pub enum KeyError {
 #[derive(Clone)]
 pub struct Key {
     raw: [u8; 32],
-    fingerprint: String,
+    /// Shared with every lease that names it.
+    fingerprint: Arc<str>,
 }
 
 impl fmt::Debug for Key {
@@ -40,7 +42,7 @@ impl fmt::Debug for Key {
 impl Key {
     pub fn from_bytes(raw: [u8; 32]) -> Key {
         let digest = Sha256::digest(raw);
-        let fingerprint = format!("sha256:{}", &hex::encode(digest)[..16]);
+        let fingerprint = format!("sha256:{}", &hex::encode(digest)[..16]).into();
         Key { raw, fingerprint }
     }
 
@@ -86,8 +88,13 @@ impl Key {
         &self.fingerprint
     }
 
+    /// The fingerprint, shared rather than copied (a lease keeps it).
+    pub fn shared_fingerprint(&self) -> Arc<str> {
+        self.fingerprint.clone()
+    }
+
     pub fn is_test_key(&self) -> bool {
-        self.fingerprint == TEST_KEY_FINGERPRINT
+        &*self.fingerprint == TEST_KEY_FINGERPRINT
     }
 
     /// Lower-case hex HMAC-SHA256 of `bytes`.
@@ -169,8 +176,12 @@ impl Keyring {
         }
     }
 
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.keys.iter()
+    }
+
     pub fn get(&self, fingerprint: &str) -> Option<&Key> {
-        self.keys.iter().find(|k| k.fingerprint == fingerprint)
+        self.keys.iter().find(|k| &*k.fingerprint == fingerprint)
     }
 
     pub fn allows_test_key(&self) -> bool {

@@ -2,7 +2,9 @@
 //!
 //! Invariant: a [`Lease`] value exists only for JSON that passed the schema, L1, L2 and, for
 //! [`Lease::load`], its signature under a trusted key. The signature is checked over the
-//! parsed JSON value as received (every member but `signature`), never a re-serialised struct.
+//! parsed JSON value as received (every member but `signature`), never a re-serialised struct;
+//! once checked, the JSON is dropped: a lease keeps only the facts leasegate acts on (a
+//! journal of a million leases must not hold a million parsed JSON trees).
 
 use super::canonical::{canonical_bytes_without, CanonError};
 use super::keys::{Key, Keyring, TEST_KEY_FINGERPRINT};
@@ -10,6 +12,7 @@ use super::rules::{self, Lifetime, RuleViolation};
 use super::schema::{self, Schema, SchemaIssue};
 use super::Timestamp;
 use serde_json::Value;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -29,8 +32,9 @@ pub enum LeaseError {
     Canonical(#[from] CanonError),
 }
 
-/// A loaded lease: the facts leasegate acts on, and the JSON they came from.
-#[derive(Clone)]
+/// A loaded lease: the facts leasegate acts on (not the JSON they came from, which holds the
+/// signature and is dropped once checked).
+#[derive(Debug, Clone)]
 pub struct Lease {
     pub id: String,
     pub parent: Option<String>,
@@ -39,32 +43,20 @@ pub struct Lease {
     pub agent_name: String,
     pub allow_hosts: Vec<String>,
     pub deny_hosts: Vec<String>,
-    pub key_fingerprint: String,
-    /// The lease exactly as parsed, signature included.
-    pub value: Value,
-}
-
-/// Never shows the signed JSON (and so never the signature) in logs.
-impl std::fmt::Debug for Lease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease")
-            .field("id", &self.id)
-            .field("parent", &self.parent)
-            .field("issued_at", &self.issued_at)
-            .field("expires_at", &self.expires_at)
-            .field("agent_name", &self.agent_name)
-            .field("allow_hosts", &self.allow_hosts)
-            .field("deny_hosts", &self.deny_hosts)
-            .field("key_fingerprint", &self.key_fingerprint)
-            .finish_non_exhaustive()
-    }
+    /// Shared with the keyring's key once the signature verified (one copy for every lease
+    /// signed with it).
+    pub key_fingerprint: Arc<str>,
 }
 
 impl Lease {
     /// Version, schema, L1 and L2; no signature. For `verify` without a key.
     pub fn check(value: Value) -> Result<Lease, LeaseError> {
-        check_major(&value).map_err(LeaseError::UnknownMajor)?;
-        Schema::Lease.validate(&value).map_err(LeaseError::Schema)?;
+        Lease::checked(&value)
+    }
+
+    fn checked(value: &Value) -> Result<Lease, LeaseError> {
+        check_major(value).map_err(LeaseError::UnknownMajor)?;
+        Schema::Lease.validate(value).map_err(LeaseError::Schema)?;
         Lease::check_rules(value)
     }
 
@@ -73,14 +65,14 @@ impl Lease {
     /// only repeat the work.
     pub fn load_from_record(value: Value, keyring: &Keyring) -> Result<Lease, LeaseError> {
         check_major(&value).map_err(LeaseError::UnknownMajor)?;
-        Lease::check_rules(value)?.verified(keyring)
+        Lease::check_rules(&value)?.verified(&value, keyring)
     }
 
-    fn check_rules(value: Value) -> Result<Lease, LeaseError> {
+    fn check_rules(value: &Value) -> Result<Lease, LeaseError> {
         let lease = Lease::from_valid(value);
         rules::check_l1(lease.issued_at, lease.expires_at)?;
         rules::check_l2(&lease.id, lease.parent.as_deref())?;
-        if let Some(manifest_parent) = lease.value["manifest"]["parent_lease_id"].as_str() {
+        if let Some(manifest_parent) = value["manifest"]["parent_lease_id"].as_str() {
             rules::check_l2(&lease.id, Some(manifest_parent))?;
         }
         Ok(lease)
@@ -88,21 +80,22 @@ impl Lease {
 
     /// Everything [`Lease::check`] does, then the signature under the key the lease names.
     pub fn load(value: Value, keyring: &Keyring) -> Result<Lease, LeaseError> {
-        Lease::check(value)?.verified(keyring)
+        Lease::checked(&value)?.verified(&value, keyring)
     }
 
-    fn verified(self, keyring: &Keyring) -> Result<Lease, LeaseError> {
-        let lease = self;
-        if lease.key_fingerprint == TEST_KEY_FINGERPRINT && !keyring.allows_test_key() {
+    /// This lease, once `value` (the JSON it was read from) verifies under its key.
+    fn verified(mut self, value: &Value, keyring: &Keyring) -> Result<Lease, LeaseError> {
+        if &*self.key_fingerprint == TEST_KEY_FINGERPRINT && !keyring.allows_test_key() {
             return Err(LeaseError::TestKey);
         }
         let key = keyring
-            .get(&lease.key_fingerprint)
-            .ok_or_else(|| LeaseError::UnknownKey(lease.key_fingerprint.clone()))?;
-        if !verify_signature(&lease.value, key)? {
-            return Err(LeaseError::BadSignature(lease.key_fingerprint.clone()));
+            .get(&self.key_fingerprint)
+            .ok_or_else(|| LeaseError::UnknownKey(self.key_fingerprint.to_string()))?;
+        if !verify_signature(value, key)? {
+            return Err(LeaseError::BadSignature(self.key_fingerprint.to_string()));
         }
-        Ok(lease)
+        self.key_fingerprint = key.shared_fingerprint();
+        Ok(self)
     }
 
     /// Where `now` falls in this lease's own lifetime.
@@ -110,7 +103,7 @@ impl Lease {
         rules::lifetime(self.issued_at, self.expires_at, now)
     }
 
-    fn from_valid(value: Value) -> Lease {
+    fn from_valid(value: &Value) -> Lease {
         // The schema has vouched for every member read here.
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
         let hosts = |v: &Value| -> Vec<String> {
@@ -138,8 +131,7 @@ impl Lease {
             agent_name: text(&manifest["agent"]["name"]),
             allow_hosts: hosts(&manifest["allow"]["hosts"]),
             deny_hosts: hosts(&manifest["deny"]["hosts"]),
-            key_fingerprint: text(&value["key_fingerprint"]),
-            value,
+            key_fingerprint: value["key_fingerprint"].as_str().unwrap_or_default().into(),
         }
     }
 }

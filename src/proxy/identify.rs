@@ -33,8 +33,8 @@ pub fn authenticate(
 ) -> Result<(), Refusal> {
     let key = snapshot
         .ledger
-        .lease(&identity.lease_id)
-        .and_then(|lease| snapshot.ledger.keyring()?.get(&lease.key_fingerprint));
+        .key_fingerprint(&identity.lease_id)
+        .and_then(|fingerprint| snapshot.ledger.keyring()?.get(fingerprint));
     check_tags(identity, credentials, key)
 }
 

@@ -58,8 +58,8 @@ fn policies<'a>(
 ) -> impl Iterator<Item = (&'a str, &'a HostPolicy)> + Clone {
     chain.iter().map(|lease| {
         let policy = snapshot
-            .policies
-            .get(&lease.id)
+            .ledger
+            .policy(&lease.id)
             .map(Arc::as_ref)
             .unwrap_or(&EMPTY_POLICY);
         (lease.id.as_str(), policy)

@@ -1,11 +1,14 @@
 //! Folding journal lines into a ledger, whatever store they came from; and loading a whole
 //! journal file for the CLI.
 //!
-//! Invariant: lines apply in order, each once per call; a line that does not parse or validate
-//! is skipped, counted by the ledger and reported, never fatal. Nothing here writes: appends go
+//! Invariant: lines apply in order, each once per call (they may be prepared on several threads,
+//! but the ledger changes only in journal order, on the caller's); a line that does not parse
+//! or validate is skipped, counted by the ledger and reported, never fatal. Nothing here writes: appends go
 //! through [`super::store`].
 
 use super::ledger::{Ledger, LineError};
+use super::prepared::Prepared;
+use crate::contract::Keyring;
 use std::io;
 use std::path::Path;
 
@@ -34,22 +37,78 @@ pub fn fold_bytes(ledger: &mut Ledger, bytes: &[u8]) -> Vec<LineProblem> {
     apply_lines(ledger, lines.chain((!rest.is_empty()).then_some(rest)))
 }
 
+/// Lines prepared per round: enough to keep every core busy for a while, few enough that the
+/// prepared leases waiting for their turn stay a small part of memory.
+const ROUND: usize = 4096;
+
+/// A round shorter than this is prepared on the calling thread (a follower's few new lines).
+const PARALLEL_FROM: usize = 256;
+
 /// Applies complete lines in order (blank ones ignored); the skipped ones are returned, with
 /// their 1-based number among `lines` (the caller logs them: see [`warn_skipped`]).
+///
+/// Each line is first prepared ([`Prepared::line`]: parse, schema, a grant's signature and
+/// host lists), on every core for a long journal, then applied in journal order on this
+/// thread while the next round is prepared: the ledger is exactly the one a line-by-line fold
+/// ([`Ledger::apply_line_bytes`]) gives.
 pub fn apply_lines<'a>(
     ledger: &mut Ledger,
     lines: impl Iterator<Item = &'a [u8]>,
 ) -> Vec<LineProblem> {
+    let keyring = ledger.keyring().cloned();
+    let keyring = keyring.as_ref();
+    let mut lines = lines
+        .enumerate()
+        .filter(|(_, raw)| !raw.iter().all(u8::is_ascii_whitespace))
+        .map(|(i, raw)| (i + 1, raw));
     let mut problems = Vec::new();
-    for (i, raw) in lines.enumerate() {
-        if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        if let Err(error) = ledger.apply_line_bytes(raw) {
-            problems.push(LineProblem { line: i + 1, error });
-        }
+    let mut current = prepare_round(keyring, &lines.by_ref().take(ROUND).collect::<Vec<_>>());
+    while !current.is_empty() {
+        let upcoming: Vec<(usize, &[u8])> = lines.by_ref().take(ROUND).collect();
+        current = std::thread::scope(|scope| {
+            let next =
+                (!upcoming.is_empty()).then(|| scope.spawn(|| prepare_round(keyring, &upcoming)));
+            for (line, prepared) in current {
+                if let Err(error) = ledger.apply_prepared(prepared) {
+                    problems.push(LineProblem { line, error });
+                }
+            }
+            next.map_or_else(Vec::new, |next| {
+                next.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+        });
     }
     problems
+}
+
+/// Prepares numbered lines, split over the machine's cores when there are enough of them.
+fn prepare_round(keyring: Option<&Keyring>, lines: &[(usize, &[u8])]) -> Vec<(usize, Prepared)> {
+    let prepare = |(line, raw): &(usize, &[u8])| (*line, Prepared::line(keyring, raw));
+    let workers = cores();
+    if lines.len() < PARALLEL_FROM || workers < 2 {
+        return lines.iter().map(prepare).collect();
+    }
+    let share = lines.len().div_ceil(workers);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = lines
+            .chunks(share)
+            .map(|part| scope.spawn(move || part.iter().map(prepare).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|part| {
+                part.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
+/// How many threads prepare lines (the machine's cores, read once).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Logs skipped lines, one warning per distinct reason: a wrong key would otherwise warn

@@ -6,16 +6,25 @@
 //! reported, not waited for); a closing record that carries a signature applies only if it
 //! verifies under its lease's own key (with `--require-record-signatures`, only signed ones
 //! apply); and whether a lease opens anything is decided over its whole chain at a given `now`.
+//! Every loaded lease has its compiled host lists beside it (shared by leases with the same
+//! lists).
+//! With a retention ([`Ledger::retaining_closed`]), a lease closed (or expired) longer ago than
+//! that is retired: only its id, parent, key and closing are kept ([`Retired`]), enough to
+//! refuse it and its descendants with the right code; a retired lease never opens again.
 //! Its maps are persistent (`imbl`): a clone shares them in O(1), so the live registry can
 //! publish a new ledger per journal refresh without copying every lease ever granted.
 
-use crate::contract::lease::verify_signature;
-use crate::contract::record::Record;
+use super::prepared::{ClosingFacts, Prepared, RecordSignature, Step};
+use super::shared_policies::SharedPolicies;
+use crate::contract::lease::is_lease_id;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
 use crate::policy::refusal::{Code, Refusal};
+use crate::policy::HostPolicy;
 use imbl::Vector;
+use std::num::NonZeroU128;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A persistent map with a fast hasher (lease ids are not attacker-chosen keys here: a lease
 /// is only folded once its signature verifies).
@@ -191,6 +200,64 @@ pub struct FoldStats {
     pub events: [u64; 9],
 }
 
+/// A loaded lease, where it is in grant order, and its compiled host lists.
+#[derive(Debug, Clone)]
+struct Granted {
+    /// Its place in grant order (the key of `Ledger::order`).
+    seq: u64,
+    lease: Arc<Lease>,
+    policy: Arc<HostPolicy>,
+}
+
+/// What is left of a lease retired after its retention: enough to answer "known, and why
+/// closed", to refuse a descendant (`ancestor-closed`), to check a revocation's `by` (L3) and
+/// a token for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retired {
+    /// The parent's id ([`lease_key`]; a lease whose parent is the nil UUID is not retired).
+    parent: Option<NonZeroU128>,
+    /// The closing that applied (the earliest), or `None`: it expired.
+    closing: Option<(Event, Timestamp)>,
+    /// The key it was signed with (shared with the keyring).
+    key_fingerprint: Arc<str>,
+}
+
+impl Retired {
+    pub fn status(&self) -> Status {
+        match self.closing {
+            Some((event, _)) => closed_status(event),
+            None => Status::Expired,
+        }
+    }
+
+    pub fn parent(&self) -> Option<String> {
+        self.parent.map(|key| lease_id_of(key.get()))
+    }
+}
+
+/// A lease id as a number: ids are lower-case UUIDs (the schema's pattern), so a retired lease
+/// costs 16 bytes of id, not a string. `None` for anything else (such a lease is never retired).
+fn lease_key(id: &str) -> Option<u128> {
+    is_lease_id(id)
+        .then(|| uuid::Uuid::try_parse(id).ok())
+        .flatten()
+        .map(|u| u.as_u128())
+}
+
+fn lease_id_of(key: u128) -> String {
+    uuid::Uuid::from_u128(key).hyphenated().to_string()
+}
+
+/// The status a closing record gives its lease.
+fn closed_status(event: Event) -> Status {
+    match event {
+        Event::Revoked => Status::Revoked,
+        Event::Stopped => Status::Stopped,
+        Event::Completed => Status::Completed,
+        _ => Status::Expired,
+    }
+}
+
 /// The folded journal. Cloning shares the maps (persistent, O(1)); a clone changed afterwards
 /// copies only the paths it touches.
 #[derive(Debug, Clone)]
@@ -198,15 +265,24 @@ pub struct Ledger {
     /// `None` only for `verify` without a key: grants are then checked for schema and rules
     /// but not signatures. Nothing that serves traffic builds such a ledger.
     keyring: Option<Keyring>,
-    leases: PersistentMap<String, Arc<Lease>>,
-    /// The earliest closing record of each lease id (known or not yet granted).
+    leases: PersistentMap<String, Granted>,
+    /// The earliest closing record of each lease id (known or not yet granted; not retired).
     closures: PersistentMap<String, Closure>,
     /// Closing records of leases not granted yet whose signature must be checked under the
     /// lease's key: checked when the grant arrives (a journal merged from several writers may
     /// hold a closing before its grant, and a closing must not be lost for that).
-    held: PersistentMap<String, Vector<(Closure, Arc<serde_json::Value>)>>,
-    /// Lease ids in the order they were granted.
-    order: Vector<String>,
+    held: PersistentMap<String, Vector<(Closure, RecordSignature)>>,
+    /// Loaded leases (not retired) in the order they were granted, by `Granted::seq`.
+    order: imbl::OrdMap<u64, Arc<Lease>>,
+    /// How many leases have been granted: the next `Granted::seq`.
+    granted: u64,
+    /// Leases retired after their retention, by [`lease_key`]. A B-tree: its nodes stay at
+    /// least half full, where a hash trie's sparse leaves would cost several slots per entry.
+    retired: imbl::OrdMap<u128, Retired>,
+    /// Compiled host lists shared by leases with the same lists.
+    shared: SharedPolicies,
+    /// How long a closed or expired lease is kept whole; `None`: forever.
+    retention: Option<Duration>,
     stats: FoldStats,
 }
 
@@ -226,9 +302,20 @@ impl Ledger {
             leases: PersistentMap::default(),
             closures: PersistentMap::default(),
             held: PersistentMap::default(),
-            order: Vector::new(),
+            order: imbl::OrdMap::new(),
+            granted: 0,
+            retired: imbl::OrdMap::new(),
+            shared: SharedPolicies::default(),
+            retention: None,
             stats: FoldStats::default(),
         }
+    }
+
+    /// Retires leases closed or expired longer than `retention` ago (see [`Retired`]): when a
+    /// line closes them, and at [`Ledger::retire_closed`].
+    pub fn retaining_closed(mut self, retention: Duration) -> Ledger {
+        self.retention = Some(retention);
+        self
     }
 
     pub fn keyring(&self) -> Option<&Keyring> {
@@ -241,23 +328,20 @@ impl Ledger {
 
     /// Applies one journal line (without its newline). Invalid lines are counted.
     pub fn apply_line_bytes(&mut self, line: &[u8]) -> Result<Applied, LineError> {
+        self.apply_prepared(Prepared::line(self.keyring.as_ref(), line))
+    }
+
+    /// Applies one line prepared (under this ledger's keyring) by [`Prepared::line`]. Invalid
+    /// lines are counted.
+    pub fn apply_prepared(&mut self, prepared: Prepared) -> Result<Applied, LineError> {
         self.stats.lines += 1;
-        let value = std::str::from_utf8(line)
-            .map_err(|_| LineError::NotUtf8)
-            .and_then(|text| {
-                serde_json::from_str::<serde_json::Value>(text)
-                    .map_err(|e| RecordError::from(e).into())
-            });
-        let is_grant = matches!(&value, Ok(v) if v["event"] == "granted");
-        let outcome = value
-            .and_then(|v| Record::from_value(v).map_err(LineError::from))
-            .and_then(|record| self.apply(record));
+        let outcome = prepared.step.and_then(|step| self.apply(step));
         match &outcome {
             Ok(Applied::DuplicateGrant(_)) => self.stats.duplicate_grants += 1,
             Ok(_) => {}
             Err(error) => {
                 self.count_invalid(error);
-                if is_grant {
+                if prepared.is_grant {
                     self.stats.rejected_grants += 1;
                 }
             }
@@ -278,40 +362,37 @@ impl Ledger {
     /// without a keyring (`verify` without a key) checks no signature.
     fn check_record_signature(
         &self,
-        lease: &Lease,
-        record: &serde_json::Value,
+        (lease_id, key_fingerprint): (&str, &str),
+        signature: &RecordSignature,
     ) -> Result<(), LineError> {
         let Some(keyring) = &self.keyring else {
             return Ok(());
         };
-        let problem = match record.get("signature") {
-            None if keyring.requires_record_signatures() => SignatureProblem::Missing,
-            None => return Ok(()),
-            Some(_) => {
-                let verified = keyring
-                    .get(&lease.key_fingerprint)
-                    .map(|key| verify_signature(record, key))
-                    .transpose()
-                    .map_err(RecordError::from)?
-                    .unwrap_or(false);
-                if verified {
+        let problem = match signature {
+            RecordSignature::Unchecked => return Ok(()),
+            RecordSignature::Unsigned if keyring.requires_record_signatures() => {
+                SignatureProblem::Missing
+            }
+            RecordSignature::Unsigned => return Ok(()),
+            signed => {
+                if signed.verifies_under(key_fingerprint)? {
                     return Ok(());
                 }
                 SignatureProblem::Invalid
             }
         };
         Err(LineError::Signature {
-            lease: lease.id.clone(),
+            lease: lease_id.to_owned(),
             problem,
         })
     }
 
     /// Whether a closing record for a lease not granted yet must wait for the grant: only a
     /// grant's key can check its signature.
-    fn must_hold(&self, record: &serde_json::Value) -> bool {
-        self.keyring
-            .as_ref()
-            .is_some_and(|k| record.get("signature").is_some() || k.requires_record_signatures())
+    fn must_hold(&self, signature: &RecordSignature) -> bool {
+        self.keyring.as_ref().is_some_and(|k| {
+            !matches!(signature, RecordSignature::Unsigned) || k.requires_record_signatures()
+        })
     }
 
     /// Applies (or skips, counted) the closing records held for a lease just granted.
@@ -319,8 +400,8 @@ impl Ledger {
         let Some(held) = self.held.remove(&lease.id) else {
             return;
         };
-        for (closure, value) in held {
-            match self.check_record_signature(lease, &value) {
+        for (closure, signature) in held {
+            match self.check_record_signature((&lease.id, &lease.key_fingerprint), &signature) {
                 Ok(()) => {
                     self.stats.events[closure.event as usize] += 1;
                     self.close(&lease.id, closure);
@@ -333,72 +414,93 @@ impl Ledger {
         }
     }
 
-    /// Applies one parsed record.
-    pub fn apply(&mut self, mut record: Record) -> Result<Applied, LineError> {
-        let applied = match record.event {
-            Event::Granted => {
-                let value = record.value["lease"].take();
-                let lease = match &self.keyring {
-                    Some(keyring) => Lease::load_from_record(value, keyring)?,
-                    None => Lease::check(value)?,
-                };
-                if self.leases.contains_key(&lease.id) {
-                    Applied::DuplicateGrant(lease.id)
+    /// Applies one prepared record.
+    fn apply(&mut self, step: Step) -> Result<Applied, LineError> {
+        let (applied, event) = match step {
+            Step::Grant(lease, policy) => {
+                let id = lease.id.clone();
+                let known = self.leases.contains_key(&id)
+                    || lease_key(&id).is_some_and(|key| self.retired.contains_key(&key));
+                if known {
+                    (Applied::DuplicateGrant(id), Event::Granted)
                 } else {
-                    let id = lease.id.clone();
                     self.release_held(&lease);
-                    self.order.push_back(id.clone());
-                    self.leases.insert(id.clone(), Arc::new(lease));
-                    Applied::Granted(id)
+                    let lease = Arc::new(lease);
+                    let policy = self.shared.share(&lease, policy);
+                    let seq = self.granted;
+                    self.granted += 1;
+                    self.order.insert(seq, lease.clone());
+                    self.leases
+                        .insert(id.clone(), Granted { seq, lease, policy });
+                    self.retire_if_due(&id, Timestamp::now());
+                    (Applied::Granted(id), Event::Granted)
                 }
             }
-            event if event.is_closing() => {
-                if event == Event::Revoked {
-                    let by = record.by.as_deref().unwrap_or_default();
-                    if by != "issuer" {
-                        let ancestors: Vec<&str> = self
-                            .ancestors(&record.lease_id)
-                            .map(|l| l.id.as_str())
-                            .collect();
-                        rules::check_l3(&record.lease_id, by, ancestors.into_iter())?;
-                    }
-                }
-                let closure = Closure {
-                    event,
-                    at: record.at,
-                    by: record.by,
-                    reason: record.reason,
-                };
-                match self.leases.get(&record.lease_id).cloned() {
-                    Some(lease) => {
-                        self.check_record_signature(&lease, &record.value)?;
-                        self.close(&record.lease_id, closure);
-                        Applied::Closed(record.lease_id)
-                    }
-                    None if self.must_hold(&record.value) => {
-                        let entry = (closure, Arc::new(record.value));
-                        let mut held = self.held.get(&record.lease_id).cloned().unwrap_or_default();
-                        held.push_back(entry);
-                        self.held.insert(record.lease_id.clone(), held);
-                        Applied::Held(record.lease_id)
-                    }
-                    None => {
-                        self.close(&record.lease_id, closure);
-                        Applied::Closed(record.lease_id)
-                    }
-                }
-            }
-            event => Applied::Noted(event),
-        };
-        let event = match applied {
-            Applied::Granted(_) | Applied::DuplicateGrant(_) => Event::Granted,
-            Applied::Closed(_) => record.event,
-            // Counted when it applies, at its lease's grant.
-            Applied::Held(_) => return Ok(applied),
-            Applied::Noted(event) => event,
+            Step::Closing(facts) => match self.apply_closing(facts)? {
+                // Counted when it applies, at its lease's grant.
+                (applied @ Applied::Held(_), _) => return Ok(applied),
+                closed => closed,
+            },
+            Step::Noted(event) => (Applied::Noted(event), event),
         };
         self.stats.events[event as usize] += 1;
         Ok(applied)
+    }
+
+    fn apply_closing(&mut self, facts: ClosingFacts) -> Result<(Applied, Event), LineError> {
+        let ClosingFacts {
+            event,
+            at,
+            lease_id,
+            by,
+            reason,
+            signature,
+        } = facts;
+        if event == Event::Revoked {
+            let by = by.as_deref().unwrap_or_default();
+            if by != "issuer" {
+                let ancestors = self.ancestor_ids(&lease_id);
+                rules::check_l3(&lease_id, by, ancestors.iter().map(String::as_str))?;
+            }
+        }
+        let closure = Closure {
+            event,
+            at,
+            by,
+            reason,
+        };
+        if let Some(key) = lease_key(&lease_id).filter(|k| self.retired.contains_key(k)) {
+            // Retired: closed long ago, its signing key no longer at hand for a record's
+            // signature. The earliest closing stands; a later one closes nothing new.
+            if let Some(retired) = self.retired.get(&key) {
+                let lease = (lease_id.as_str(), &*retired.key_fingerprint);
+                self.check_record_signature(lease, &signature)?;
+            }
+            if let Some(retired) = self.retired.get_mut(&key) {
+                if retired.closing.is_none_or(|(_, first)| at < first) {
+                    retired.closing = Some((event, at));
+                }
+            }
+            return Ok((Applied::Closed(lease_id), event));
+        }
+        Ok(match self.leases.get(&lease_id).map(|g| g.lease.clone()) {
+            Some(lease) => {
+                self.check_record_signature((&lease.id, &lease.key_fingerprint), &signature)?;
+                self.close(&lease_id, closure);
+                self.retire_if_due(&lease_id, Timestamp::now());
+                (Applied::Closed(lease_id), event)
+            }
+            None if self.must_hold(&signature) => {
+                let mut held = self.held.get(&lease_id).cloned().unwrap_or_default();
+                held.push_back((closure, signature));
+                self.held.insert(lease_id.clone(), held);
+                (Applied::Held(lease_id), event)
+            }
+            None => {
+                self.close(&lease_id, closure);
+                (Applied::Closed(lease_id), event)
+            }
+        })
     }
 
     /// Records a closing of `lease_id`, keeping the earliest one. Not a journal line: no counter
@@ -413,52 +515,90 @@ impl Ledger {
         }
     }
 
-    /// How many leases have been granted (the length of grant order).
+    /// How many leases have been granted (retired ones included).
     pub fn granted(&self) -> usize {
-        self.order.len()
+        self.granted as usize
     }
 
-    /// Leases granted after the first `count`, in grant order: what a fold added.
+    /// Leases granted after the first `count` and not retired, in grant order: what a fold
+    /// added.
     pub fn granted_since(&self, count: usize) -> impl Iterator<Item = &Arc<Lease>> {
-        (count..self.order.len())
-            .filter_map(|i| self.order.get(i))
-            .filter_map(|id| self.leases.get(id))
+        self.order.range(count as u64..).map(|(_, lease)| lease)
     }
 
+    /// A loaded lease (not retired).
     pub fn lease(&self, id: &str) -> Option<&Arc<Lease>> {
-        self.leases.get(id)
+        self.leases.get(id).map(|g| &g.lease)
     }
 
-    /// Every loaded lease, in grant order.
+    /// The compiled host lists of a loaded lease.
+    pub fn policy(&self, id: &str) -> Option<&Arc<HostPolicy>> {
+        self.leases.get(id).map(|g| &g.policy)
+    }
+
+    /// What is left of a retired lease.
+    pub fn retired(&self, id: &str) -> Option<&Retired> {
+        self.retired.get(&lease_key(id)?)
+    }
+
+    /// How many leases are retired.
+    pub fn retired_count(&self) -> usize {
+        self.retired.len()
+    }
+
+    /// The fingerprint of the key a known lease (loaded or retired) was signed with.
+    pub fn key_fingerprint(&self, id: &str) -> Option<&str> {
+        match self.leases.get(id) {
+            Some(granted) => Some(&granted.lease.key_fingerprint),
+            None => self.retired(id).map(|r| &*r.key_fingerprint),
+        }
+    }
+
+    /// Every loaded lease (not retired), in grant order.
     pub fn leases(&self) -> impl Iterator<Item = &Arc<Lease>> {
-        self.order.iter().filter_map(|id| self.leases.get(id))
+        self.order.values()
     }
 
-    /// The loaded ancestors of `id`, nearest first (stops at an unknown parent or a cycle).
+    /// The loaded ancestors of `id`, nearest first (stops at an unknown or retired parent, or
+    /// a cycle).
     pub fn ancestors<'a>(&'a self, id: &str) -> impl Iterator<Item = &'a Arc<Lease>> + 'a {
-        let mut next = self.leases.get(id).and_then(|l| l.parent.clone());
+        let mut next = self.lease(id).and_then(|l| l.parent.clone());
         let mut depth = 0;
         std::iter::from_fn(move || {
             depth += 1;
             if depth > MAX_CHAIN_DEPTH {
                 return None;
             }
-            let lease = self.leases.get(next.as_deref()?)?;
+            let lease = self.lease(next.as_deref()?)?;
             next = lease.parent.clone();
             Some(lease)
         })
+    }
+
+    /// The ids of the known ancestors of `id` (loaded or retired), nearest first.
+    fn ancestor_ids(&self, id: &str) -> Vec<String> {
+        let parent_of = |id: &str| match self.lease(id) {
+            Some(lease) => lease.parent.clone(),
+            None => self.retired(id).and_then(Retired::parent),
+        };
+        let mut ids: Vec<String> = Vec::new();
+        let mut next = parent_of(id);
+        while let Some(parent) = next.take() {
+            let known = self.lease(&parent).is_some() || self.retired(&parent).is_some();
+            if !known || ids.len() >= MAX_CHAIN_DEPTH {
+                break;
+            }
+            next = parent_of(&parent);
+            ids.push(parent);
+        }
+        ids
     }
 
     /// The lease's own status at `now`, before its ancestors are considered. A closure applies
     /// whatever its `at`: a record dated in the future closes now, not then.
     fn own_status(&self, lease: &Lease, now: Timestamp) -> Status {
         if let Some(closure) = self.closures.get(&lease.id) {
-            return match closure.event {
-                Event::Revoked => Status::Revoked,
-                Event::Stopped => Status::Stopped,
-                Event::Completed => Status::Completed,
-                _ => Status::Expired,
-            };
+            return closed_status(closure.event);
         }
         match lease.lifetime(now) {
             Lifetime::NotYetValid => Status::NotYetValid,
@@ -469,8 +609,10 @@ impl Ledger {
 
     /// Status at `now`, chain included; `None` for an unknown lease.
     pub fn status(&self, id: &str, now: Timestamp) -> Option<Status> {
-        let own = self.own_status(self.leases.get(id)?, now);
-        Some(match own {
+        let Some(lease) = self.lease(id) else {
+            return self.retired(id).map(Retired::status);
+        };
+        Some(match self.own_status(lease, now) {
             Status::Open if self.check_chain(id, now).is_err() => Status::AncestorClosed,
             own => own,
         })
@@ -479,16 +621,15 @@ impl Ledger {
     /// Whether `id` opens anything at `now`: it and every ancestor are loaded, live and not
     /// closed. On success, the chain, the lease itself first.
     pub fn check_chain(&self, id: &str, now: Timestamp) -> Result<Vec<Arc<Lease>>, ChainError> {
-        let lease = self
-            .leases
-            .get(id)
-            .ok_or_else(|| ChainError::Unknown(id.to_owned()))?;
+        let Some(lease) = self.lease(id) else {
+            return Err(match self.retired(id).map(Retired::status) {
+                Some(status) => ChainError::closed(id, status),
+                None => ChainError::Unknown(id.to_owned()),
+            });
+        };
         match self.own_status(lease, now) {
             Status::Open => {}
-            Status::NotYetValid => return Err(ChainError::NotYetValid(id.to_owned())),
-            Status::Expired => return Err(ChainError::Expired(id.to_owned())),
-            Status::Revoked => return Err(ChainError::Revoked(id.to_owned())),
-            _ => return Err(ChainError::Closed(id.to_owned())),
+            status => return Err(ChainError::closed(id, status)),
         }
         let mut chain = vec![lease.clone()];
         let mut parent = lease.parent.as_deref();
@@ -500,7 +641,7 @@ impl Ledger {
             if chain.len() >= MAX_CHAIN_DEPTH {
                 return Err(closed());
             }
-            let ancestor = self.leases.get(parent_id).ok_or_else(closed)?;
+            let ancestor = self.lease(parent_id).ok_or_else(closed)?;
             if self.own_status(ancestor, now) != Status::Open {
                 return Err(closed());
             }
@@ -508,6 +649,83 @@ impl Ledger {
             parent = ancestor.parent.as_deref();
         }
         Ok(chain)
+    }
+
+    /// Retires `id` if it closed (or expired) longer than the retention ago at `now`.
+    fn retire_if_due(&mut self, id: &str, now: Timestamp) {
+        let Some(retention) = self.retention else {
+            return;
+        };
+        let Some(granted) = self.leases.get(id) else {
+            return;
+        };
+        let lease = &granted.lease;
+        let closing = self.closures.get(id).map(|c| (c.event, c.at));
+        let closed_at = match closing {
+            Some((_, at)) => at,
+            None if lease.lifetime(now) == Lifetime::Expired => lease.expires_at,
+            None => return,
+        };
+        let retention = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        if closed_at.as_millis().saturating_add(retention) > now.as_millis() {
+            return;
+        }
+        let Some(key) = lease_key(id) else {
+            return;
+        };
+        let parent = match lease.parent.as_deref().map(lease_key) {
+            None => None,
+            Some(Some(parent)) => match NonZeroU128::new(parent) {
+                Some(parent) => Some(parent),
+                None => return,
+            },
+            Some(None) => return,
+        };
+        let retired = Retired {
+            parent,
+            closing,
+            key_fingerprint: lease.key_fingerprint.clone(),
+        };
+        let seq = granted.seq;
+        self.shared.forget(&granted.lease.clone());
+        self.order.remove(&seq);
+        self.leases.remove(id);
+        self.closures.remove(id);
+        self.retired.insert(key, retired);
+    }
+
+    /// Retires every lease closed (or expired) longer than the retention ago at `now`; returns
+    /// how many. The follower runs it from time to time; nothing on the request path does.
+    pub fn retire_closed(&mut self, now: Timestamp) -> usize {
+        if self.retention.is_none() {
+            return 0;
+        }
+        let due: Vec<String> = self
+            .order
+            .values()
+            .filter(|lease| {
+                self.closures.contains_key(&lease.id) || lease.lifetime(now) == Lifetime::Expired
+            })
+            .map(|lease| lease.id.clone())
+            .collect();
+        let before = self.retired.len();
+        for id in due {
+            self.retire_if_due(&id, now);
+        }
+        self.retired.len() - before
+    }
+}
+
+impl ChainError {
+    /// The error of a lease whose own status is `status` (not open).
+    fn closed(id: &str, status: Status) -> ChainError {
+        let id = id.to_owned();
+        match status {
+            Status::NotYetValid => ChainError::NotYetValid(id),
+            Status::Expired => ChainError::Expired(id),
+            Status::Revoked => ChainError::Revoked(id),
+            _ => ChainError::Closed(id),
+        }
     }
 }
 

@@ -34,7 +34,6 @@ use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
 use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
-use crate::policy::HostPolicy;
 use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -54,33 +53,20 @@ const MAX_EXPIRY_SLEEP: Duration = Duration::from_secs(1);
 /// How often queued revocations are offered to the store again.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 
+/// How often leases past their retention are looked for (a retention is hours; a lease
+/// retired this much later costs a little memory for a little longer, nothing else).
+pub const RETIRE_EVERY: Duration = Duration::from_secs(60);
+
 /// One published state of the registry.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
+    /// Every lease and its compiled host lists (persistent: a clone shares them).
     pub ledger: Ledger,
-    /// Compiled host lists of every loaded lease (persistent: a clone shares it).
-    pub policies: imbl::HashMap<String, Arc<HostPolicy>>,
 }
 
 impl Snapshot {
     fn new(ledger: Ledger) -> Snapshot {
-        let mut snapshot = Snapshot {
-            ledger,
-            policies: imbl::HashMap::new(),
-        };
-        snapshot.compile_since(0);
-        snapshot
-    }
-
-    /// Compiles the host lists of the leases granted after the first `granted`.
-    fn compile_since(&mut self, granted: usize) {
-        for lease in self.ledger.granted_since(granted) {
-            if !self.policies.contains_key(&lease.id) {
-                let policy =
-                    HostPolicy::compile_lease(&lease.id, &lease.allow_hosts, &lease.deny_hosts);
-                self.policies.insert(lease.id.clone(), Arc::new(policy));
-            }
-        }
+        Snapshot { ledger }
     }
 }
 
@@ -145,28 +131,28 @@ impl Registry {
     /// With `fsync`, our appends are on disk before a revocation returns.
     /// Revocations the journal did not take wait in `<path>.pending` (read now, its closures
     /// applied).
-    pub async fn load(path: PathBuf, keyring: Keyring, fsync: bool) -> std::io::Result<Registry> {
+    /// The fold starts from `ledger` (empty: its keyring and retention).
+    pub async fn load(path: PathBuf, ledger: Ledger, fsync: bool) -> std::io::Result<Registry> {
         let queue = pending_path(&path);
         let pending = tokio::task::spawn_blocking(move || Pending::open(queue))
             .await
             .map_err(std::io::Error::other)??;
-        Registry::open_with(Box::new(FileStore::new(path, fsync)), keyring, pending).await
+        Registry::open_with(Box::new(FileStore::new(path, fsync)), ledger, pending).await
     }
 
     /// Follows `store`: folds what it holds now. Revocations it does not take wait in memory.
     pub async fn open(store: Box<dyn Store>, keyring: Keyring) -> std::io::Result<Registry> {
-        Registry::open_with(store, keyring, Pending::in_memory()).await
+        Registry::open_with(store, Ledger::new(keyring), Pending::in_memory()).await
     }
 
     /// Follows `store` with `pending` as the queue of revocations it has not taken: folds what
-    /// the store holds now, drops from the queue what it already holds, and closes in memory
-    /// what the rest of the queue closes.
+    /// the store holds now into `ledger` (empty: its keyring and retention), drops from the
+    /// queue what it already holds, and closes in memory what the rest of the queue closes.
     pub async fn open_with(
         store: Box<dyn Store>,
-        keyring: Keyring,
+        mut ledger: Ledger,
         pending: Pending,
     ) -> std::io::Result<Registry> {
-        let mut ledger = Ledger::new(keyring);
         let mut skipped = 0;
         // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
         loop {
@@ -209,6 +195,7 @@ impl Registry {
         if !pending.is_empty() {
             tracing::warn!(pending = pending.len(), store = %store.describe(), "revocations from before the restart wait for the journal; their leases stay closed");
         }
+        ledger.retire_closed(Timestamp::now());
         Ok(Registry {
             current: ArcSwap::from_pointee(Snapshot::new(ledger)),
             store,
@@ -423,11 +410,9 @@ impl Registry {
             return Ok((0, batch.position));
         }
         self.publish(|next| {
-            let granted = next.ledger.granted();
             let problems =
                 journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice));
             journal::warn_skipped(&problems);
-            next.compile_since(granted);
         });
         self.close_where_not_open(Timestamp::now());
         Ok((batch.lines.len(), batch.position))
@@ -536,8 +521,27 @@ impl Registry {
         tokio::join!(
             self.tail(&shutdown),
             self.expire(&shutdown),
-            self.retry(&shutdown)
+            self.retry(&shutdown),
+            self.retire(&shutdown)
         );
+    }
+
+    /// Every [`RETIRE_EVERY`], retires the leases whose retention has passed since they closed
+    /// or expired (those a journal line closed long ago are retired as it is read).
+    async fn retire(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(RETIRE_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {
+                    let retired = self.publish(|next| next.ledger.retire_closed(Timestamp::now()));
+                    if retired > 0 {
+                        tracing::debug!(retired, "closed leases past their retention retired");
+                    }
+                }
+            }
+        }
     }
 
     /// Offers queued revocations to the store every [`RETRY_EVERY`] (at once at start: a

@@ -6,13 +6,15 @@ pub mod ledger;
 pub mod live;
 pub mod open;
 pub mod pending;
+pub mod prepared;
 pub mod revocation;
+mod shared_policies;
 pub mod store;
 pub mod tokens;
 
 pub use ledger::{
-    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem,
-    Status,
+    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, Retired,
+    SignatureProblem, Status,
 };
 pub use live::{Registry, RevokeError, Snapshot};
 pub use open::{OpenError, StoreOptions};

@@ -10,15 +10,21 @@ use super::live::Registry;
 use super::pending::Pending;
 use super::store::location::JournalLocation;
 use super::store::nats::{NatsError, NatsOptions, NatsStore, NatsStream, StreamSpec};
+use crate::contract::Keyring;
 use std::io;
 use std::path::PathBuf;
+use std::time::Duration;
 
-/// How to reach a journal that is not a file, and where its local state lives.
+/// How to reach a journal that is not a file, where its local state lives, and how long the
+/// fold keeps a closed lease whole.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub nats: NatsOptions,
     /// `--data-dir`: where a stream journal's queue of pending revocations is kept.
     pub data_dir: PathBuf,
+    /// `--closed-lease-retention` (`serve`): a lease closed or expired longer ago than this is
+    /// retired (see [`super::Retired`]); `None`: every lease is kept whole.
+    pub closed_lease_retention: Option<Duration>,
 }
 
 impl Default for StoreOptions {
@@ -26,6 +32,18 @@ impl Default for StoreOptions {
         StoreOptions {
             nats: NatsOptions::default(),
             data_dir: PathBuf::from(".leasegate"),
+            closed_lease_retention: None,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// The empty ledger a fold under these options starts from.
+    pub fn ledger(&self, keyring: Keyring) -> Ledger {
+        let ledger = Ledger::new(keyring);
+        match self.closed_lease_retention {
+            Some(retention) => ledger.retaining_closed(retention),
+            None => ledger,
         }
     }
 }
@@ -64,12 +82,13 @@ pub fn stream_pending_path(options: &StoreOptions, stream: &str) -> PathBuf {
 /// ever appended, so the queue is only in memory.
 pub async fn open_registry(
     location: &JournalLocation,
-    keyring: crate::contract::Keyring,
+    keyring: Keyring,
     options: &StoreOptions,
     durable: bool,
 ) -> Result<Registry, OpenError> {
+    let ledger = options.ledger(keyring);
     match location {
-        JournalLocation::File(path) => Registry::load(path.clone(), keyring, durable)
+        JournalLocation::File(path) => Registry::load(path.clone(), ledger, durable)
             .await
             .map_err(OpenError::io(location)),
         JournalLocation::Nats(nats) => {
@@ -89,7 +108,7 @@ pub async fn open_registry(
                 }
                 false => Pending::in_memory(),
             };
-            Registry::open_with(Box::new(store), keyring, pending)
+            Registry::open_with(Box::new(store), ledger, pending)
                 .await
                 .map_err(OpenError::io(location))
         }

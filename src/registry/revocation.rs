@@ -34,7 +34,7 @@ pub struct IssuerRevocation {
 }
 
 /// The signed `revoked` record of `lease_id` at `now`, or `None` if the lease is already
-/// revoked then (nothing should be written).
+/// revoked then, or retired (closed long ago): nothing should be written.
 pub fn issuer_revocation(
     ledger: &Ledger,
     lease_id: &str,
@@ -42,6 +42,9 @@ pub fn issuer_revocation(
     extra: Map<String, Value>,
     now: Timestamp,
 ) -> Result<Option<IssuerRevocation>, RevocationError> {
+    if ledger.retired(lease_id).is_some() {
+        return Ok(None);
+    }
     let lease = ledger
         .lease(lease_id)
         .ok_or_else(|| RevocationError::Unknown(lease_id.to_owned()))?;

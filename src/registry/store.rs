@@ -70,7 +70,7 @@ pub trait Store: Send + Sync + 'static {
     fn describe(&self) -> String;
 
     /// Whether everything the store held when it was opened has been handed out: the initial
-    /// fold reads until this holds. A file hands out all it holds in its first read.
+    /// fold reads until this holds. A file hands out what it holds in reads of a bounded size.
     fn settled(&self) -> bool {
         true
     }

@@ -169,7 +169,7 @@ fn valid_fixtures_validate() {
         assert_eq!(schema.validate(&value), Ok(()), "{name}");
         if schema == Schema::Lease {
             let lease = Lease::check(value).unwrap();
-            assert_eq!(lease.key_fingerprint, "sha256:9d12c441941d9b5e", "{name}");
+            assert_eq!(&*lease.key_fingerprint, "sha256:9d12c441941d9b5e", "{name}");
         }
     }
 }

@@ -413,3 +413,253 @@ fn appends_are_whole_lines_even_after_a_torn_one() {
     assert_eq!(ledger.stats().duplicate_grants, 1);
     assert_eq!(ledger.status(&id(1), t(AT)), Some(Status::Open));
 }
+
+/// A closing record of lease `n`, signed with `signer`.
+fn signed_event(event: &str, n: u32, at: &str, signer: &Key, extra: serde_json::Value) -> String {
+    let mut record: serde_json::Value =
+        serde_json::from_str(&event_line(event, &id(n), at, extra)).unwrap();
+    sign(&mut record, signer).unwrap();
+    record.to_string()
+}
+
+/// What a ledger says about lease `n` at `now`: status, chain (or why not), retirement.
+fn facts(ledger: &Ledger, n: u32, now: leasegate::contract::Timestamp) -> String {
+    let id = id(n);
+    let chain = ledger
+        .check_chain(&id, now)
+        .map(|chain| chain.iter().map(|l| l.id.clone()).collect::<Vec<_>>());
+    format!(
+        "{:?} {chain:?} {:?} {:?}",
+        ledger.status(&id, now),
+        ledger.lease(&id),
+        ledger.retired(&id)
+    )
+}
+
+/// The fold prepares lines on every core and applies them in order: over a journal long enough
+/// to be split into rounds, with duplicate grants, closings before their grants (signed: held),
+/// bad signatures, L3 violations, children and bad lines, it gives exactly what applying each
+/// line in turn gives.
+#[test]
+fn the_parallel_fold_is_the_line_by_line_fold() {
+    let (k1, k2) = (key(1), key(2));
+    let window = ("2026-09-15T10:00:00.000Z", "2026-09-15T12:00:00.000Z");
+    let mut lines = Vec::new();
+    for n in 1..=300u32 {
+        let parent = (n % 3 == 0).then(|| id(n - 1));
+        match n % 10 {
+            // A signed closing before its grant: held, applied at the grant.
+            1 => lines.push(signed_event("stopped", n, AT, &k1, json!({"reason": "r"}))),
+            // A closing signed with a key the ring does not hold: held, then skipped.
+            2 => lines.push(signed_event(
+                "revoked",
+                n,
+                AT,
+                &k2,
+                json!({"by": "issuer", "reason": "r"}),
+            )),
+            _ => {}
+        }
+        let lease = lease(
+            &k1,
+            &id(n),
+            parent.as_deref(),
+            window,
+            &["*.example.com"],
+            &[],
+        );
+        lines.push(granted_line(&lease, AT));
+        for _ in 0..14 {
+            lines.push(event_line("heartbeat", &id(n), AT, json!({})));
+        }
+        match n % 10 {
+            4 => lines.push(granted_line(&root(), AT)),
+            5 => lines.push("{not json".into()),
+            6 => lines.push(r#"{"schema_version":"1.2","event":"granted"}"#.into()),
+            7 => lines.push(granted_line(&lease_signed_by(&k2, n + 1000), AT)),
+            8 => lines.push(event_line(
+                "revoked",
+                &id(n),
+                AT,
+                json!({"by": id(n - 1), "reason": "r"}),
+            )),
+            9 => lines.push(String::new()),
+            _ => {}
+        }
+    }
+    let text = lines.join("\n") + "\n";
+    assert!(lines.len() > 4096 + 256, "more than one round");
+    let mut parallel = ledger();
+    let problems = fold_bytes(&mut parallel, text.as_bytes());
+    let mut serial = ledger();
+    let mut serial_problems = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if let Err(error) = serial.apply_line_bytes(line.as_bytes()) {
+            serial_problems.push((i + 1, error.to_string()));
+        }
+    }
+    let problems: Vec<(usize, String)> = problems
+        .into_iter()
+        .map(|p| (p.line, p.error.to_string()))
+        .collect();
+    assert_eq!(problems, serial_problems);
+    assert!(problems.len() > 100, "{problems:?}");
+    assert_eq!(parallel.stats(), serial.stats());
+    assert!(parallel.stats().duplicate_grants > 0);
+    assert!(signature_skips(&parallel) > 0);
+    let now = t("2026-09-15T11:00:00.000Z");
+    for n in 1..=1400 {
+        assert_eq!(
+            facts(&parallel, n, now),
+            facts(&serial, n, now),
+            "lease {n}"
+        );
+    }
+    let order = |l: &Ledger| l.leases().map(|l| l.id.clone()).collect::<Vec<_>>();
+    assert_eq!(order(&parallel), order(&serial));
+}
+
+fn lease_signed_by(signer: &Key, n: u32) -> serde_json::Value {
+    lease(signer, &id(n), None, WINDOW, &["*.example.com"], &[])
+}
+
+/// With a retention, a lease closed or expired longer ago than that keeps only its id, parent,
+/// key and closing: it is still known and closed for the reason it closed, never reopened by a
+/// repeated grant; its children are refused as `ancestor-closed`; a revocation by it (L3) still
+/// applies to a descendant; and a lease closed more recently is retired once its time comes.
+#[test]
+fn leases_past_their_retention_are_retired_but_still_refused() {
+    use leasegate::contract::Timestamp;
+    let k = key(1);
+    let now = Timestamp::now();
+    let ago = |hours: i64| now.saturating_add_millis(-hours * 3_600_000).to_string();
+    let window = (ago(72), now.saturating_add_millis(86_400_000).to_string());
+    let window = (window.0.as_str(), window.1.as_str());
+    let expired_window = (ago(72), ago(71));
+    let grant = |n: u32, parent: Option<u32>, window: (&str, &str)| {
+        let parent = parent.map(id);
+        granted_line(
+            &lease(&k, &id(n), parent.as_deref(), window, &["*"], &[]),
+            AT,
+        )
+    };
+    let lines = [
+        grant(1, None, window),
+        grant(2, Some(1), window),
+        grant(3, Some(2), window),
+        event_line("stopped", &id(1), &ago(48), json!({"reason": "done"})),
+        grant(
+            4,
+            None,
+            (expired_window.0.as_str(), expired_window.1.as_str()),
+        ),
+        grant(5, None, window),
+        event_line("completed", &id(5), &ago(1), json!({})),
+        // Retired already: a repeated grant changes nothing.
+        grant(1, None, window),
+        // By lease 1, retired: L3 still finds it among 3's ancestors.
+        event_line(
+            "revoked",
+            &id(3),
+            &ago(1),
+            json!({"by": id(1), "reason": "r"}),
+        ),
+    ];
+    let mut ring = Keyring::new(false);
+    ring.insert(k.clone());
+    let mut ledger = Ledger::new(ring).retaining_closed(std::time::Duration::from_secs(86_400));
+    let problems = fold_bytes(&mut ledger, (lines.join("\n") + "\n").as_bytes());
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(ledger.stats().duplicate_grants, 1);
+    assert_eq!(
+        ledger.retired_count(),
+        2,
+        "1 (stopped 48 h ago) and 4 (expired 71 h ago)"
+    );
+    for (n, status) in [(1, Status::Stopped), (4, Status::Expired)] {
+        assert!(ledger.lease(&id(n)).is_none());
+        assert_eq!(ledger.retired(&id(n)).unwrap().status(), status);
+        assert_eq!(ledger.status(&id(n), now), Some(status));
+    }
+    assert_eq!(ledger.retired(&id(1)).unwrap().parent(), None);
+    assert_eq!(
+        ledger.key_fingerprint(&id(1)),
+        Some(k.fingerprint()),
+        "a token for it is still checked"
+    );
+    assert_eq!(
+        ledger.check_chain(&id(1), now).unwrap_err(),
+        ChainError::Closed(id(1))
+    );
+    assert_eq!(
+        ledger.check_chain(&id(4), now).unwrap_err(),
+        ChainError::Expired(id(4))
+    );
+    assert_eq!(
+        ledger.check_chain(&id(2), now).unwrap_err(),
+        ChainError::AncestorClosed {
+            lease: id(2),
+            ancestor: id(1)
+        }
+    );
+    assert_eq!(ledger.status(&id(2), now), Some(Status::AncestorClosed));
+    assert_eq!(
+        ledger.status(&id(3), now),
+        Some(Status::Revoked),
+        "L3 via 1"
+    );
+    assert_eq!(ledger.status(&id(5), now), Some(Status::Completed));
+    assert!(
+        ledger.lease(&id(5)).is_some(),
+        "closed an hour ago: kept whole"
+    );
+    assert_eq!(ledger.status(&id(9), now), None, "never granted: unknown");
+    let later = now.saturating_add_millis(24 * 3_600_000);
+    assert_eq!(
+        ledger.retire_closed(later),
+        2,
+        "5 and 3 (closed an hour ago)"
+    );
+    assert_eq!(ledger.status(&id(5), later), Some(Status::Completed));
+    assert_eq!(ledger.status(&id(3), later), Some(Status::Revoked));
+    assert_eq!(
+        ledger.leases().map(|l| l.id.clone()).collect::<Vec<_>>(),
+        vec![id(2)],
+        "grant order keeps the loaded leases"
+    );
+    // Without a retention nothing is retired.
+    let mut whole = ledger_of(&k);
+    fold_bytes(&mut whole, (lines.join("\n") + "\n").as_bytes());
+    assert_eq!(whole.retire_closed(later), 0);
+    assert_eq!(whole.leases().count(), 5);
+}
+
+fn ledger_of(k: &Key) -> Ledger {
+    let mut ring = Keyring::new(false);
+    ring.insert(k.clone());
+    Ledger::new(ring)
+}
+
+/// Leases with the same host lists share one compiled policy; other lists get their own, and
+/// each still decides by its own lists.
+#[test]
+fn leases_with_the_same_lists_share_their_compiled_policy() {
+    let k = key(1);
+    let grant =
+        |n: u32, allow: &[&str]| granted_line(&lease(&k, &id(n), None, WINDOW, allow, &[]), AT);
+    let (ledger, skipped) = fold(&[
+        grant(1, &["*.example.com"]),
+        grant(2, &["*.example.com"]),
+        grant(3, &["pypi.org"]),
+    ]);
+    assert_eq!(skipped, 0);
+    let policy = |n: u32| ledger.policy(&id(n)).unwrap().clone();
+    assert!(std::sync::Arc::ptr_eq(&policy(1), &policy(2)));
+    assert!(!std::sync::Arc::ptr_eq(&policy(1), &policy(3)));
+    let host = leasegate::policy::target::parse_host("pypi.org").unwrap();
+    assert!(policy(3).allow.find(&host).is_some());
+    assert!(policy(2).allow.find(&host).is_none());
+}

@@ -1,8 +1,8 @@
 //! The proxy end to end over real sockets: curl and raw clients, loopback origins.
 
 use crate::harness::{
-    curl, http_origin, https_origin, pattern_byte, proxy_url, raw, raw_to_close, sha_hex,
-    status_of, Harness,
+    admin_get, curl, http_origin, https_origin, pattern_byte, proxy_url, raw, raw_to_close,
+    sha_hex, status_of, Harness,
 };
 use leasegate::contract::Timestamp;
 use leasegate::proxy::Mode;
@@ -385,6 +385,62 @@ async fn chain_refusals_each_have_their_code() {
         1,
         "only the issuer's own revocation"
     );
+}
+
+/// Leases closed (or expired) longer than `--closed-lease-retention` ago are retired to their
+/// id, parent and closing: the admin API no longer knows them, but a request naming one is
+/// still refused with its own closing code (never `lease-unknown`), and so is a child of a
+/// retired parent (`ancestor-closed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retired_leases_keep_their_refusal_codes() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let now = Timestamp::now();
+    let days = |n: i64| now.saturating_add_millis(n * 86_400_000);
+    let week = Duration::from_secs(7 * 86_400);
+    let revoked = h.lease_with(&["*"], &[], None, days(-3), week);
+    leasegate::issue::revoke(&h.journal, &h.key, &revoked, "test", days(-2)).unwrap();
+    let stopped = h.lease_with(&["*"], &[], None, days(-3), week);
+    h.append(&crate::support::event_line(
+        "stopped",
+        &stopped,
+        &days(-2).to_string(),
+        serde_json::json!({"reason": "done"}),
+    ))
+    .await;
+    let parent = h.lease_with(&["*"], &[], None, days(-3), week);
+    let child = h.lease_with(&["*"], &[], Some(&parent), days(-3), week);
+    leasegate::issue::revoke(&h.journal, &h.key, &parent, "test", days(-2)).unwrap();
+    let expired = h.lease_with(&["*"], &[], None, days(-3), Duration::from_secs(3600));
+    let open = h.lease(&["*"], &[]);
+    let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
+    config.store.closed_lease_retention = Some(Duration::from_secs(86_400));
+    let server = leasegate::server::Server::start(config).await.unwrap();
+    for lease in [&revoked, &stopped, &parent, &expired] {
+        let (status, _) = admin_get(&server, &format!("/leases/{lease}")).await;
+        assert_eq!(
+            status, 404,
+            "{lease} is retired: the admin API no longer shows it"
+        );
+    }
+    let (status, view) = admin_get(&server, &format!("/leases/{child}")).await;
+    assert_eq!((status, &view["status"]), (200, &"ancestor-closed".into()));
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    for (n, (lease, code)) in [
+        (&revoked, "lease-revoked"),
+        (&stopped, "lease-closed"),
+        (&parent, "lease-revoked"),
+        (&child, "ancestor-closed"),
+        (&expired, "lease-expired"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = curl(&["-x", &proxy_url(&server, lease), &url], &[]).await;
+        assert_refused(&h, &out, 403, code, n + 1).await;
+    }
+    let out = curl(&["-x", &proxy_url(&server, &open), &url], &[]).await;
+    assert_eq!(out.status, 200, "{out:?}");
 }
 
 /// Provokes a revoking refusal, then checks the journal line and that the lease is closed.

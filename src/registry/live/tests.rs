@@ -111,9 +111,13 @@ impl Setup {
     /// A registry whose queue lives in `<journal>.pending`.
     async fn durable_registry(&self) -> Registry {
         let pending = Pending::open(pending_path(&self.path)).unwrap();
-        Registry::open_with(Box::new(self.store()), keyring(&self.key), pending)
-            .await
-            .unwrap()
+        Registry::open_with(
+            Box::new(self.store()),
+            Ledger::new(keyring(&self.key)),
+            pending,
+        )
+        .await
+        .unwrap()
     }
 
     fn revoked_lines(&self) -> usize {
@@ -253,7 +257,11 @@ async fn the_expiry_timer_cancels_a_token_with_no_journal_activity() {
     let path = dir.path().join("journal.jsonl");
     let key = Key::generate();
     let lease = journal_with_lease(&path, &key, Duration::from_millis(400));
-    let registry = Arc::new(Registry::load(path, keyring(&key), false).await.unwrap());
+    let registry = Arc::new(
+        Registry::load(path, Ledger::new(keyring(&key)), false)
+            .await
+            .unwrap(),
+    );
     let expires_at = registry.snapshot().ledger.lease(&lease).unwrap().expires_at;
     let shutdown = CancellationToken::new();
     tokio::spawn(registry.clone().follow(shutdown.clone()));

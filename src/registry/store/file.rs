@@ -34,6 +34,11 @@ pub const POLL_EVERY: Duration = Duration::from_millis(50);
 /// so a rewrite that keeps both windows byte for byte rewrote nothing that matters.
 const WITNESS_BYTES: usize = 128;
 
+/// The most one read takes from the file: a long journal is handed out in batches of about
+/// this size, so what a fold holds of it at once (the bytes and their lines) stays small and
+/// its memory is reused batch after batch rather than left behind fragmented.
+const READ_AT_MOST: u64 = 4 << 20;
+
 /// The journal file, followed and appended to.
 #[derive(Debug, Clone)]
 pub struct FileStore {
@@ -68,6 +73,8 @@ struct Cursor {
     head: Vec<u8>,
     /// The bytes just before `offset` as we read them (up to [`WITNESS_BYTES`]).
     tail: Vec<u8>,
+    /// The last read reached the end the file had when it began.
+    caught_up: bool,
 }
 
 impl Cursor {
@@ -83,7 +90,10 @@ impl Cursor {
     fn read_new(&mut self, path: &Path) -> io::Result<Batch> {
         let mut file = match File::open(path) {
             Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(self.batch(false, vec![])),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.caught_up = true;
+                return Ok(self.batch(false, vec![]));
+            }
             Err(e) => return Err(e),
         };
         let meta = file.metadata()?;
@@ -108,6 +118,7 @@ impl Cursor {
             self.tail.clear();
             restarted = true;
         }
+        self.caught_up = meta.len() <= self.offset.saturating_add(READ_AT_MOST);
         if meta.len() == self.offset {
             return Ok(self.batch(restarted, carried));
         }
@@ -115,7 +126,7 @@ impl Cursor {
         let mut bytes = std::mem::take(&mut self.partial);
         let kept = bytes.len();
         // The file may grow while we read: whatever `read_to_end` returns is consumed.
-        let read = file.read_to_end(&mut bytes)?;
+        let read = (&mut file).take(READ_AT_MOST).read_to_end(&mut bytes)?;
         self.offset += read as u64;
         self.witness(&bytes[kept..]);
         let (lines, rest) = crate::registry::journal::split_lines(&bytes);
@@ -376,6 +387,10 @@ impl Store for FileStore {
 
     fn wait_for_more(&self) -> BoxFuture<'_, ()> {
         Box::pin(tokio::time::sleep(POLL_EVERY))
+    }
+
+    fn settled(&self) -> bool {
+        self.inner.cursor().caught_up
     }
 
     fn describe(&self) -> String {
