@@ -425,6 +425,11 @@ impl Ledger {
             .filter_map(|id| self.leases.get(id))
     }
 
+    /// The lease granted `position`-th (from 0) in grant order.
+    pub fn granted_at(&self, position: usize) -> Option<&Arc<Lease>> {
+        self.leases.get(self.order.get(position)?)
+    }
+
     pub fn lease(&self, id: &str) -> Option<&Arc<Lease>> {
         self.leases.get(id)
     }

@@ -2,6 +2,7 @@
 
 pub mod journal;
 pub mod ledger;
+pub mod listing;
 pub mod live;
 pub mod open;
 pub mod pending;

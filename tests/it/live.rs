@@ -32,7 +32,7 @@ async fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> String {
         .to_owned()
 }
 
-async fn revoke_cli(h: &Harness, lease: &str) {
+pub async fn revoke_cli(h: &Harness, lease: &str) {
     let out = leasegate(&[
         "revoke",
         "--journal",
