@@ -100,6 +100,7 @@ impl LeasePorts {
         // A lease that opens nothing any more will never be warned about again.
         warned.retain(|lease_id| snapshot.ledger.check_chain(lease_id, now).is_ok());
         let mut without_port = 0;
+        let mut summary = None;
         for lease in snapshot.ledger.leases() {
             if by_lease.contains_key(&lease.id)
                 || snapshot.ledger.check_chain(&lease.id, now).is_err()
@@ -146,12 +147,7 @@ impl LeasePorts {
                             "{}: this lease is reachable by credentials only",
                             no_port_reason(&range, &held, used.len(), resting.len())
                         ),
-                        Say::Summary(s) => tracing::warn!(
-                            leases = s.repeats,
-                            since_first = s.total,
-                            "{}: more leases are reachable by credentials only",
-                            no_port_reason(&range, &held, used.len(), resting.len())
-                        ),
+                        Say::Summary(s) => summary = Some(s),
                         Say::Quiet => {}
                     }
                 }
@@ -159,7 +155,7 @@ impl LeasePorts {
         }
         let instant = Instant::now();
         if without_port > 0 {
-            if let Some(s) = exhausted.due(instant) {
+            if let Some(s) = summary.or_else(|| exhausted.due(instant)) {
                 tracing::warn!(
                     leases = s.repeats,
                     since_first = s.total,

@@ -127,15 +127,19 @@ impl Metrics {
             c.bytes_up += event.bytes_up;
             c.bytes_down += event.bytes_down;
             if let Some(host) = &event.host {
-                let key = if c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
-                    host.clone()
-                } else {
-                    "(other)".to_owned()
+                let key = match c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
+                    true => host.as_str(),
+                    false => "(other)",
                 };
-                let h = c.hosts.entry(key).or_default();
-                h.requests += 1;
-                h.bytes_up += event.bytes_up;
-                h.bytes_down += event.bytes_down;
+                // Allocates only for a host not counted yet.
+                if !c.hosts.contains_key(key) {
+                    c.hosts.insert(key.to_owned(), HostCounters::default());
+                }
+                if let Some(h) = c.hosts.get_mut(key) {
+                    h.requests += 1;
+                    h.bytes_up += event.bytes_up;
+                    h.bytes_down += event.bytes_down;
+                }
             }
         });
     }
