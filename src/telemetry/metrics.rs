@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -177,10 +177,22 @@ impl Metrics {
     }
 
     /// Forgets leases closed for longer than the grace period; `is_open` says which are open.
+    /// `is_open` (a walk up each chain) runs outside the lock: requests wait only for the ids
+    /// to be copied and for the removal.
     pub fn prune(&self, is_open: impl Fn(&str) -> bool) {
+        let ids: Vec<String> = {
+            let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+            leases
+                .keys()
+                .filter(|id| *id != NO_LEASE)
+                .cloned()
+                .collect()
+        };
+        let closed: HashSet<String> = ids.into_iter().filter(|id| !is_open(id)).collect();
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         leases.retain(|id, c| {
-            if id == NO_LEASE || is_open(id) {
+            // Open, or counted since the ids were read: decided at the next prune.
+            if !closed.contains(id) {
                 c.closed_at = None;
                 return true;
             }
@@ -577,6 +589,31 @@ mod tests {
         );
         let tunnels = samples(&text, "leasegate_open_tunnels");
         assert_eq!(tunnels.iter().map(|(_, n)| n).sum::<u64>(), LEASES);
+    }
+
+    #[test]
+    fn a_prune_forgets_closed_leases_past_their_grace_and_keeps_the_rest() {
+        let metrics = Metrics::new(std::time::Duration::ZERO, 10);
+        for n in 0..4 {
+            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true);
+        }
+        metrics.record(
+            &event("x", LoggedVerdict::Refuse, Some("lease-unknown")),
+            false,
+        );
+        // Lease 3 closed, but a tunnel of it is still open.
+        metrics.tunnel_opened(&lease_id(3));
+        let open = [lease_id(0), lease_id(1)];
+        metrics.prune(|id| open.iter().any(|o| o == id));
+        for (id, kept) in [
+            (lease_id(0), true),
+            (lease_id(1), true),
+            (lease_id(2), false),
+            (lease_id(3), true),
+            (NO_LEASE.to_owned(), true),
+        ] {
+            assert_eq!(metrics.lease(&id).is_some(), kept, "{id}");
+        }
     }
 
     #[test]
