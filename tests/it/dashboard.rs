@@ -502,6 +502,13 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
         )
         .await
         .expect("the refused lease shows as revoked");
+    browser
+        .until(
+            Duration::from_secs(2),
+            "return document.getElementById('open-count').textContent === '2';",
+        )
+        .await
+        .expect("the header counts two open leases of three");
     let hosts = browser.script(&field(&row, "hosts")).await;
     assert!(
         hosts.as_str().unwrap().contains("origin.test"),
