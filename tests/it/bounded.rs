@@ -251,16 +251,23 @@ fn an_exhausted_lease_port_range_is_one_episode_in_the_log_not_a_line_per_lease(
         .filter(|l| l.contains(" WARN ") && l.contains("lease_ports"))
         .collect();
     assert_eq!(warnings.len(), 1, "{}", seen.join("\n"));
+    // The port may be held by another process (another test run): then the parent is
+    // without one too, and said in the same single line.
     assert!(
-        warnings[0].contains(&format!(
-            "no free lease port in {range}: 1 serving other leases"
-        )),
+        warnings[0].contains(&format!("no free lease port in {range}: ")),
         "{}",
         warnings[0]
     );
     let end = seen.last().unwrap();
+    let counted: usize = end
+        .split("leases=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {end}"));
+    assert!(end.contains(" INFO "), "{end}");
     assert!(
-        end.contains(" INFO ") && end.contains(&format!("leases={CHILDREN}")),
-        "{end}"
+        counted == CHILDREN || counted == CHILDREN + 1,
+        "{counted} leases counted: {end}"
     );
 }
