@@ -1,6 +1,10 @@
 //! The admin API: health, readiness, metrics, leases with their counters, revocation and
 //! recent refusals, and the live dashboard page at `/` that reads them.
 //!
+//! `GET /leases` answers a page at a time (at most [`MAX_PAGE_LIMIT`] leases, with a cursor to
+//! the next page), so no answer grows with the number of leases; `GET /refusals` is bounded by
+//! its ring.
+//!
 //! Invariant: with a token configured, nothing but `/healthz` and the page at `/` answers
 //! without it (the page holds no data: every call it makes carries the token); every answer
 //! but `/metrics` and `/` is JSON, errors included. A credential (a `proxy_url` carrying a
@@ -12,6 +16,7 @@ use crate::contract::lease::is_lease_id;
 use crate::contract::{token, Event, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
+use crate::registry::listing::{self, Cursor, Filter, Order};
 use crate::registry::revocation::RevocationError;
 use crate::registry::{InvalidReason, RevokeError, Status};
 use crate::telemetry::egress::LoggedVerdict;
@@ -23,7 +28,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Map;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -147,16 +151,10 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             }
         }
         (&Method::GET, ["metrics"]) => metrics(&state),
-        (&Method::GET, ["leases"]) => {
-            let now = Timestamp::now();
-            let snapshot = state.proxy.registry.snapshot();
-            let leases: Vec<Value> = snapshot
-                .ledger
-                .leases()
-                .filter_map(|l| lease_view(&state, &l.id, now, LIST_TOP_HOSTS, with_credentials))
-                .collect();
-            json_response(StatusCode::OK, json!({ "leases": leases }))
-        }
+        (&Method::GET, ["leases"]) => match LeasesQuery::parse(req.uri().query()) {
+            Ok(query) => leases(&state, &query, with_credentials),
+            Err(message) => error(StatusCode::BAD_REQUEST, message),
+        },
         (&Method::GET, ["leases", id]) => {
             match lease_view(&state, id, Timestamp::now(), TOP_HOSTS, with_credentials) {
                 Some(view) => json_response(StatusCode::OK, view),
@@ -168,15 +166,11 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             revoke(&state, &id, req).await
         }
         (&Method::GET, ["refusals"]) => {
-            let limit = req
-                .uri()
-                .query()
-                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("limit=")))
-                .map(|n| n.parse::<usize>());
+            let limit = query_pairs(req.uri().query(), &["limit"])
+                .and_then(|pairs| limit_of(&pairs, 50, refusals::CAPACITY));
             match limit {
-                Some(Err(_)) => error(StatusCode::BAD_REQUEST, "limit must be a number"),
-                Some(Ok(n)) => refusals(&state, n),
-                None => refusals(&state, 50),
+                Ok(limit) => refusals(&state, limit),
+                Err(message) => error(StatusCode::BAD_REQUEST, message),
             }
         }
         (_, []) => error(
@@ -194,6 +188,131 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         ),
         _ => error(StatusCode::NOT_FOUND, format!("no route {path}")),
     }
+}
+
+/// Leases per page of `GET /leases`: by default, and at most.
+const PAGE_LIMIT: usize = 100;
+const MAX_PAGE_LIMIT: usize = 1000;
+
+/// The query of `GET /leases`.
+#[derive(Debug, Default)]
+struct LeasesQuery {
+    filter: Filter,
+    order: Order,
+    cursor: Option<Cursor>,
+    limit: usize,
+    /// Also count every lease by status (one pass over all of them).
+    counts: bool,
+}
+
+impl LeasesQuery {
+    /// Parses `status`, `agent`, `order`, `limit`, `cursor` and `counts`; anything else, or a
+    /// value out of range, is refused with a message that says what is accepted.
+    fn parse(query: Option<&str>) -> Result<LeasesQuery, String> {
+        let pairs = query_pairs(
+            query,
+            &["status", "agent", "order", "limit", "cursor", "counts"],
+        )?;
+        let mut parsed = LeasesQuery {
+            limit: limit_of(&pairs, PAGE_LIMIT, MAX_PAGE_LIMIT)?,
+            ..LeasesQuery::default()
+        };
+        for (key, value) in &pairs {
+            match key.as_str() {
+                "status" => {
+                    parsed.filter.status = Some(listing::parse_status(value).ok_or_else(|| {
+                        let known: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+                        format!("status {value:?} is not one of {}", known.join(", "))
+                    })?)
+                }
+                "agent" => parsed.filter.agent = Some(value.clone()),
+                "order" => {
+                    parsed.order = Order::parse(value)
+                        .ok_or_else(|| format!("order {value:?} is not oldest or newest"))?
+                }
+                "cursor" => parsed.cursor = Some(Cursor::decode(value).map_err(|e| e.to_string())?),
+                "counts" => {
+                    parsed.counts = match value.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(format!("counts {value:?} is not true or false")),
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// The pairs of a query string, each key one of `known` and given once.
+fn query_pairs(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, String> {
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    for (i, (key, _)) in pairs.iter().enumerate() {
+        if !known.contains(&key.as_str()) {
+            return Err(format!(
+                "unknown parameter {key:?} (known: {})",
+                known.join(", ")
+            ));
+        }
+        if pairs[..i].iter().any(|(k, _)| k == key) {
+            return Err(format!("parameter {key:?} is given twice"));
+        }
+    }
+    Ok(pairs)
+}
+
+/// The `limit` of a query: `default` when absent, at most `max`.
+fn limit_of(pairs: &[(String, String)], default: usize, max: usize) -> Result<usize, String> {
+    match pairs.iter().find(|(k, _)| k == "limit") {
+        None => Ok(default),
+        Some((_, value)) => match value.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "limit must be a number from 1 to {max}, not {value:?}"
+            )),
+        },
+    }
+}
+
+/// One page of leases with their counters: `{"leases": [...], "next_cursor": ..., "total": N}`
+/// (and `"counts"` by status when asked).
+fn leases(state: &AdminState, query: &LeasesQuery, with_credentials: bool) -> Response<Body> {
+    let now = Timestamp::now();
+    let snapshot = state.proxy.registry.snapshot();
+    let ledger = &snapshot.ledger;
+    let page = match listing::page(
+        ledger,
+        now,
+        &query.filter,
+        query.order,
+        query.cursor.as_ref(),
+        query.limit,
+    ) {
+        Ok(page) => page,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let views: Vec<Value> = page
+        .leases
+        .iter()
+        .filter_map(|(l, _)| lease_view(state, &l.id, now, LIST_TOP_HOSTS, with_credentials))
+        .collect();
+    let mut answer = json!({
+        "leases": views,
+        "next_cursor": page.next.map(|c| c.encode()),
+        "total": ledger.granted(),
+        "limit": query.limit,
+    });
+    if query.counts {
+        let counts: Map<String, Value> = listing::counts(ledger, now)
+            .into_iter()
+            .map(|(status, n)| (status.as_str().to_owned(), n.into()))
+            .collect();
+        answer["counts"] = counts.into();
+    }
+    json_response(StatusCode::OK, answer)
 }
 
 /// Hosts listed per lease in `GET /leases/{id}`.
@@ -240,14 +359,10 @@ fn metrics(state: &AdminState) -> Response<Body> {
     telemetry
         .metrics
         .prune(|id| ledger.check_chain(id, now).is_ok());
-    let mut by_status: HashMap<&'static str, u64> =
-        Status::ALL.iter().map(|s| (s.as_str(), 0)).collect();
-    for lease in ledger.leases() {
-        if let Some(status) = ledger.status(&lease.id, now) {
-            *by_status.entry(status.as_str()).or_default() += 1;
-        }
-    }
-    let mut leases_by_status: Vec<(&'static str, u64)> = by_status.into_iter().collect();
+    let mut leases_by_status: Vec<(&'static str, u64)> = listing::counts(ledger, now)
+        .into_iter()
+        .map(|(status, n)| (status.as_str(), n))
+        .collect();
     leases_by_status.sort();
     let stats = ledger.stats();
     let store = state.proxy.registry.store_health();

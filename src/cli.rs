@@ -362,6 +362,10 @@ pub struct ServeArgs {
     /// the right code; the admin API no longer lists it).
     #[arg(long, env = "LEASEGATE_CLOSED_LEASE_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
     pub closed_lease_retention: std::time::Duration,
+    /// Leases /metrics shows by name, the busiest by calls; the others are summed under
+    /// `lease_id="other"` (every total is kept).
+    #[arg(long, env = "LEASEGATE_METRICS_MAX_LEASES", default_value_t = crate::telemetry::metrics::MAX_LEASES)]
+    pub metrics_max_leases: usize,
     /// On SIGTERM/SIGINT, how long requests and tunnels may finish before they are closed.
     #[arg(long, env = "LEASEGATE_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_timeout: std::time::Duration,
@@ -525,6 +529,18 @@ pub struct LeasesArgs {
     /// JSON Lines instead of a table.
     #[arg(long, env = "LEASEGATE_JSON")]
     pub json: bool,
+    /// Only leases with this status now.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::registry::Status::ALL.map(|s| s.as_str())))]
+    pub status: Option<String>,
+    /// Only leases whose manifest names this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// At most this many leases (the first ones in the order shown).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+    /// Newest grant first (default: grant order, oldest first).
+    #[arg(long)]
+    pub newest_first: bool,
 }
 
 /// How a stream journal is reached (`--journal nats://...`), and where local state lives.

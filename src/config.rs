@@ -73,6 +73,8 @@ pub struct ProxyConfig {
     pub max_connections_per_client: usize,
     /// How long the metric series of a closed lease stay visible.
     pub series_grace: Duration,
+    /// Leases shown by name on `/metrics` (the busiest by calls); the rest are summed.
+    pub series_max_leases: usize,
     /// The largest request head (request line and headers) served; larger heads get 431.
     pub max_header_bytes: usize,
     /// A CONNECT tunnel whose first client bytes are not a ClientHello naming a host
@@ -100,6 +102,7 @@ impl Default for ProxyConfig {
             max_connections_per_lease: 1_000,
             max_connections_per_client: 256,
             series_grace: crate::telemetry::metrics::GRACE,
+            series_max_leases: crate::telemetry::metrics::MAX_LEASES,
             max_header_bytes: 64 * 1024,
             require_sni: false,
             dns_timeout: Duration::from_secs(5),
@@ -233,6 +236,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 n => n,
             },
             series_grace: args.metrics_grace,
+            series_max_leases: args.metrics_max_leases,
             max_header_bytes: args.max_header_bytes,
             require_sni: args.require_sni,
             connect_timeout: args.connect_timeout,

@@ -12,7 +12,7 @@ use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::{ClientConn, Proxy};
 use crate::registry::open::open_registry;
-use crate::registry::{journal, JournalLocation, Ledger, OpenError, StoreOptions};
+use crate::registry::{journal, JournalLocation, Ledger, OpenError, Status, StoreOptions};
 use crate::telemetry::egress::{Kind, LoggedVerdict};
 use crate::telemetry::{EgressLog, Telemetry};
 use http::HeaderMap;
@@ -168,62 +168,72 @@ pub struct LeaseRow {
     pub malformed_hosts: Vec<String>,
 }
 
-/// The folded status table at `now`, in grant order.
-pub fn lease_rows(ledger: &Ledger, now: Timestamp) -> Vec<LeaseRow> {
-    ledger
-        .leases()
-        .map(|lease| LeaseRow {
-            lease_id: lease.id.clone(),
-            parent_lease_id: lease.parent.clone(),
-            agent: lease.agent_name.clone(),
-            status: ledger
-                .status(&lease.id, now)
-                .map_or("unknown", |s| s.as_str()),
-            expires_at: lease.expires_at,
-            allow_hosts: lease.allow_hosts.clone(),
-            deny_hosts: lease.deny_hosts.clone(),
-            malformed_hosts: malformed_patterns(lease)
-                .map(|(_, _, bad)| bad.pattern)
-                .collect(),
-        })
-        .collect()
+/// One row of the status table: `lease` with its `status`.
+pub fn lease_row(lease: &Lease, status: Status) -> LeaseRow {
+    LeaseRow {
+        lease_id: lease.id.clone(),
+        parent_lease_id: lease.parent.clone(),
+        agent: lease.agent_name.clone(),
+        status: status.as_str(),
+        expires_at: lease.expires_at,
+        allow_hosts: lease.allow_hosts.clone(),
+        deny_hosts: lease.deny_hosts.clone(),
+        malformed_hosts: malformed_patterns(lease)
+            .map(|(_, _, bad)| bad.pattern)
+            .collect(),
+    }
 }
 
 /// The marker `leases` puts before a host entry that is not a pattern.
 pub const MALFORMED_MARKER: char = '!';
 
-/// Renders rows as an aligned text table.
-pub fn render_table(rows: &[LeaseRow]) -> String {
-    let header = [
-        "LEASE",
-        "PARENT",
-        "AGENT",
-        "STATUS",
-        "EXPIRES_AT",
-        "ALLOW",
-        "DENY",
-    ];
-    let cells: Vec<[String; 7]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.lease_id.clone(),
-                r.parent_lease_id.clone().unwrap_or_else(|| "-".into()),
-                r.agent.clone(),
-                r.status.to_owned(),
-                r.expires_at.to_string(),
-                join_marked(&r.allow_hosts, &r.malformed_hosts),
-                join_marked(&r.deny_hosts, &r.malformed_hosts),
-            ]
-        })
-        .collect();
-    let mut out = crate::table::render(header, &cells);
-    if rows.iter().any(|r| !r.malformed_hosts.is_empty()) {
-        out.push_str(&format!(
-            "{MALFORMED_MARKER} not a host pattern: it matches nothing (`leasegate verify` says why)\n"
-        ));
+const HEADER: [&str; 7] = [
+    "LEASE",
+    "PARENT",
+    "AGENT",
+    "STATUS",
+    "EXPIRES_AT",
+    "ALLOW",
+    "DENY",
+];
+
+fn cells(r: &LeaseRow) -> [String; 7] {
+    [
+        r.lease_id.clone(),
+        r.parent_lease_id.clone().unwrap_or_else(|| "-".into()),
+        r.agent.clone(),
+        r.status.to_owned(),
+        r.expires_at.to_string(),
+        join_marked(&r.allow_hosts, &r.malformed_hosts),
+        join_marked(&r.deny_hosts, &r.malformed_hosts),
+    ]
+}
+
+/// Writes the rows `rows()` yields as an aligned text table, one line at a time: `rows` is
+/// called twice (column widths, then lines), so no table is held in memory, whatever its size.
+pub fn write_table<I: Iterator<Item = LeaseRow>>(
+    out: &mut impl std::io::Write,
+    rows: impl Fn() -> I,
+) -> std::io::Result<()> {
+    let mut any_malformed = false;
+    let widths = crate::table::widths(
+        HEADER,
+        rows().map(|r| {
+            any_malformed |= !r.malformed_hosts.is_empty();
+            cells(&r)
+        }),
+    );
+    out.write_all(crate::table::line(&widths, HEADER).as_bytes())?;
+    for row in rows() {
+        out.write_all(crate::table::line(&widths, cells(&row)).as_bytes())?;
     }
-    out
+    if any_malformed {
+        writeln!(
+            out,
+            "{MALFORMED_MARKER} not a host pattern: it matches nothing (`leasegate verify` says why)"
+        )?;
+    }
+    Ok(())
 }
 
 /// The hosts, comma-separated, each malformed one behind the marker; `-` for none.
@@ -285,7 +295,11 @@ pub async fn check(
     target: &str,
 ) -> Result<Explanation, OpenError> {
     let registry = Arc::new(open_registry(journal, keyring, store, false).await?);
-    let telemetry = Arc::new(Telemetry::new(EgressLog::disabled(), config.series_grace));
+    let telemetry = Arc::new(Telemetry::new(
+        EgressLog::disabled(),
+        config.series_grace,
+        config.series_max_leases,
+    ));
     let proxy = Proxy::new(config, registry, telemetry.clone());
     let conn = ClientConn::detached(&proxy, Some(lease_id));
     let mut ex = Exchange::new(

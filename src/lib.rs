@@ -10,6 +10,7 @@ pub mod dev;
 pub mod health;
 pub mod inspect;
 pub mod issue;
+pub mod log_gate;
 pub mod policy;
 pub mod proxy;
 pub mod registry;

@@ -11,7 +11,7 @@ use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::dev;
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
-use leasegate::registry::{compact, open, InvalidReason};
+use leasegate::registry::{compact, listing, open, InvalidReason};
 use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
 use leasegate::run;
 use leasegate::server::Server;
@@ -295,16 +295,32 @@ where
 fn leases(args: cli::LeasesArgs) -> Result<()> {
     require_journal(&args.ledger.journal)?;
     let ledger = load_ledger(&args.ledger)?;
-    let rows = inspect::lease_rows(&ledger, Timestamp::now());
-    let mut out = std::io::stdout().lock();
+    let filter = listing::Filter {
+        // clap has checked the name.
+        status: args.status.as_deref().and_then(listing::parse_status),
+        agent: args.agent,
+    };
+    let order = match args.newest_first {
+        true => listing::Order::NewestFirst,
+        false => listing::Order::OldestFirst,
+    };
+    let now = Timestamp::now();
+    let limit = args.limit.map_or(usize::MAX, |n| n as usize);
+    let rows = || {
+        listing::matching(&ledger, now, &filter, order)
+            .take(limit)
+            .map(|(lease, status)| inspect::lease_row(lease, status))
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        for row in rows {
+        for row in rows() {
             serde_json::to_writer(&mut out, &row)?;
             writeln!(out)?;
         }
     } else {
-        out.write_all(inspect::render_table(&rows).as_bytes())?;
+        inspect::write_table(&mut out, rows)?;
     }
+    out.flush()?;
     Ok(())
 }
 

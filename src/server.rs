@@ -256,8 +256,14 @@ impl Server {
             }
             None => EgressStream::disabled(),
         };
-        let telemetry =
-            Arc::new(Telemetry::new(egress, proxy_config.series_grace).with_stream(stream));
+        let telemetry = Arc::new(
+            Telemetry::new(
+                egress,
+                proxy_config.series_grace,
+                proxy_config.series_max_leases,
+            )
+            .with_stream(stream),
+        );
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
         proxy.tls = tls;
         let proxy = Arc::new(proxy);

@@ -5,26 +5,38 @@
 
 /// Renders `header` and `rows` as aligned columns, one line each.
 pub fn render<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.map(str::len);
+    let widths = widths(header, rows.iter().map(|row| row.each_ref()));
+    let mut out = line(&widths, header);
+    for row in rows {
+        out.push_str(&line(&widths, row.each_ref()));
+    }
+    out
+}
+
+/// The width of each column over `header` and `rows`: a first pass, for a table written row
+/// by row ([`line`]) without holding its rows.
+pub fn widths<S: AsRef<str>, const N: usize>(
+    header: [&str; N],
+    rows: impl Iterator<Item = [S; N]>,
+) -> [usize; N] {
+    let mut widths = header.map(|h| h.chars().count());
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            *w = (*w).max(cell.as_ref().chars().count());
         }
     }
-    let mut out = String::new();
-    let mut line = |cols: [&str; N]| {
-        let text: Vec<String> = cols
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(text.join("  ").trim_end());
-        out.push('\n');
-    };
-    line(header);
-    for row in rows {
-        line(std::array::from_fn(|i| row[i].as_str()));
-    }
+    widths
+}
+
+/// One line of a table whose columns are `widths` wide, newline included.
+pub fn line<S: AsRef<str>, const N: usize>(widths: &[usize; N], cells: [S; N]) -> String {
+    let text: Vec<String> = cells
+        .iter()
+        .zip(widths)
+        .map(|(c, w)| format!("{:<w$}", c.as_ref()))
+        .collect();
+    let mut out = text.join("  ").trim_end().to_owned();
+    out.push('\n');
     out
 }
 

@@ -4,10 +4,13 @@
 //! Invariant: a port serves one lease at a time and closes when that lease opens nothing; the
 //! lowest free port is handed out, and a released port rests [`REUSE_AFTER`] before another
 //! lease may have it (a late client of the old lease never lands in a new one). Every per-lease
-//! entry here belongs to a lease that opens now: state is bounded by the open leases.
+//! entry here belongs to a lease that opens now: state is bounded by the open leases. An
+//! exhausted range is logged as one episode ([`Flood`]): once when the first lease finds no
+//! port, then a count at most once a minute, and once when every open lease has its port.
 
 use super::{serve, Proxy};
 use crate::contract::Timestamp;
+use crate::log_gate::{Flood, Say};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -26,8 +29,10 @@ struct State {
     by_lease: HashMap<String, (u16, CancellationToken)>,
     /// Released ports and when.
     resting: HashMap<u16, Instant>,
-    /// Open leases already warned about an exhausted range (pruned when they close).
+    /// Open leases found without a port (pruned when they close): each counts once.
     warned: HashSet<String>,
+    /// The episode of leases without a port, for the log.
+    exhausted: Flood,
 }
 
 /// The per-lease port range and its assignments.
@@ -80,6 +85,7 @@ impl LeasePorts {
             by_lease,
             resting,
             warned,
+            exhausted,
         } = &mut *state;
         by_lease.retain(|lease_id, (port, stop)| {
             let open = snapshot.ledger.check_chain(lease_id, now).is_ok();
@@ -93,6 +99,8 @@ impl LeasePorts {
         resting.retain(|_, since| since.elapsed() < REUSE_AFTER);
         // A lease that opens nothing any more will never be warned about again.
         warned.retain(|lease_id| snapshot.ledger.check_chain(lease_id, now).is_ok());
+        let mut without_port = 0;
+        let mut summary = None;
         for lease in snapshot.ledger.leases() {
             if by_lease.contains_key(&lease.id)
                 || snapshot.ledger.check_chain(&lease.id, now).is_err()
@@ -128,16 +136,39 @@ impl LeasePorts {
                     by_lease.insert(lease.id.clone(), (port, stop));
                 }
                 None => {
-                    if warned.insert(lease.id.clone()) {
-                        let range = format!("{}-{}", self.range.start(), self.range.end());
-                        tracing::warn!(
+                    without_port += 1;
+                    if !warned.insert(lease.id.clone()) {
+                        continue;
+                    }
+                    let range = format!("{}-{}", self.range.start(), self.range.end());
+                    match exhausted.occurred(1, Instant::now()) {
+                        Say::Start => tracing::warn!(
                             lease = %lease.id,
                             "{}: this lease is reachable by credentials only",
                             no_port_reason(&range, &held, used.len(), resting.len())
-                        );
+                        ),
+                        Say::Summary(s) => summary = Some(s),
+                        Say::Quiet => {}
                     }
                 }
             }
+        }
+        let instant = Instant::now();
+        if without_port > 0 {
+            if let Some(s) = summary.or_else(|| exhausted.due(instant)) {
+                tracing::warn!(
+                    leases = s.repeats,
+                    since_first = s.total,
+                    without_port,
+                    "more leases found no free lease port: they are reachable by credentials only"
+                );
+            }
+        } else if let Some(s) = exhausted.end(instant) {
+            tracing::info!(
+                leases = s.total,
+                lasted = ?s.lasted,
+                "every open lease has its lease port again"
+            );
         }
     }
 }

@@ -9,8 +9,11 @@
 use super::ledger::{Ledger, LineError};
 use super::prepared::Prepared;
 use crate::contract::Keyring;
+use crate::log_gate::{Flood, Say};
+use std::collections::HashMap;
 use std::io;
 use std::path::Path;
+use std::time::Instant;
 
 /// Splits journal bytes into complete lines (without their newline) and the unterminated
 /// rest (empty if the bytes end in a newline).
@@ -111,25 +114,62 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Logs skipped lines, one warning per distinct reason: a wrong key would otherwise warn
-/// once per lease in the journal.
+/// Logs skipped lines, one warning per distinct reason (a wrong key would otherwise warn
+/// once per lease in the journal), for at most [`SHOWN`] reasons: reasons that name their line's
+/// own values (timestamps, ids) are each distinct, and the rest are said as one count.
 pub fn warn_skipped(problems: &[LineProblem]) {
-    const SHOWN: usize = 5;
+    // Reasons in the order first seen, with their lines.
     let mut reasons: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
     for problem in problems {
         let text = problem.error.to_string();
-        match reasons.iter_mut().find(|(reason, _)| *reason == text) {
-            Some((_, lines)) => lines.push(problem.line),
-            None => reasons.push((text, vec![problem.line])),
+        match index.get(&text) {
+            Some(&i) => reasons[i].1.push(problem.line),
+            None => {
+                index.insert(text.clone(), reasons.len());
+                reasons.push((text, vec![problem.line]));
+            }
         }
     }
-    for (error, lines) in reasons {
+    for (error, lines) in reasons.iter().take(SHOWN) {
         let mut shown: Vec<String> = lines.iter().take(SHOWN).map(usize::to_string).collect();
         if lines.len() > SHOWN {
             shown.push(format!("{} more", lines.len() - SHOWN));
         }
         let lines = shown.join(", ");
         tracing::warn!(%lines, %error, "journal lines skipped");
+    }
+    if let Some(rest) = reasons.get(SHOWN..).filter(|rest| !rest.is_empty()) {
+        let lines: usize = rest.iter().map(|(_, lines)| lines.len()).sum();
+        let first = rest[0].1[0];
+        tracing::warn!(
+            lines,
+            reasons = rest.len(),
+            first,
+            "more journal lines skipped, for other reasons (`leasegate verify` lists each)"
+        );
+    }
+}
+
+/// Reasons, and line numbers per reason, that [`warn_skipped`] names.
+const SHOWN: usize = 5;
+
+/// [`warn_skipped`] for a journal that is followed, batch by batch (call it for every batch,
+/// an empty one included): the first batch with skipped lines is said in full, then a count at
+/// most once a minute, and the end once no line has been skipped for a minute.
+pub fn warn_skipped_gated(flood: &mut Flood, problems: &[LineProblem], now: Instant) {
+    if problems.is_empty() {
+        if let Some(s) = flood.end_if_quiet(now) {
+            tracing::info!(lines = s.repeats, since_first = s.total, lasted = ?s.lasted, "no journal line skipped for a minute");
+        } else if let Some(s) = flood.due(now) {
+            tracing::warn!(lines = s.repeats, since_first = s.total, "journal lines are still being skipped (leasegate_journal_invalid_lines_total counts them by reason)");
+        }
+        return;
+    }
+    match flood.occurred(problems.len() as u64, now) {
+        Say::Start => warn_skipped(problems),
+        Say::Summary(s) => tracing::warn!(lines = s.repeats, since_first = s.total, "journal lines are still being skipped (leasegate_journal_invalid_lines_total counts them by reason)"),
+        Say::Quiet => {}
     }
 }
 

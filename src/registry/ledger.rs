@@ -526,6 +526,11 @@ impl Ledger {
         self.order.range(count as u64..).map(|(_, lease)| lease)
     }
 
+    /// The lease granted `position`-th (from 0) in grant order; `None` once it is retired.
+    pub fn granted_at(&self, position: usize) -> Option<&Arc<Lease>> {
+        self.order.get(&(position as u64))
+    }
+
     /// A loaded lease (not retired).
     pub fn lease(&self, id: &str) -> Option<&Arc<Lease>> {
         self.leases.get(id).map(|g| &g.lease)

@@ -34,12 +34,13 @@ use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
 use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
+use crate::log_gate::{Flood, Say};
 use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -99,6 +100,10 @@ struct JournalHealth {
     /// Why the last read failed; `None` once one succeeds. Meanwhile decisions use the last
     /// state read: closing records written by others are not seen.
     unreadable: Option<String>,
+    /// The episodes of failed appends, failed reads and skipped lines, for the log.
+    append_errors: Flood,
+    read_errors: Flood,
+    skipped_lines: Flood,
 }
 
 /// The registry of a running proxy.
@@ -154,11 +159,12 @@ impl Registry {
         pending: Pending,
     ) -> std::io::Result<Registry> {
         let mut skipped = 0;
+        let mut skipping = Flood::default();
         // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
         loop {
             let batch = store.read_new().await?;
             let problems = journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
-            journal::warn_skipped(&problems);
+            journal::warn_skipped_gated(&mut skipping, &problems, Instant::now());
             skipped += problems.len();
             if !pending.is_empty() {
                 let queue = pending.clone();
@@ -252,19 +258,31 @@ impl Registry {
         }
     }
 
-    /// A read of the store failed: logged as an error only when it was readable.
+    /// A read of the store failed: logged as an error when it was readable, then counted
+    /// (a summary at most once a minute).
     fn read_failed(&self, error: &std::io::Error) {
         let mut health = self.health();
-        if health.unreadable.is_none() {
-            tracing::error!(%error, store = %self.store.describe(), "the journal cannot be read: closing records written elsewhere are not seen until it can");
+        match health.read_errors.occurred(1, Instant::now()) {
+            Say::Start => {
+                tracing::error!(%error, store = %self.store.describe(), "the journal cannot be read: closing records written elsewhere are not seen until it can")
+            }
+            Say::Summary(s) => {
+                tracing::error!(%error, failed_reads = s.repeats, since_first = s.total, store = %self.store.describe(), "the journal still cannot be read")
+            }
+            Say::Quiet => {}
         }
         health.unreadable = Some(error.to_string());
     }
 
     /// A read of the store succeeded: logged only when it was failing.
     fn read_succeeded(&self) {
-        if let Some(cause) = self.health().unreadable.take() {
-            tracing::error!(was = %cause, store = %self.store.describe(), "the journal can be read again");
+        let mut health = self.health();
+        if let Some(cause) = health.unreadable.take() {
+            let failed_reads = health
+                .read_errors
+                .end(Instant::now())
+                .map_or(1, |s| s.total);
+            tracing::error!(was = %cause, failed_reads, store = %self.store.describe(), "the journal can be read again");
         }
     }
 
@@ -272,20 +290,32 @@ impl Registry {
         self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An append failed: counted; logged as an error only when the journal was writable.
+    /// An append failed: counted; logged as an error when the journal was writable, then
+    /// summarised at most once a minute.
     fn append_failed(&self, cause: String) {
         self.append_failures.fetch_add(1, Ordering::Relaxed);
         let mut health = self.health();
-        if health.failing.is_none() {
-            tracing::error!(%cause, store = %self.store.describe(), pending = self.pending.len(), "the journal stopped taking records: revocations are queued and retried");
+        match health.append_errors.occurred(1, Instant::now()) {
+            Say::Start => {
+                tracing::error!(%cause, store = %self.store.describe(), pending = self.pending.len(), "the journal stopped taking records: revocations are queued and retried")
+            }
+            Say::Summary(s) => {
+                tracing::error!(%cause, failed_appends = s.repeats, since_first = s.total, store = %self.store.describe(), pending = self.pending.len(), "the journal still takes no records")
+            }
+            Say::Quiet => {}
         }
         health.failing = Some(cause);
     }
 
     /// An append succeeded: logged only when the journal was failing.
     fn append_succeeded(&self) {
-        if let Some(cause) = self.health().failing.take() {
-            tracing::error!(was = %cause, store = %self.store.describe(), pending = self.pending.len(), "the journal takes records again");
+        let mut health = self.health();
+        if let Some(cause) = health.failing.take() {
+            let failed_appends = health
+                .append_errors
+                .end(Instant::now())
+                .map_or(1, |s| s.total);
+            tracing::error!(was = %cause, failed_appends, store = %self.store.describe(), pending = self.pending.len(), "the journal takes records again");
         }
     }
 
@@ -407,13 +437,13 @@ impl Registry {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
         if batch.lines.is_empty() {
+            journal::warn_skipped_gated(&mut self.health().skipped_lines, &[], Instant::now());
             return Ok((0, batch.position));
         }
-        self.publish(|next| {
-            let problems =
-                journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice));
-            journal::warn_skipped(&problems);
+        let problems = self.publish(|next| {
+            journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice))
         });
+        journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
         self.close_where_not_open(Timestamp::now());
         Ok((batch.lines.len(), batch.position))
     }

@@ -3,6 +3,7 @@
 pub mod compact;
 pub mod journal;
 pub mod ledger;
+pub mod listing;
 pub mod live;
 pub mod open;
 pub mod pending;

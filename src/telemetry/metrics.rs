@@ -3,7 +3,9 @@
 //! Invariant: a series exists only for a lease the registry knows (anything else is counted
 //! under `lease_id="-"`, so unknown ids cannot grow the cardinality), and the series of a
 //! lease that closed disappear [`GRACE`] after it closed — the set stays bounded by the open
-//! leases.
+//! leases. A scrape shows at most `max_leases` leases by name (the busiest by calls, chosen at
+//! scrape time, not per request); the others are summed under `lease_id="other"`, so every
+//! total is kept and `/metrics` stays small whatever the number of open leases.
 
 use super::egress::{EgressEvent, Kind, LoggedVerdict};
 use prometheus_client::collector::Collector;
@@ -14,12 +16,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long the series of a closed lease stay visible, by default.
 pub const GRACE: Duration = Duration::from_secs(300);
+/// Leases shown by name on `/metrics`, by default (`--metrics-max-leases`).
+pub const MAX_LEASES: usize = 1000;
 /// Distinct hosts remembered per lease (further hosts are counted under "(other)").
 const MAX_HOSTS: usize = 1000;
 
@@ -65,6 +69,8 @@ impl LeaseCounters {
 
 /// The label value for a request without a known lease.
 pub const NO_LEASE: &str = "-";
+/// The label value of the leases beyond `max_leases`, summed.
+pub const OTHER_LEASES: &str = "other";
 
 /// Every metric leasegate exposes.
 #[derive(Debug)]
@@ -72,6 +78,8 @@ pub struct Metrics {
     leases: Mutex<HashMap<String, LeaseCounters>>,
     /// How long the series of a closed lease stay after it closed.
     grace: Duration,
+    /// Leases a scrape shows by name; the rest are summed under [`OTHER_LEASES`].
+    max_leases: usize,
     /// Time from a request's arrival to its verdict (before any dial).
     pub decision: Histogram,
     /// Time to connect to an upstream.
@@ -80,15 +88,16 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Metrics {
-        Metrics::with_grace(GRACE)
+        Metrics::new(GRACE, MAX_LEASES)
     }
 }
 
 impl Metrics {
-    pub fn with_grace(grace: Duration) -> Metrics {
+    pub fn new(grace: Duration, max_leases: usize) -> Metrics {
         Metrics {
             leases: Mutex::new(HashMap::new()),
             grace,
+            max_leases,
             decision: Histogram::new(exponential_buckets(0.000_01, 4.0, 10)),
             upstream_connect: Histogram::new(exponential_buckets(0.000_1, 4.0, 10)),
         }
@@ -98,6 +107,10 @@ impl Metrics {
 impl Metrics {
     fn with<R>(&self, lease: &str, f: impl FnOnce(&mut LeaseCounters) -> R) -> R {
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        // No allocation for a lease already counted (every request but its lease's first).
+        if let Some(counters) = leases.get_mut(lease) {
+            return f(counters);
+        }
         f(leases.entry(lease.to_owned()).or_default())
     }
 
@@ -114,15 +127,19 @@ impl Metrics {
             c.bytes_up += event.bytes_up;
             c.bytes_down += event.bytes_down;
             if let Some(host) = &event.host {
-                let key = if c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
-                    host.clone()
-                } else {
-                    "(other)".to_owned()
+                let key = match c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
+                    true => host.as_str(),
+                    false => "(other)",
                 };
-                let h = c.hosts.entry(key).or_default();
-                h.requests += 1;
-                h.bytes_up += event.bytes_up;
-                h.bytes_down += event.bytes_down;
+                // Allocates only for a host not counted yet.
+                if !c.hosts.contains_key(key) {
+                    c.hosts.insert(key.to_owned(), HostCounters::default());
+                }
+                if let Some(h) = c.hosts.get_mut(key) {
+                    h.requests += 1;
+                    h.bytes_up += event.bytes_up;
+                    h.bytes_down += event.bytes_down;
+                }
             }
         });
     }
@@ -160,16 +177,95 @@ impl Metrics {
     }
 
     /// Forgets leases closed for longer than the grace period; `is_open` says which are open.
+    /// `is_open` (a walk up each chain) runs outside the lock: requests wait only for the ids
+    /// to be copied and for the removal.
     pub fn prune(&self, is_open: impl Fn(&str) -> bool) {
+        let ids: Vec<String> = {
+            let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+            leases
+                .keys()
+                .filter(|id| *id != NO_LEASE)
+                .cloned()
+                .collect()
+        };
+        let closed: HashSet<String> = ids.into_iter().filter(|id| !is_open(id)).collect();
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         leases.retain(|id, c| {
-            if id == NO_LEASE || is_open(id) {
+            // Open, or counted since the ids were read: decided at the next prune.
+            if !closed.contains(id) {
                 c.closed_at = None;
                 return true;
             }
             let since = *c.closed_at.get_or_insert_with(Instant::now);
             since.elapsed() < self.grace || c.open_tunnels > 0 || c.open_connections > 0
         });
+    }
+}
+
+/// What one `lease_id` label value shows: one lease's counters, or several summed.
+#[derive(Debug, Default)]
+struct Series {
+    requests: HashMap<(Kind, LoggedVerdict, &'static str), u64>,
+    bytes_up: u64,
+    bytes_down: u64,
+    open_tunnels: u64,
+    open_connections: u64,
+}
+
+impl Series {
+    fn add(&mut self, c: &LeaseCounters) {
+        for (key, n) in &c.requests {
+            *self.requests.entry(*key).or_default() += n;
+        }
+        self.bytes_up += c.bytes_up;
+        self.bytes_down += c.bytes_down;
+        self.open_tunnels += c.open_tunnels;
+        self.open_connections += c.open_connections;
+    }
+}
+
+impl Metrics {
+    /// The series a scrape shows, sorted by label: [`NO_LEASE`], the `max_leases` busiest
+    /// leases by calls (ties by id), and the rest summed under [`OTHER_LEASES`]. One pass
+    /// under the lock, copying only what is shown.
+    fn series(&self) -> Vec<(String, Series)> {
+        let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ranked: Vec<(&String, &LeaseCounters, u64)> = leases
+            .iter()
+            .filter(|(id, _)| id.as_str() != NO_LEASE)
+            .map(|(id, c)| (id, c, c.total_requests()))
+            .collect();
+        let busiest_first = |a: &(&String, &LeaseCounters, u64),
+                             b: &(&String, &LeaseCounters, u64)| {
+            b.2.cmp(&a.2).then_with(|| a.0.cmp(b.0))
+        };
+        if ranked.len() > self.max_leases {
+            ranked.select_nth_unstable_by(self.max_leases, busiest_first);
+        }
+        let shown = ranked.len().min(self.max_leases);
+        let mut out: Vec<(String, Series)> = ranked[..shown]
+            .iter()
+            .map(|(id, c, _)| {
+                let mut series = Series::default();
+                series.add(c);
+                ((*id).clone(), series)
+            })
+            .collect();
+        if let Some(c) = leases.get(NO_LEASE) {
+            let mut series = Series::default();
+            series.add(c);
+            out.push((NO_LEASE.to_owned(), series));
+        }
+        if shown < ranked.len() {
+            let mut other = Series::default();
+            for (_, c, _) in &ranked[shown..] {
+                other.add(c);
+            }
+            out.push((OTHER_LEASES.to_owned(), other));
+        }
+        drop(leases);
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }
 
@@ -240,14 +336,7 @@ fn verdict_str(verdict: LoggedVerdict) -> &'static str {
 
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let leases = self
-            .metrics
-            .leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut ids: Vec<&String> = leases.keys().collect();
-        ids.sort();
+        let series = self.metrics.series();
 
         let mut family = encoder.encode_descriptor(
             "leasegate_requests",
@@ -255,8 +344,8 @@ impl Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for id in &ids {
-            let mut rows: Vec<_> = leases[*id].requests.iter().collect();
+        for (id, c) in &series {
+            let mut rows: Vec<_> = c.requests.iter().collect();
             rows.sort_by_key(|((k, v, c), _)| (kind_str(*k), verdict_str(*v), *c));
             for ((kind, verdict, code), n) in rows {
                 let labels = [
@@ -275,8 +364,7 @@ impl Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for id in &ids {
-            let c = &leases[*id];
+        for (id, c) in &series {
             for (direction, n) in [("up", c.bytes_up), ("down", c.bytes_down)] {
                 ConstCounter::new(n).encode(
                     family.encode_family(&[("lease_id", id.as_str()), ("direction", direction)])?,
@@ -288,17 +376,17 @@ impl Collector for Scrape {
             (
                 "leasegate_open_tunnels",
                 "Open CONNECT tunnels and upgraded connections by lease",
-                (|c: &LeaseCounters| c.open_tunnels) as fn(&LeaseCounters) -> u64,
+                (|c: &Series| c.open_tunnels) as fn(&Series) -> u64,
             ),
             (
                 "leasegate_open_connections",
                 "Open client connections by lease",
-                |c: &LeaseCounters| c.open_connections,
+                |c: &Series| c.open_connections,
             ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for id in &ids {
-                ConstGauge::new(pick(&leases[*id]) as i64)
+            for (id, c) in &series {
+                ConstGauge::new(pick(c) as i64)
                     .encode(family.encode_family(&[("lease_id", id.as_str())])?)?;
             }
         }
@@ -396,5 +484,147 @@ impl Collector for Scrape {
             )?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{render, Metrics, RegistryFigures, GRACE, NO_LEASE, OTHER_LEASES};
+    use crate::contract::Timestamp;
+    use crate::telemetry::egress::{EgressEvent, Kind, LoggedVerdict};
+    use std::sync::Arc;
+
+    fn event(lease: &str, verdict: LoggedVerdict, code: Option<&'static str>) -> EgressEvent {
+        EgressEvent {
+            time: Timestamp::now(),
+            lease_id: Some(lease.to_owned()),
+            label: None,
+            client: "127.0.0.1:1".into(),
+            listener: "127.0.0.1:2".into(),
+            kind: Kind::Connect,
+            method: "CONNECT".into(),
+            host: Some("api.example.com".into()),
+            port: Some(443),
+            dialed: None,
+            verdict,
+            code,
+            status: Some(200),
+            bytes_up: 10,
+            bytes_down: 100,
+            duration_ms: 1.0,
+            error: None,
+            revoked: None,
+        }
+    }
+
+    fn lease_id(n: u64) -> String {
+        format!("00000000-0000-4000-8000-{n:012x}")
+    }
+
+    /// Every sample of `family` as (lease_id label, value).
+    fn samples<'a>(text: &'a str, family: &str) -> Vec<(&'a str, u64)> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .map(|l| {
+                let lease = l
+                    .split("lease_id=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                (lease, l.rsplit(' ').next().unwrap().parse().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hundred_thousand_open_leases_scrape_under_a_megabyte_with_every_total_kept() {
+        const LEASES: u64 = 100_000;
+        let metrics = Arc::new(Metrics::new(GRACE, 1000));
+        let mut calls = 0;
+        for n in 0..LEASES {
+            let id = lease_id(n);
+            // Lease n makes 1 + n % 7 calls; every tenth is also refused once.
+            for _ in 0..1 + n % 7 {
+                metrics.record(&event(&id, LoggedVerdict::Allow, None), true);
+                calls += 1;
+            }
+            if n % 10 == 0 {
+                metrics.record(
+                    &event(&id, LoggedVerdict::Refuse, Some("host-not-allowed")),
+                    true,
+                );
+                calls += 1;
+            }
+            metrics.tunnel_opened(&id);
+        }
+        metrics.record(
+            &event("unknown", LoggedVerdict::Refuse, Some("lease-unknown")),
+            false,
+        );
+        calls += 1;
+
+        let text = render(&metrics, RegistryFigures::default());
+        eprintln!("/metrics at {LEASES} open leases: {} bytes", text.len());
+        assert!(text.len() < 1 << 20, "/metrics is {} bytes", text.len());
+
+        let requests = samples(&text, "leasegate_requests_total");
+        let named: std::collections::BTreeSet<&str> = requests.iter().map(|(l, _)| *l).collect();
+        // 1000 leases by name, plus "-" and "other".
+        assert_eq!(named.len(), 1002, "{}", named.len());
+        assert!(named.contains(NO_LEASE) && named.contains(OTHER_LEASES));
+        // The busiest are shown: 8 calls (n % 70 == 20; 1429 of them, the lowest ids win the
+        // tie), not 7 (n % 7 == 6).
+        assert!(named.contains(lease_id(20).as_str()));
+        assert!(named.contains(lease_id(20 + 70 * 999).as_str()));
+        assert!(!named.contains(lease_id(20 + 70 * 1000).as_str()));
+        assert!(!named.contains(lease_id(6).as_str()));
+        assert_eq!(requests.iter().map(|(_, n)| n).sum::<u64>(), calls);
+        let bytes = samples(&text, "leasegate_bytes_total");
+        assert_eq!(
+            bytes.iter().map(|(_, n)| n).sum::<u64>(),
+            110 * calls,
+            "every call moved 10 bytes up and 100 down"
+        );
+        let tunnels = samples(&text, "leasegate_open_tunnels");
+        assert_eq!(tunnels.iter().map(|(_, n)| n).sum::<u64>(), LEASES);
+    }
+
+    #[test]
+    fn a_prune_forgets_closed_leases_past_their_grace_and_keeps_the_rest() {
+        let metrics = Metrics::new(std::time::Duration::ZERO, 10);
+        for n in 0..4 {
+            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true);
+        }
+        metrics.record(
+            &event("x", LoggedVerdict::Refuse, Some("lease-unknown")),
+            false,
+        );
+        // Lease 3 closed, but a tunnel of it is still open.
+        metrics.tunnel_opened(&lease_id(3));
+        let open = [lease_id(0), lease_id(1)];
+        metrics.prune(|id| open.iter().any(|o| o == id));
+        for (id, kept) in [
+            (lease_id(0), true),
+            (lease_id(1), true),
+            (lease_id(2), false),
+            (lease_id(3), true),
+            (NO_LEASE.to_owned(), true),
+        ] {
+            assert_eq!(metrics.lease(&id).is_some(), kept, "{id}");
+        }
+    }
+
+    #[test]
+    fn leases_within_the_limit_are_all_shown_by_name() {
+        let metrics = Arc::new(Metrics::new(GRACE, 3));
+        for n in 0..3 {
+            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true);
+        }
+        let text = render(&metrics, RegistryFigures::default());
+        let requests = samples(&text, "leasegate_requests_total");
+        assert_eq!(requests.len(), 3, "{text}");
+        assert!(!text.contains(OTHER_LEASES));
     }
 }

@@ -31,12 +31,17 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// `series_grace`: how long a closed lease's metric series stay.
-    pub fn new(egress: EgressLog, series_grace: std::time::Duration) -> Telemetry {
+    /// `series_grace`: how long a closed lease's metric series stay; `series_max_leases`: how
+    /// many leases `/metrics` shows by name (the rest are summed).
+    pub fn new(
+        egress: EgressLog,
+        series_grace: std::time::Duration,
+        series_max_leases: usize,
+    ) -> Telemetry {
         Telemetry {
             egress,
             stream: EgressStream::disabled(),
-            metrics: Arc::new(Metrics::with_grace(series_grace)),
+            metrics: Arc::new(Metrics::new(series_grace, series_max_leases)),
             refusals: refusals::RefusalRing::default(),
             exchanges: tokio_util::task::TaskTracker::new(),
         }

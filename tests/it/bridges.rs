@@ -507,8 +507,7 @@ async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() 
     );
     for replica in &replicas {
         let converged = eventually(Duration::from_secs(10), || async {
-            let (_, view) = crate::harness::admin_get(replica, "/leases").await;
-            let rows = view["leases"].as_array()?.clone();
+            let rows = crate::harness::all_leases(replica).await?;
             (states(rows) == expected).then_some(())
         })
         .await;

@@ -502,6 +502,13 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
         )
         .await
         .expect("the refused lease shows as revoked");
+    browser
+        .until(
+            Duration::from_secs(2),
+            "return document.getElementById('open-count').textContent === '2';",
+        )
+        .await
+        .expect("the header counts two open leases of three");
     let hosts = browser.script(&field(&row, "hosts")).await;
     assert!(
         hosts.as_str().unwrap().contains("origin.test"),
@@ -548,4 +555,85 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     assert_eq!(ours.len(), 1, "{revocations:?}");
     assert_eq!(ours[0]["reason"], "revoked from the dashboard");
     browser.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_pages_through_leases_and_filters_them() {
+    const LEASES: usize = 105;
+    let h = Harness::new();
+    let leases: Vec<String> = (0..LEASES)
+        .map(|_| h.lease(&["origin.test"], &[]))
+        .collect();
+    let server = h.start(h.config(&[])).await;
+    let admin = server.admin_addr.unwrap();
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{admin}/")).await;
+    const ROWS: &str = "document.querySelectorAll('tr.lease').length";
+    // The first page: the newest 100, the count of all, and a way on to the older ones.
+    browser
+        .until(Duration::from_secs(5), &format!("return {ROWS} === 100;"))
+        .await
+        .expect("a page of 100 leases");
+    let newest = format!("tr.lease[data-lease-id='{}']", leases[LEASES - 1]);
+    let oldest = format!("tr.lease[data-lease-id='{}']", leases[0]);
+    assert_eq!(
+        browser
+            .script(&format!("return document.querySelector(\"{newest}\") !== null && document.querySelector(\"{oldest}\") === null;"))
+            .await,
+        true
+    );
+    assert_eq!(
+        browser
+            .script("return document.getElementById('lease-total').textContent;")
+            .await,
+        "105"
+    );
+    assert_eq!(
+        browser
+            .script("return document.getElementById('open-count').textContent;")
+            .await,
+        "105"
+    );
+    browser.click("#page-older").await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            &format!("return document.querySelectorAll('tr.lease').length === 5 && document.querySelector(\"{oldest}\") !== null;"),
+        )
+        .await
+        .expect("the second page holds the 5 oldest");
+    assert_eq!(
+        browser
+            .script("return document.getElementById('page-older').disabled;")
+            .await,
+        true
+    );
+    browser.click("#page-newer").await;
+    browser
+        .until(Duration::from_secs(5), &format!("return {ROWS} === 100;"))
+        .await
+        .expect("back on the first page");
+
+    // A status filter: none revoked, then one.
+    browser
+        .script("const s = document.getElementById('filter-status'); s.value = 'revoked'; s.dispatchEvent(new Event('change')); return true;")
+        .await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "return document.querySelectorAll('tr.lease').length === 0 && getComputedStyle(document.getElementById('no-leases')).display === 'block';",
+        )
+        .await
+        .expect("no revoked lease");
+    let revoked = &leases[7];
+    crate::live::revoke_cli(&h, revoked).await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            &format!("return document.querySelectorAll('tr.lease').length === 1 && document.querySelector(\"tr.lease[data-lease-id='{revoked}']\") !== null;"),
+        )
+        .await
+        .expect("the revoked lease, alone");
+    browser.quit().await;
+    server.shutdown().await;
 }

@@ -555,6 +555,23 @@ pub fn port_range(len: u16) -> std::ops::RangeInclusive<u16> {
     start..=start + len - 1
 }
 
+/// Every lease `GET /leases` lists, page by page (1000 a page); `None` if a page is not 200.
+pub async fn all_leases(server: &Server) -> Option<Vec<Value>> {
+    let mut leases = Vec::new();
+    let mut path = "/leases?limit=1000".to_owned();
+    loop {
+        let (status, page) = admin_get(server, &path).await;
+        if status != 200 {
+            return None;
+        }
+        leases.extend(page["leases"].as_array()?.iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/leases?limit=1000&cursor={cursor}"),
+            None => return Some(leases),
+        }
+    }
+}
+
 /// `GET path` on the admin API: status and JSON body.
 pub async fn admin_get(server: &Server, path: &str) -> (u16, Value) {
     let (status, body) = admin_text(server, path).await;

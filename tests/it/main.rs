@@ -3,6 +3,7 @@
 mod boundary_guard;
 mod boundary_ops;
 mod boundary_tls;
+mod bounded;
 mod bridges;
 mod cli;
 mod clients;

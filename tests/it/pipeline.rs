@@ -43,6 +43,7 @@ async fn offline_proxy(h: &Harness, config: ProxyConfig, dialer: Arc<RecordingDi
     let telemetry = Arc::new(Telemetry::new(
         EgressLog::disabled(),
         serve.proxy.series_grace,
+        serve.proxy.series_max_leases,
     ));
     let mut proxy = Proxy::new(serve.proxy, Arc::new(registry), telemetry);
     proxy.dialer = dialer;

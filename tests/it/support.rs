@@ -96,6 +96,28 @@ pub fn leasegate_command(args: &[&str]) -> std::process::Command {
     command
 }
 
+/// `serve` on `journal` under `key` with per-lease ports in `range` (no admin listener, any
+/// proxy port), its stderr piped for the test to read.
+pub fn serve_lease_ports(journal: &str, key: &str, range: &str) -> std::process::Child {
+    leasegate_command(&[
+        "serve",
+        "--admin",
+        "off",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        journal,
+        "--key-file",
+        key,
+        "--lease-ports",
+        range,
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap()
+}
+
 /// Runs the binary from an async test without blocking the runtime's threads (which may be
 /// serving the proxy under test).
 pub async fn leasegate(args: &[&str]) -> std::process::Output {

@@ -586,23 +586,7 @@ fn a_lease_port_held_elsewhere_is_reported_as_such_without_colour() {
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = held.local_addr().unwrap().port();
     let range = format!("{port}-{port}");
-    let mut child = leasegate_command(&[
-        "serve",
-        "--admin",
-        "off",
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        &journal,
-        "--key-file",
-        &key,
-        "--lease-ports",
-        &range,
-    ])
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = crate::support::serve_lease_ports(&journal, &key, &range);
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut seen = Vec::new();
     for line in stderr.lines().map_while(Result::ok) {

@@ -23,6 +23,7 @@
 
 use super::location::NatsLocation;
 use super::{Batch, BoxFuture, Position, Store, StoreHealth};
+use crate::log_gate::{Flood, Say};
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -585,6 +586,9 @@ impl Drop for NatsStore {
 /// it is replaced here, from the same place.
 async fn follow(stream: NatsStream, mut messages: consumer::push::Ordered, shared: Arc<Shared>) {
     let described = stream.location.to_string();
+    // Said once, then counted (a summary at most once a minute), then said ended.
+    let mut no_metadata = Flood::default();
+    let mut not_replaced = Flood::default();
     loop {
         while let Some(message) = messages.next().await {
             let message = match message {
@@ -603,10 +607,21 @@ async fn follow(stream: NatsStream, mut messages: consumer::push::Ordered, share
             let sequence = match message.info() {
                 Ok(info) => info.stream_sequence,
                 Err(error) => {
-                    tracing::warn!(store = %described, %error, "a journal message without stream metadata");
+                    match no_metadata.occurred(1, Instant::now()) {
+                        Say::Start => {
+                            tracing::warn!(store = %described, %error, "a journal message without stream metadata")
+                        }
+                        Say::Summary(s) => {
+                            tracing::warn!(store = %described, %error, messages = s.repeats, since_first = s.total, "more journal messages without stream metadata")
+                        }
+                        Say::Quiet => {}
+                    }
                     continue;
                 }
             };
+            if let Some(s) = no_metadata.end(Instant::now()) {
+                tracing::info!(store = %described, messages = s.total, "journal messages carry stream metadata again");
+            }
             {
                 let mut received = shared.received();
                 if sequence <= received.last {
@@ -623,9 +638,22 @@ async fn follow(stream: NatsStream, mut messages: consumer::push::Ordered, share
         messages = loop {
             let next = shared.received().last + 1;
             match stream.ordered_from(next).await {
-                Ok(messages) => break messages,
+                Ok(messages) => {
+                    if let Some(s) = not_replaced.end(Instant::now()) {
+                        tracing::info!(store = %described, failed_tries = s.total, lasted = ?s.lasted, "the journal consumer is replaced");
+                    }
+                    break messages;
+                }
                 Err(error) => {
-                    tracing::warn!(store = %described, %error, retry_in = ?backoff, "cannot replace the journal consumer yet");
+                    match not_replaced.occurred(1, Instant::now()) {
+                        Say::Start => {
+                            tracing::warn!(store = %described, %error, retry_in = ?backoff, "cannot replace the journal consumer yet")
+                        }
+                        Say::Summary(s) => {
+                            tracing::warn!(store = %described, %error, failed_tries = s.repeats, since_first = s.total, "still cannot replace the journal consumer")
+                        }
+                        Say::Quiet => {}
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(4));
                 }
