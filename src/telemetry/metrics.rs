@@ -115,14 +115,19 @@ impl Metrics {
             c.bytes_down += event.bytes_down;
             if let Some(host) = &event.host {
                 let key = if c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
-                    host.clone()
+                    host.as_str()
                 } else {
-                    "(other)".to_owned()
+                    "(other)"
                 };
-                let h = c.hosts.entry(key).or_default();
-                h.requests += 1;
-                h.bytes_up += event.bytes_up;
-                h.bytes_down += event.bytes_down;
+                // A key is built only for a host not seen before, not per request.
+                if !c.hosts.contains_key(key) {
+                    c.hosts.insert(key.to_owned(), HostCounters::default());
+                }
+                if let Some(h) = c.hosts.get_mut(key) {
+                    h.requests += 1;
+                    h.bytes_up += event.bytes_up;
+                    h.bytes_down += event.bytes_down;
+                }
             }
         });
     }
