@@ -532,9 +532,11 @@ fn report_skipped(s: &compact::Selection) {
 }
 
 fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if args.worker_threads > 0 {
+        builder.worker_threads(args.worker_threads);
+    }
+    let runtime = builder.enable_all().build()?;
     runtime.block_on(serve_async(*args))
 }
 

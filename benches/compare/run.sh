@@ -4,10 +4,11 @@
 #
 #   benches/compare/run.sh                 # full run (ROUNDS=3, DURATION=10, 10,000 idle tunnels)
 #   QUICK=1 benches/compare/run.sh         # smoke test: 1 round, 2 s runs, 1,000 tunnels, 10 MiB bulk
+#   CPUSET=force QUICK=1 benches/compare/run.sh   # the pinned mode's code path on a small machine
 #
 # Knobs (environment): ROUNDS, DURATION (s per load run), QUICK=1, CONC (32), IDLE_TUNNELS,
 # BULK_BYTES, BULK_REPEAT (3), LOAD_TOOL (auto|oha|wrk), TINYPROXY_LOGLEVEL (Warning),
-# SKIP_BUILD=1, KEEP_TMP=1, OUT_MD, OUT_JSON.
+# SKIP_BUILD=1, KEEP_TMP=1, OUT_MD, OUT_JSON, CPUSET (auto|off|force), PROXY_CORES ("1 4").
 #
 # Every address used is on 127.0.0.1. Runs as root (apt-get, mount namespace for tinyproxy).
 set -euo pipefail
@@ -15,7 +16,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 # (grep finds nothing when no knob is set: that is not an error.)
-COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|IDLE_TUNNELS|BULK_BYTES|BULK_REPEAT|LOAD_TOOL|TINYPROXY_LOGLEVEL)=' || true; } | sort | tr '\n' ' ')benches/compare/run.sh"
+COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|IDLE_TUNNELS|BULK_BYTES|BULK_REPEAT|LOAD_TOOL|TINYPROXY_LOGLEVEL|CPUSET|PROXY_CORES)=' || true; } | sort | tr '\n' ' ')benches/compare/run.sh"
 
 QUICK=${QUICK:-0}
 if [[ $QUICK == 1 ]]; then
@@ -45,6 +46,51 @@ TP_PORT=13131
 LEASE_PORTS=14000-14010
 VARIANTS=(direct leasegate-credentials leasegate-lease-port squid tinyproxy)
 FIGURES=(ka1 ka32 close32 connect bulk)
+
+# ------------------------------------------------------------------------------------------
+# CPU sets. Pinned (CPUSET=auto on >= 8 cores, or CPUSET=force): the proxies on cores 0-3
+# (1 and 4 of them, one pass each), the origin on the next third of the rest, the load tools
+# on the remainder, all disjoint. Unpinned (fewer cores, or CPUSET=off): every process shares
+# every core, one pass. CPUSET=force on a small machine puts the proxy on the last core and
+# the origin and load tools together on the others: it checks the code path, not the figures.
+NPROC=$(nproc)
+CPUSET=${CPUSET:-auto}
+case $CPUSET in
+  auto) PINNED=$((NPROC >= 8 ? 1 : 0)) ;;
+  off) PINNED=0 ;;
+  force) PINNED=1 ;;
+  *) echo "CPUSET must be auto, off or force" >&2; exit 1 ;;
+esac
+if [[ $PINNED == 1 ]] && ((NPROC >= 8)); then
+  PROXY_SET=(0 1 2 3)
+  origin_n=$(((NPROC - 4) / 3))
+  ORIGIN_SET=$(seq -s, 4 $((3 + origin_n)))
+  LOAD_SET=$(seq -s, $((4 + origin_n)) $((NPROC - 1)))
+  read -r -a PASSES <<<"${PROXY_CORES:-1 4}"
+  PINNING="pinned: proxy on cores ${PROXY_SET[0]}-…, origin on $ORIGIN_SET, load tools on $LOAD_SET"
+elif [[ $PINNED == 1 ]]; then
+  ((NPROC >= 2)) || { echo "CPUSET=force needs 2 cores" >&2; exit 1; }
+  PROXY_SET=($((NPROC - 1)))
+  ORIGIN_SET=$(seq -s, 0 $((NPROC - 2)))
+  LOAD_SET=$ORIGIN_SET
+  PASSES=(1)
+  PINNING="forced pinning on $NPROC cores (CPUSET=force): proxy on core ${PROXY_SET[0]}, origin and load tools sharing $ORIGIN_SET — checks the code path only, figures not comparable"
+else
+  PASSES=(all) PROXY_SET=() ORIGIN_SET="" LOAD_SET=""
+  PINNING="unpinned: origin, proxies and load tools share all $NPROC cores (pinning needs >= 8 cores; CPUSET=force to try it)"
+fi
+# on SET: sets ON to the command prefix that runs a command on the cores of SET (a comma
+# list): `taskset -c SET`, or nothing when unpinned. A prefix, not a function, so that `$!`
+# of `"${ON[@]}" cmd &` is cmd's own pid (taskset execs it).
+ON=()
+on() { if [[ $PINNED == 1 ]]; then ON=(taskset -c "$1"); else ON=(); fi; }
+count_set() { tr ',' '\n' <<<"$1" | grep -c .; }
+if [[ $PINNED == 1 ]]; then
+  ORIGIN_THREADS=$(count_set "$ORIGIN_SET")
+  LOAD_THREADS=$(count_set "$LOAD_SET")
+else
+  ORIGIN_THREADS=$NPROC LOAD_THREADS=$NPROC
+fi
 
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -182,7 +228,7 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   log "cargo build --release (harness)"
   CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
 fi
-LG="$REPO/target/release/leasegate"
+LG="${CARGO_TARGET_DIR:-$REPO/target}/release/leasegate"
 H="$HERE/target/release/compare-harness"
 [[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
 
@@ -195,7 +241,9 @@ done
 printf '127.0.0.1 localhost\n127.0.0.1 origin.test\n' >"$TMP/hosts"
 
 start_origin() {
-  "$H" origin --http 127.0.0.1:$ORIGIN_HTTP --https 127.0.0.1:$ORIGIN_HTTPS --cert-dir "$TMP/certs" \
+  on "$ORIGIN_SET"
+  "${ON[@]}" "$H" origin --http 127.0.0.1:$ORIGIN_HTTP --https 127.0.0.1:$ORIGIN_HTTPS --cert-dir "$TMP/certs" \
+    --threads "$ORIGIN_THREADS" --backlog 4096 \
     >"$TMP/origin.out" 2>"$TMP/origin.err" &
   PID[origin]=$!
   wait_port $ORIGIN_HTTP origin
@@ -209,9 +257,20 @@ ISSUED=$("$LG" issue --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" 
 LEASE_ID=${ISSUED%%$'\n'*}
 LG_AUTH="Basic $(printf 'agent:%s' "$LEASE_ID" | base64 -w0)"
 
+# The current pass's proxy cores: a comma list (pinned) and how many; "all" when unpinned.
+PASS_SET="" PASS_N=0
+set_pass() {
+  if [[ $1 == all ]]; then
+    PASS_SET=$(seq -s, 0 $((NPROC - 1))) PASS_N=0
+  else
+    PASS_SET=$(printf '%s\n' "${PROXY_SET[@]:0:$1}" | paste -sd,) PASS_N=$1
+  fi
+}
+
 start_leasegate() {
   # Connection limits are raised for the idle-tunnel test (defaults: 10,000 total, 1,000 per lease).
-  RUST_LOG=warn "$LG" serve --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
+  on "$PASS_SET"
+  RUST_LOG=warn "${ON[@]}" "$LG" serve --worker-threads "$PASS_N" --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
     --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
     --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 --lease-ports $LEASE_PORTS \
     --egress-log "$TMP/leasegate-egress.jsonl" --drain-timeout 2s \
@@ -234,9 +293,15 @@ start_leasegate() {
 }
 
 start_squid() {
+  # One worker per proxy core, each on its own core (cpu_affinity_map counts cores from 1).
+  SQUID_WORKERS=$((PASS_N > 0 ? PASS_N : 1)) SQUID_AFFINITY=""
+  if [[ $PINNED == 1 ]]; then
+    SQUID_AFFINITY="cpu_affinity_map process_numbers=$(seq -s, 1 "$SQUID_WORKERS") cores=$(tr ',' '\n' <<<"$PASS_SET" | awk '{ printf "%s%d", (NR > 1 ? "," : ""), $1 + 1 }')"
+  fi
   cat >"$TMP/squid.conf" <<EOF
 http_port 127.0.0.1:$SQUID_PORT
-workers 1
+workers $SQUID_WORKERS
+$SQUID_AFFINITY
 pid_filename $TMP/squid.pid
 coredump_dir $TMP
 cache_effective_user proxy
@@ -257,7 +322,11 @@ shutdown_lifetime 1 second
 EOF
   touch "$TMP/squid-access.log" "$TMP/squid-cache.log"
   chown proxy "$TMP/squid-access.log" "$TMP/squid-cache.log" 2>/dev/null || true
-  squid -N -f "$TMP/squid.conf" >"$TMP/squid.out" 2>>"$TMP/squid.err" &
+  # -N runs no workers of its own: SMP (workers > 1) needs the master in --foreground.
+  local mode=-N
+  if ((SQUID_WORKERS > 1)); then mode=--foreground; fi
+  on "$PASS_SET"
+  "${ON[@]}" squid "$mode" -f "$TMP/squid.conf" >"$TMP/squid.out" 2>>"$TMP/squid.err" &
   PID[squid]=$!
   wait_port $SQUID_PORT squid
 }
@@ -281,19 +350,21 @@ FilterDefaultDeny Yes
 EOF
   if unshare --mount --propagation private -- true 2>/dev/null; then
     unshare --mount --propagation private -- sh -c \
-      "mount --bind '$TMP/hosts' /etc/hosts && exec tinyproxy -d -c '$TMP/tinyproxy.conf'" \
+      "mount --bind '$TMP/hosts' /etc/hosts && exec $(if [[ $PINNED == 1 ]]; then echo "taskset -c $PASS_SET"; fi) tinyproxy -d -c '$TMP/tinyproxy.conf'" \
       >"$TMP/tinyproxy.out" 2>>"$TMP/tinyproxy.err" &
   else
     log "no mount namespace here: adding origin.test to /etc/hosts for the run"
     grep -q "$HOSTS_MARK\$" /etc/hosts || { printf '127.0.0.1 origin.test %s\n' "$HOSTS_MARK" >>/etc/hosts; HOSTS_EDITED=1; }
-    tinyproxy -d -c "$TMP/tinyproxy.conf" >"$TMP/tinyproxy.out" 2>>"$TMP/tinyproxy.err" &
+    on "$PASS_SET"
+    "${ON[@]}" tinyproxy -d -c "$TMP/tinyproxy.conf" >"$TMP/tinyproxy.out" 2>>"$TMP/tinyproxy.err" &
   fi
   PID[tinyproxy]=$!
   wait_port $TP_PORT tinyproxy
 }
 
-log "starting origin, leasegate, squid, tinyproxy (logs in $TMP)"
+log "starting origin, leasegate, squid, tinyproxy (logs in $TMP; $PINNING)"
 start_origin
+set_pass "${PASSES[0]}"
 start_leasegate
 start_squid
 start_tinyproxy
@@ -357,12 +428,14 @@ load() {
         args+=(--proxy-header "Proxy-Authorization: $(auth_of "$variant")")
       fi
     fi
-    "$OHA" "${args[@]}" "$url" >"$out" 2>"$out.err" || log "oha exited $? ($variant)"
+    on "$LOAD_SET"
+    "${ON[@]}" "$OHA" "${args[@]}" "$url" >"$out" 2>"$out.err" || log "oha exited $? ($variant)"
   else
     local threads=$((c < 2 ? 1 : 2)) path=/small target=http://127.0.0.1:$ORIGIN_HTTP
     if [[ -n $proxy ]]; then path=$url target=http://$proxy; fi
+    on "$LOAD_SET"
     WRK_PATH=$path WRK_HOST=$host WRK_AUTH=$(auth_of "$variant") WRK_CLOSE=$((1 - ka)) \
-      wrk -t "$threads" -c "$c" -d "${DURATION}s" -s "$TMP/wrk.lua" "$target" >"$out.txt" 2>"$out.err" ||
+      "${ON[@]}" wrk -t "$threads" -c "$c" -d "${DURATION}s" -s "$TMP/wrk.lua" "$target" >"$out.txt" 2>"$out.err" ||
       log "wrk exited $? ($variant)"
     tail -1 "$out.txt" >"$out"
   fi
@@ -378,12 +451,14 @@ run_figure() { # run_figure ROUND FIGURE VARIANT
     close32) load "$v" "$CONC" 0 "$out" ;;
     connect)
       if [[ -z $proxy ]]; then proxy=direct target=127.0.0.1:$ORIGIN_HTTPS; else target=origin.test:$ORIGIN_HTTPS; fi
-      "$H" connect-rate --proxy "$proxy" --target "$target" --auth "$(auth_of "$v")" \
-        --concurrency "$CONC" --duration "$DURATION" >"$out" 2>"$out.err" || log "connect-rate failed ($v): $(cat "$out.err")"
+      on "$LOAD_SET"
+      "${ON[@]}" "$H" connect-rate --proxy "$proxy" --target "$target" --auth "$(auth_of "$v")" \
+        --threads "$LOAD_THREADS" --concurrency "$CONC" --duration "$DURATION" >"$out" 2>"$out.err" || log "connect-rate failed ($v): $(cat "$out.err")"
       ;;
     bulk)
       if [[ -z $proxy ]]; then proxy=direct target=127.0.0.1:$ORIGIN_HTTP; else target=origin.test:$ORIGIN_HTTP; fi
-      "$H" bulk --proxy "$proxy" --target "$target" --auth "$(auth_of "$v")" \
+      on "$LOAD_SET"
+      "${ON[@]}" "$H" bulk --proxy "$proxy" --target "$target" --auth "$(auth_of "$v")" \
         --bytes "$BULK_BYTES" --repeat "$BULK_REPEAT" >"$out" 2>"$out.err" || log "bulk failed ($v): $(cat "$out.err")"
       ;;
   esac
@@ -394,27 +469,42 @@ run_figure() { # run_figure ROUND FIGURE VARIANT
   sleep 1 # let sockets settle between runs
 }
 
-log "$ROUNDS round(s) of ${FIGURES[*]} × ${VARIANTS[*]} (${DURATION} s per run, $CONC connections, load tool: $LOAD_VERSION)"
-for r in $(seq "$ROUNDS"); do
-  # Rotate the variant order every round; within a figure the variants alternate.
-  order=()
-  for i in "${!VARIANTS[@]}"; do order+=("${VARIANTS[$(((i + r - 1) % ${#VARIANTS[@]}))]}"); done
-  for fig in "${FIGURES[@]}"; do
-    for v in "${order[@]}"; do
-      log "round $r/$ROUNDS: $fig $v"
-      run_figure "$r" "$fig" "$v"
+# One pass per proxy core count (one pass, "all", when unpinned); each its own runs directory.
+pass_runs() { if [[ $1 == all ]]; then echo "$TMP/runs"; else echo "$TMP/runs-$1core"; fi; }
+for pass in "${PASSES[@]}"; do
+  RUNS=$(pass_runs "$pass")
+  mkdir -p "$RUNS"
+  if [[ $pass != "${PASSES[0]}" ]]; then
+    set_pass "$pass"
+    stop_pid leasegate
+    stop_pid squid
+    stop_pid tinyproxy
+    start_leasegate
+    start_squid
+    start_tinyproxy
+  fi
+  log "pass: proxies on ${pass} core(s) ($PASS_SET); $ROUNDS round(s) of ${FIGURES[*]} × ${VARIANTS[*]} (${DURATION} s per run, $CONC connections, load tool: $LOAD_VERSION)"
+  for r in $(seq "$ROUNDS"); do
+    # Rotate the variant order every round; within a figure the variants alternate.
+    order=()
+    for i in "${!VARIANTS[@]}"; do order+=("${VARIANTS[$(((i + r - 1) % ${#VARIANTS[@]}))]}"); done
+    for fig in "${FIGURES[@]}"; do
+      for v in "${order[@]}"; do
+        log "round $r/$ROUNDS: $fig $v"
+        run_figure "$r" "$fig" "$v"
+      done
     done
   done
-done
 
-# Peak RSS after all rounds.
-write_rss() { # write_rss VARIANT PID
-  printf '{"pid": %s, "vmhwm_kib": %s, "vmrss_kib": %s}\n' "$2" "$(proc_kib "$2" VmHWM)" "$(proc_kib "$2" VmRSS)" >"$RUNS/rss_$1.json"
-}
-write_rss leasegate-credentials "${PID[leasegate]}"
-write_rss leasegate-lease-port "${PID[leasegate]}"
-write_rss squid "${PID[squid]}"
-write_rss tinyproxy "${PID[tinyproxy]}"
+  # Peak RSS after all rounds.
+  write_rss() { # write_rss VARIANT PID
+    printf '{"pid": %s, "vmhwm_kib": %s, "vmrss_kib": %s}\n' "$2" "$(proc_kib "$2" VmHWM)" "$(proc_kib "$2" VmRSS)" >"$RUNS/rss_$1.json"
+  }
+  write_rss leasegate-credentials "${PID[leasegate]}"
+  write_rss leasegate-lease-port "${PID[leasegate]}"
+  write_rss squid "${PID[squid]}"
+  write_rss tinyproxy "${PID[tinyproxy]}"
+done
 
 LG_DROPPED=$(curl -sf "http://127.0.0.1:$LG_ADMIN/metrics" | awk '$1 == "leasegate_egress_log_dropped_total" { print $2 }' || true)
 LEASE_STATUS=$(curl -sf "http://127.0.0.1:$LG_ADMIN/leases/$LEASE_ID" | grep -o '"status":"[a-z-]*"' | cut -d'"' -f4 || true)
@@ -455,14 +545,30 @@ if ((IDLE_COUNT < IDLE_TUNNELS)); then
   IDLE_NOTE=" of the $IDLE_TUNNELS asked for (2 fds each in the proxy; RLIMIT_NOFILE is capped at $NOFILE here)"
 fi
 NOTES="Notes: leasegate ran with RUST_LOG=warn and its egress log to a file ($LG_DROPPED lines dropped; lease status at the end: ${LEASE_STATUS:-?}; ${LG_ERRLINES:-0} stderr lines); Squid with access_log to a file; tinyproxy with LogLevel $TINYPROXY_LOGLEVEL (tinyproxy fsyncs every log line, so its per-connection Info/Connect logging would cap it at a few hundred connections/s; it writes no request log here, which favours it). tinyproxy closes the client connection after each response, so its keep-alive figures are new-connection figures. Idle tunnels: $IDLE_COUNT$IDLE_NOTE, opened on freshly restarted processes; tinyproxy (a thread per connection, MaxClients 1000) is not measured there."
-"$H" report --runs "$RUNS" --out-md "$OUT_MD" --out-json "$OUT_JSON" \
-  --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --elapsed "$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \
-  --leasegate-rev "$REV" \
-  --squid-version "$(squid -v | head -1)" \
-  --tinyproxy-version "$(tinyproxy -v 2>&1 | head -1)" \
-  --load-tool "$LOAD_VERSION" \
-  --rounds "$ROUNDS" --duration "$DURATION" --concurrency "$CONC" --quick "$QUICK" \
-  --bulk-bytes "$BULK_BYTES" --bulk-repeat "$BULK_REPEAT" \
-  --command "$COMMAND_LINE" --notes "$NOTES" >/dev/null
+report() { # report PASS OUT_MD OUT_JSON
+  local cores=()
+  if [[ $1 != all ]]; then cores=(--proxy-cores "$1"); fi
+  "$H" report --runs "$(pass_runs "$1")" --out-md "$2" --out-json "$3" "${cores[@]}" \
+    --pinning "$(if [[ $1 == all ]]; then echo "$PINNING"; else echo "$PINNING; this table: each proxy on $1 core(s) (leasegate --worker-threads $1, Squid workers $1)"; fi)" \
+    --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --elapsed "$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \
+    --leasegate-rev "$REV" \
+    --squid-version "$(squid -v | head -1)" \
+    --tinyproxy-version "$(tinyproxy -v 2>&1 | head -1)" \
+    --load-tool "$LOAD_VERSION" \
+    --rounds "$ROUNDS" --duration "$DURATION" --concurrency "$CONC" --quick "$QUICK" \
+    --bulk-bytes "$BULK_BYTES" --bulk-repeat "$BULK_REPEAT" \
+    --command "$COMMAND_LINE" --notes "$NOTES" >/dev/null
+}
+if [[ ${#PASSES[@]} == 1 ]]; then
+  report "${PASSES[0]}" "$OUT_MD" "$OUT_JSON"
+else
+  # One table per core count, one after the other; a JSON file per core count.
+  : >"$OUT_MD"
+  for pass in "${PASSES[@]}"; do
+    report "$pass" "$TMP/RESULTS-$pass.md" "${OUT_JSON%.json}.${pass}core.json"
+    { printf '<!-- proxies on %s core(s) -->\n' "$pass"; cat "$TMP/RESULTS-$pass.md"; printf '\n'; } >>"$OUT_MD"
+  done
+  OUT_JSON="${OUT_JSON%.json}.{$(IFS=,; echo "${PASSES[*]}")}core.json"
+fi
 log "wrote $OUT_MD and $OUT_JSON"
 cat "$OUT_MD"

@@ -190,50 +190,69 @@ impl RelayEnd {
 /// bulk tunnels syscall-bound; 32 KiB per direction keeps an idle tunnel under 64 KiB.
 pub const RELAY_BUFFER: usize = 32 * 1024;
 
-/// Copies bytes both ways, counted into `up` (client → upstream) and `down`, until either
-/// side ends, `lease` or `hard_stop` fires, or nothing moves for `idle`.
-pub async fn relay<C, U>(
-    client: C,
-    upstream: U,
-    up: Counter,
-    down: Counter,
-    lease: &CancellationToken,
-    hard_stop: &CancellationToken,
-    idle: std::time::Duration,
-) -> RelayEnd
+/// What a relay counts into and what ends it besides either side: `up` counts client →
+/// upstream bytes, `down` the others; `lease` or `hard_stop` firing, or neither counter
+/// moving for `idle`, ends it.
+pub struct Watch<'a> {
+    pub up: Counter,
+    pub down: Counter,
+    pub lease: &'a CancellationToken,
+    pub hard_stop: &'a CancellationToken,
+    pub idle: std::time::Duration,
+}
+
+/// Copies bytes both ways, counted, until either side ends or `watch` ends it.
+pub async fn relay<C, U>(client: C, upstream: U, watch: Watch<'_>) -> RelayEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
-    let moved = || up.load(Ordering::Relaxed) + down.load(Ordering::Relaxed);
-    let watchdog = async {
-        let tick = (idle / 4).max(std::time::Duration::from_millis(10));
-        let (mut seen, mut since) = (moved(), tokio::time::Instant::now());
-        loop {
-            tokio::time::sleep(tick).await;
-            let now = moved();
-            if now != seen {
-                (seen, since) = (now, tokio::time::Instant::now());
-            } else if since.elapsed() >= idle {
-                return;
-            }
-        }
+    let mut client = Counted::new(client, watch.up.clone());
+    let mut upstream = Counted::new(upstream, watch.down.clone());
+    let copy = async {
+        tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            RELAY_BUFFER,
+            RELAY_BUFFER,
+        )
+        .await
+        .map(|_| ())
     };
-    let mut client = Counted::new(client, up.clone());
-    let mut upstream = Counted::new(upstream, down.clone());
-    let end = tokio::select! {
-        result = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUFFER, RELAY_BUFFER) => {
-            RelayEnd::Closed(result.err().map(|e| e.to_string()))
-        }
-        _ = lease.cancelled() => RelayEnd::LeaseClosed,
-        _ = hard_stop.cancelled() => RelayEnd::Drained,
-        _ = watchdog => RelayEnd::Idle,
-    };
+    let end = watch.run(copy).await;
     use tokio::io::AsyncWriteExt;
     // Bounded: behind the TLS listener, a shutdown writes a close_notify that a client which
     // stopped reading would hold forever.
     let _ = tokio::time::timeout(SHUTDOWN_WAIT, client.inner.shutdown()).await;
     end
+}
+
+impl Watch<'_> {
+    /// Runs `copy` (which counts into `up` and `down`) until it ends or the watch ends it;
+    /// says which.
+    pub async fn run(&self, copy: impl Future<Output = std::io::Result<()>>) -> RelayEnd {
+        let moved = || self.up.load(Ordering::Relaxed) + self.down.load(Ordering::Relaxed);
+        let idle = self.idle;
+        let watchdog = async {
+            let tick = (idle / 4).max(std::time::Duration::from_millis(10));
+            let (mut seen, mut since) = (moved(), tokio::time::Instant::now());
+            loop {
+                tokio::time::sleep(tick).await;
+                let now = moved();
+                if now != seen {
+                    (seen, since) = (now, tokio::time::Instant::now());
+                } else if since.elapsed() >= idle {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            result = copy => RelayEnd::Closed(result.err().map(|e| e.to_string())),
+            _ = self.lease.cancelled() => RelayEnd::LeaseClosed,
+            _ = self.hard_stop.cancelled() => RelayEnd::Drained,
+            _ = watchdog => RelayEnd::Idle,
+        }
+    }
 }
 
 /// How long a finished tunnel waits for the client side's shutdown before dropping it.

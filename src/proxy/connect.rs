@@ -1,5 +1,6 @@
 //! CONNECT tunnels: decide, dial, answer 200, check the ClientHello's SNI, then copy bytes both
-//! ways, counted, until either side ends or the lease closes.
+//! ways, counted (spliced when the client is a plain socket), until either side ends or the
+//! lease closes.
 //!
 //! Invariant: the upstream is dialled before the client hears 200 (so refusals are 403 and
 //! dial failures 502); the client's first bytes reach the upstream untouched, and only once
@@ -16,6 +17,7 @@ use crate::policy::refusal::{Code, Refusal};
 use crate::policy::target::parse_host;
 use crate::policy::HostVerdict;
 use crate::telemetry::egress::Kind;
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -124,15 +126,26 @@ async fn tunnel(
         ex.error = Some(refusal.detail);
         return;
     }
+    // A plain socket underneath (not the TLS listener's stream): hyper hands back what it
+    // read past the CONNECT head and not yet given out, which follows `first`.
+    let (client, rest) = match client.into_inner().downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => (Ok(parts.io.into_inner()), parts.read_buf),
+        Err(upgraded) => (Err(TokioIo::new(upgraded)), Bytes::new()),
+    };
     // Exactly the client's bytes, records as sent (zero-length ones included).
-    ex.bytes_up.fetch_add(first.len() as u64, Ordering::Relaxed);
-    if let Err(error) = upstream.write_all(&first).await {
-        ex.error = Some(format!("upstream write: {error}"));
-        return;
+    for held in [&first[..], &rest[..]] {
+        ex.bytes_up.fetch_add(held.len() as u64, Ordering::Relaxed);
+        if let Err(error) = upstream.write_all(held).await {
+            ex.error = Some(format!("upstream write: {error}"));
+            return;
+        }
     }
-    drop(first);
+    drop((first, rest));
 
-    proxy.relay(client, upstream, &token, &mut ex).await;
+    match client {
+        Ok(socket) => proxy.relay_tcp(socket, upstream, &token, &mut ex).await,
+        Err(upgraded) => proxy.relay(upgraded, upstream, &token, &mut ex).await,
+    }
 }
 
 /// What a tunnel's first client bytes turned out to be.

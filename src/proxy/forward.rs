@@ -36,11 +36,12 @@ pub async fn handle(
         conn.client,
         conn.listener,
     );
-    let shown_target = req.uri().to_string();
+    // Shares the request's bytes: written out only for a refusal's line.
+    let uri = req.uri().clone();
     let decided = match request_shape(&req) {
         Ok(authority) => {
             proxy
-                .decide(&conn, req.headers(), &authority, Some(80), &mut ex)
+                .decide(&conn, req.headers(), authority, Some(80), &mut ex)
                 .await
         }
         Err(refusal) => Err(refusal),
@@ -51,13 +52,13 @@ pub async fn handle(
     };
     match sent {
         Ok(forwarded) => forwarded.into_client_response(&proxy, &conn, ex),
-        Err(refusal) => proxy.refuse(&mut ex, refusal, &shown_target).await,
+        Err(refusal) => proxy.refuse(&mut ex, refusal, &uri.to_string()).await,
     }
 }
 
 /// What makes a request forwardable at all, before any lease is looked at: an absolute
 /// `http://` URI and at most one `Host`. Returns the URI's authority.
-fn request_shape(req: &Request<Incoming>) -> Result<String, Refusal> {
+fn request_shape(req: &Request<Incoming>) -> Result<&str, Refusal> {
     let uri = req.uri();
     let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
         return Err(Refusal::new(
@@ -74,7 +75,7 @@ fn request_shape(req: &Request<Incoming>) -> Result<String, Refusal> {
     if req.headers().get_all(header::HOST).iter().count() > 1 {
         return Err(Refusal::new(Code::BadTarget, "more than one Host header"));
     }
-    Ok(authority.as_str().to_owned())
+    Ok(authority.as_str())
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and our own credentials: never forwarded.
@@ -213,12 +214,18 @@ async fn send(
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    parts.uri = Uri::try_from(path).map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
+    // Origin-form, sharing the request's bytes.
+    let mut origin_form = http::uri::Parts::default();
+    origin_form.path_and_query = Some(
+        parts
+            .uri
+            .path_and_query()
+            .filter(|p| !p.as_str().is_empty())
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
+    parts.uri =
+        Uri::from_parts(origin_form).map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, upgrade);
     if !parts.headers.contains_key(header::HOST) {

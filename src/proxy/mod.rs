@@ -16,6 +16,8 @@ pub mod lease_ports;
 pub mod listener;
 pub mod pipeline;
 pub mod refusal;
+#[cfg(target_os = "linux")]
+pub mod splice;
 pub mod state;
 pub mod upstream;
 

@@ -27,6 +27,7 @@ use crate::registry::revocation::RefusedEgress;
 use crate::registry::Snapshot;
 use crate::telemetry::egress::{Kind, LoggedVerdict};
 use http::{header, HeaderMap, Response};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -302,9 +303,9 @@ impl Proxy {
         Ok((stream, dialed))
     }
 
-    /// Phase 7 for tunnels and upgraded connections: copies bytes both ways until either side
-    /// ends, the lease closes, a drain runs out or the tunnel idles; counted as an open tunnel
-    /// meanwhile, and the way it ended goes on the exchange's line.
+    /// Phase 7 for upgraded connections and tunnels behind the TLS listener: copies bytes
+    /// both ways until either side ends, the lease closes, a drain runs out or the tunnel
+    /// idles (see [`Proxy::relay_counted`]).
     pub async fn relay<C, U>(
         &self,
         client: C,
@@ -315,18 +316,43 @@ impl Proxy {
         C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
         U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
+        let copy = body::relay(client, upstream, self.watch(ex, token));
+        self.relay_counted(ex, copy).await;
+    }
+
+    /// Phase 7 for a plain TCP tunnel: [`Proxy::relay`]'s contract, spliced on Linux.
+    pub async fn relay_tcp(
+        &self,
+        client: TcpStream,
+        upstream: TcpStream,
+        token: &CancellationToken,
+        ex: &mut Exchange,
+    ) {
+        #[cfg(target_os = "linux")]
+        {
+            let spliced = super::splice::relay(client, upstream, self.watch(ex, token));
+            self.relay_counted(ex, spliced).await;
+        }
+        #[cfg(not(target_os = "linux"))]
+        self.relay(client, upstream, token, ex).await;
+    }
+
+    /// What a relay of `ex` counts into and what ends it.
+    fn watch<'a>(&'a self, ex: &Exchange, token: &'a CancellationToken) -> body::Watch<'a> {
+        body::Watch {
+            up: ex.bytes_up.clone(),
+            down: ex.bytes_down.clone(),
+            lease: token,
+            hard_stop: &self.hard_stop,
+            idle: self.config.tunnel_idle_timeout,
+        }
+    }
+
+    /// Runs a relay counted as an open tunnel; the way it ended goes on the exchange's line.
+    async fn relay_counted(&self, ex: &mut Exchange, relay: impl Future<Output = body::RelayEnd>) {
         let lease = ex.lease_id.clone().unwrap_or_default();
         self.telemetry.metrics.tunnel_opened(&lease);
-        let end = body::relay(
-            client,
-            upstream,
-            ex.bytes_up.clone(),
-            ex.bytes_down.clone(),
-            token,
-            &self.hard_stop,
-            self.config.tunnel_idle_timeout,
-        )
-        .await;
+        let end = relay.await;
         self.telemetry.metrics.tunnel_closed(&lease);
         ex.error = end.describe();
     }

@@ -127,11 +127,12 @@ impl Metrics {
             c.bytes_up += event.bytes_up;
             c.bytes_down += event.bytes_down;
             if let Some(host) = &event.host {
-                let key = match c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
-                    true => host.as_str(),
-                    false => "(other)",
+                let key = if c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
+                    host.as_str()
+                } else {
+                    "(other)"
                 };
-                // Allocates only for a host not counted yet.
+                // A key is built only for a host not seen before, not per request.
                 if !c.hosts.contains_key(key) {
                     c.hosts.insert(key.to_owned(), HostCounters::default());
                 }

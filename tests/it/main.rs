@@ -23,5 +23,6 @@ mod scale_out;
 mod suggest;
 mod support;
 mod tls_hello;
+mod tunnels;
 mod usage;
 mod ux;

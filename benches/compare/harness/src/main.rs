@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! compare-harness origin       --http ADDR --https ADDR --cert-dir DIR [--big-bytes N] [--threads N]
+//!                              [--backlog N]  (a SO_REUSEPORT listener per thread)
 //! compare-harness connect-rate --proxy ADDR|direct --target HOST:PORT [--auth 'Basic xxx'|none]
-//!                              --concurrency N --duration S [--threads N]
+//!                              --concurrency N --duration S [--threads N]  (a runtime per thread)
 //! compare-harness bulk         --proxy ADDR|direct --target HOST:PORT [--auth ...] --bytes N
 //!                              [--repeat K] [--threads N]
 //! compare-harness idle-tunnels --proxy ADDR --target HOST:PORT [--auth ...] --count N --pid PID
@@ -48,7 +49,7 @@ fn main() {
     };
     let result = Opts::parse(args.collect()).and_then(|opts| match cmd.as_str() {
         "origin" => origin(&opts),
-        "connect-rate" => client(&opts, connect_rate),
+        "connect-rate" => connect_rate(&opts),
         "bulk" => client(&opts, bulk),
         "idle-tunnels" => client(&opts, idle_tunnels),
         "report" => report::report(&opts),
@@ -260,23 +261,80 @@ fn origin(opts: &Opts) -> Result<()> {
         big: Bytes::from(big),
     });
 
-    runtime(opts, 2)?.block_on(async move {
-        let http_l = TcpListener::bind(http).await?;
-        let https_l = TcpListener::bind(https).await?;
-        println!(
-            "{}",
-            json!({"origin": "ready", "http": http.to_string(), "https": https.to_string(),
-                   "big_bytes": big_bytes, "nofile": nofile})
-        );
-        tokio::spawn(accept_loop(http_l, bodies.clone(), None));
-        tokio::spawn(accept_loop(https_l, bodies, Some(acceptor)));
+    // One listener pair per thread, each on its own single-threaded runtime, all bound with
+    // SO_REUSEPORT: the kernel spreads connections over them, so accepting scales with the
+    // threads (one accept loop tops out near 14k connections/s), and a deep backlog keeps a
+    // burst of connects from overflowing into SYN retransmits (a 1 s p99).
+    let threads: usize = opts.num("threads", 2)?;
+    let backlog: u32 = opts.num("backlog", 4096)?;
+    let mut listeners = Vec::new();
+    for _ in 0..threads.max(1) {
+        listeners.push((
+            reuseport_listener(http, backlog)?,
+            reuseport_listener(https, backlog)?,
+        ));
+    }
+    for (http_l, https_l) in listeners {
+        let (bodies, acceptor) = (bodies.clone(), acceptor.clone());
+        std::thread::Builder::new()
+            .name("origin".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime per origin thread");
+                rt.block_on(async move {
+                    let http_l = TcpListener::from_std(http_l).expect("tokio listener");
+                    let https_l = TcpListener::from_std(https_l).expect("tokio listener");
+                    tokio::spawn(accept_loop(http_l, bodies.clone(), None));
+                    accept_loop(https_l, bodies, Some(acceptor)).await;
+                });
+            })?;
+    }
+    println!(
+        "{}",
+        json!({"origin": "ready", "http": http.to_string(), "https": https.to_string(),
+               "big_bytes": big_bytes, "nofile": nofile, "threads": threads,
+               "backlog": backlog})
+    );
+    runtime(opts, 1)?.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        Ok(())
-    })
+        Ok::<_, Error>(())
+    })?;
+    // The accept threads never end on their own.
+    std::process::exit(0)
+}
+
+/// A non-blocking listener on `addr` with SO_REUSEADDR and SO_REUSEPORT and `backlog`.
+fn reuseport_listener(addr: SocketAddr, backlog: u32) -> Result<std::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    // TcpSocket::listen needs a runtime only to register the listener; listen(2) itself is
+    // done here, the registration on the thread that serves it.
+    let std_socket: std::net::TcpListener = {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        let fd = socket.into_raw_fd();
+        // SAFETY: `fd` was just taken from the socket, which no longer owns it.
+        if unsafe { libc::listen(fd, backlog as libc::c_int) } != 0 {
+            let error = std::io::Error::last_os_error();
+            // SAFETY: as above; closes it.
+            drop(unsafe { std::net::TcpListener::from_raw_fd(fd) });
+            return Err(error.into());
+        }
+        // SAFETY: as above.
+        unsafe { std::net::TcpListener::from_raw_fd(fd) }
+    };
+    std_socket.set_nonblocking(true)?;
+    Ok(std_socket)
 }
 
 async fn accept_loop(
@@ -418,16 +476,17 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Loops CONNECT → 200 → close on `--concurrency` connections for `--duration` seconds.
-/// With `--proxy direct` each iteration is a plain TCP connect + close to the target.
-async fn connect_rate(opts: Arc<Opts>) -> Result<Value> {
-    let proxy = opts.proxy()?;
-    let target = opts.req("target")?.to_owned();
-    let auth = opts.auth_line();
-    let concurrency: usize = opts.num("concurrency", 32)?;
-    let duration: f64 = opts.num("duration", 10.0)?;
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs_f64(duration);
+/// One connect-rate worker's tally: setup times (µs), errors, the first error.
+type Tally = (Vec<u64>, u64, Option<String>);
+
+/// Loops CONNECT → 200 → close on `concurrency` connections until `deadline`.
+async fn connect_loops(
+    proxy: Option<SocketAddr>,
+    target: String,
+    auth: String,
+    concurrency: usize,
+    deadline: Instant,
+) -> Tally {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let target = target.clone();
@@ -453,11 +512,51 @@ async fn connect_rate(opts: Arc<Opts>) -> Result<Value> {
             (lat_us, errors, first_error)
         });
     }
+    let mut tally: Tally = (Vec::new(), 0, None);
+    while let Some(r) = tasks.join_next().await {
+        let (l, e, f) = r.unwrap_or_else(|e| (Vec::new(), 1, Some(e.to_string())));
+        tally.0.extend(l);
+        tally.1 += e;
+        if tally.2.is_none() {
+            tally.2 = f;
+        }
+    }
+    tally
+}
+
+/// Loops CONNECT → 200 → close on `--concurrency` connections for `--duration` seconds,
+/// spread over `--threads` threads (default 1), each its own single-threaded runtime, so the
+/// client is not what limits the rate. With `--proxy direct` each iteration is a plain TCP
+/// connect + close to the target.
+fn connect_rate(opts: &Opts) -> Result<()> {
+    raise_nofile();
+    let proxy = opts.proxy()?;
+    let target = opts.req("target")?.to_owned();
+    let auth = opts.auth_line();
+    let concurrency: usize = opts.num("concurrency", 32)?;
+    let threads: usize = opts.num::<usize>("threads", 1)?.clamp(1, concurrency.max(1));
+    let duration: f64 = opts.num("duration", 10.0)?;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(duration);
+    let workers: Vec<_> = (0..threads)
+        .map(|i| {
+            // The first `concurrency % threads` threads take one connection more.
+            let share = concurrency / threads + usize::from(i < concurrency % threads);
+            let (target, auth) = (target.clone(), auth.clone());
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|rt| rt.block_on(connect_loops(proxy, target, auth, share, deadline)))
+                    .unwrap_or_else(|e| (Vec::new(), 1, Some(e.to_string())))
+            })
+        })
+        .collect();
     let mut all = Vec::new();
     let mut errors = 0;
     let mut first_error = None;
-    while let Some(r) = tasks.join_next().await {
-        let (l, e, f) = r?;
+    for worker in workers {
+        let (l, e, f) = worker.join().map_err(|_| "a connect-rate thread panicked")?;
         all.extend(l);
         errors += e;
         if first_error.is_none() {
@@ -466,11 +565,12 @@ async fn connect_rate(opts: Arc<Opts>) -> Result<Value> {
     }
     let secs = start.elapsed().as_secs_f64();
     all.sort_unstable();
-    Ok(json!({
+    let out = json!({
         "mode": "connect-rate",
         "proxy": opts.req("proxy")?,
         "target": target,
         "concurrency": concurrency,
+        "threads": threads,
         "seconds": secs,
         "tunnels": all.len(),
         "errors": errors,
@@ -478,7 +578,9 @@ async fn connect_rate(opts: Arc<Opts>) -> Result<Value> {
         "per_s": all.len() as f64 / secs,
         "p50_us": percentile(&all, 50.0),
         "p99_us": percentile(&all, 99.0),
-    }))
+    });
+    println!("{out}");
+    Ok(())
 }
 
 /// One GET /big over a fresh tunnel; returns (body bytes read, seconds from request to last byte).
