@@ -1,5 +1,7 @@
 //! leasegate: an egress HTTP proxy for AI-agent processes, governed by signed leases.
-#![forbid(unsafe_code)]
+// No unsafe code, with one exception the compiler can see: `memory::release_freed`, an FFI
+// call to glibc's `malloc_trim` that takes no pointer (no crate wraps it).
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod bridge;
@@ -11,6 +13,7 @@ pub mod health;
 pub mod inspect;
 pub mod issue;
 pub mod log_gate;
+pub mod memory;
 pub mod policy;
 pub mod proxy;
 pub mod registry;

@@ -51,6 +51,9 @@ pub const APPEND_TIMEOUT: Duration = Duration::from_secs(2);
 /// clock can step, so a long sleep is re-checked.
 const MAX_EXPIRY_SLEEP: Duration = Duration::from_secs(1);
 
+/// Retiring at least this many leases at once gives the freed heap back to the OS.
+const TRIM_AFTER_RETIRING: usize = 1_000;
+
 /// How often queued revocations are offered to the store again.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 
@@ -202,6 +205,8 @@ impl Registry {
             tracing::warn!(pending = pending.len(), store = %store.describe(), "revocations from before the restart wait for the journal; their leases stay closed");
         }
         ledger.retire_closed(Timestamp::now());
+        // The fold's read buffers, parsed lines and worker arenas are free now.
+        crate::memory::release_freed();
         Ok(Registry {
             current: ArcSwap::from_pointee(Snapshot::new(ledger)),
             store,
@@ -568,6 +573,10 @@ impl Registry {
                     let retired = self.publish(|next| next.ledger.retire_closed(Timestamp::now()));
                     if retired > 0 {
                         tracing::debug!(retired, "closed leases past their retention retired");
+                    }
+                    if retired >= TRIM_AFTER_RETIRING {
+                        // Off the runtime's threads: trimming a large heap takes milliseconds.
+                        let _ = tokio::task::spawn_blocking(crate::memory::release_freed).await;
                     }
                 }
             }
