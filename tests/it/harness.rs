@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 type OriginBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
@@ -616,9 +616,24 @@ where
     }
 }
 
-/// A CONNECT tunnel to `target` through `proxy`, answered 200, streaming `/slow` from an
-/// HTTP origin behind it. Returns the stream after the first tick arrived.
-pub async fn streaming_tunnel(proxy: SocketAddr, target: &str, lease: Option<&str>) -> TcpStream {
+/// Reads a response head byte by byte (nothing past it) and returns it.
+pub async fn read_head(stream: &mut (impl AsyncRead + Unpin)) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "proxy closed in the head: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+/// A CONNECT tunnel to `target` through `proxy` (credentials in `X-Lease-Id`), answered 200.
+pub async fn open_tunnel(proxy: SocketAddr, target: &str, lease: Option<&str>) -> TcpStream {
     let mut stream = TcpStream::connect(proxy).await.unwrap();
     let credentials = lease
         .map(|l| format!("X-Lease-Id: {l}\r\n"))
@@ -627,22 +642,15 @@ pub async fn streaming_tunnel(proxy: SocketAddr, target: &str, lease: Option<&st
         .write_all(format!("CONNECT {target} HTTP/1.1\r\n{credentials}\r\n").as_bytes())
         .await
         .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            stream.read(&mut byte).await.unwrap(),
-            1,
-            "proxy closed: {}",
-            String::from_utf8_lossy(&head)
-        );
-        head.push(byte[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    stream
+}
+
+/// A CONNECT tunnel to `target` through `proxy`, answered 200, streaming `/slow` from an
+/// HTTP origin behind it. Returns the stream after the first tick arrived.
+pub async fn streaming_tunnel(proxy: SocketAddr, target: &str, lease: Option<&str>) -> TcpStream {
+    let mut stream = open_tunnel(proxy, target, lease).await;
     stream
         .write_all(b"GET /slow HTTP/1.1\r\nHost: origin.test\r\n\r\n")
         .await
@@ -658,7 +666,7 @@ pub async fn streaming_tunnel(proxy: SocketAddr, target: &str, lease: Option<&st
 }
 
 /// Reads until the peer closes; returns how long that took (panics after `limit`).
-pub async fn until_closed(stream: &mut TcpStream, limit: Duration) -> Duration {
+pub async fn until_closed(stream: &mut (impl AsyncRead + Unpin), limit: Duration) -> Duration {
     let started = Instant::now();
     let mut buf = [0u8; 4096];
     loop {

@@ -3,7 +3,7 @@
 //! half-close passes through; a busy tunnel closes at once when its lease is revoked, and a
 //! quiet one at its idle timeout.
 
-use crate::harness::{raw, Harness};
+use crate::harness::{open_tunnel, raw, read_head, until_closed, Harness};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -87,21 +87,6 @@ async fn noise_origin(total: usize) -> SocketAddr {
     addr
 }
 
-/// Reads a response head byte by byte (nothing past it) and returns it.
-async fn read_head(stream: &mut (impl AsyncReadExt + Unpin)) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            stream.read(&mut byte).await.unwrap(),
-            1,
-            "closed in the head"
-        );
-        head.push(byte[0]);
-    }
-    String::from_utf8(head).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_bytes_cross_a_tunnel_exact_both_ways_with_half_close_and_exact_counts() {
     const TOTAL: usize = 64 * 1024 * 1024;
@@ -181,24 +166,6 @@ async fn flood_origin() -> SocketAddr {
     addr
 }
 
-/// A CONNECT tunnel to `origin` through `proxy`, answered 200 (nothing read past the head).
-async fn open_tunnel(proxy: SocketAddr, origin: SocketAddr, lease: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(proxy).await.unwrap();
-    stream
-        .write_all(
-            format!(
-                "CONNECT origin.test:{} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n",
-                origin.port()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let head = read_head(&mut stream).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    stream
-}
-
 /// Opens a tunnel to `origin` and starts moving bytes both ways through it; returns the
 /// client's read half once bytes flow down.
 async fn busy_tunnel(
@@ -206,7 +173,13 @@ async fn busy_tunnel(
     origin: SocketAddr,
     lease: &str,
 ) -> tokio::net::tcp::OwnedReadHalf {
-    let (mut read, mut write) = open_tunnel(proxy, origin, lease).await.into_split();
+    let (mut read, mut write) = open_tunnel(
+        proxy,
+        &format!("origin.test:{}", origin.port()),
+        Some(lease),
+    )
+    .await
+    .into_split();
     tokio::spawn(async move {
         let buf = vec![b'y'; CHUNK];
         while write.write_all(&buf).await.is_ok() {}
@@ -214,24 +187,6 @@ async fn busy_tunnel(
     let mut buf = vec![0u8; CHUNK];
     assert!(read.read(&mut buf).await.unwrap() > 0);
     read
-}
-
-/// Reads until the proxy closes (or fails) the stream; returns how long that took.
-async fn drain_until_closed(
-    read: &mut tokio::net::tcp::OwnedReadHalf,
-    limit: Duration,
-) -> Duration {
-    let started = Instant::now();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        match tokio::time::timeout(limit.saturating_sub(started.elapsed()), read.read(&mut buf))
-            .await
-        {
-            Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
-            Ok(Ok(_)) => {}
-            Err(_) => panic!("the tunnel was still open after {limit:?}"),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,7 +206,7 @@ async fn revoking_the_lease_closes_a_busy_tunnel_at_once() {
     let answer = raw(server.admin_addr.unwrap(), revoke.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let answered = started.elapsed();
-    let closed = drain_until_closed(&mut read, Duration::from_secs(5)).await;
+    let closed = until_closed(&mut read, Duration::from_secs(5)).await;
     assert!(
         closed < Duration::from_millis(250),
         "the tunnel closed {closed:?} after the revoke was answered (in {answered:?})"
@@ -276,7 +231,8 @@ async fn a_tunnel_that_moved_bytes_then_went_quiet_is_closed_at_its_idle_timeout
     let mut config = h.config(&[("origin.test", "127.0.0.1")]);
     config.tunnel_idle_timeout = Duration::from_millis(300);
     let server = h.start(config).await;
-    let mut stream = open_tunnel(server.addr, origin, &lease).await;
+    let target = format!("origin.test:{}", origin.port());
+    let mut stream = open_tunnel(server.addr, &target, Some(&lease)).await;
     // Both directions move, then nothing: the origin waits for an end that never comes.
     send_noise(&mut stream, UP_SEED, CHUNK).await;
     expect_noise(&mut stream, DOWN_SEED, CHUNK).await;
