@@ -2,8 +2,11 @@
 //!
 //! - restart-to-ready: spawn → admin `/readyz` 200 (target ≤ 10 s at 1,000,000 records);
 //! - RSS per lease with N open leases (target ≤ 2 KB) and with N leases closed longer than
-//!   `--closed-lease-retention` ago (target ≤ 256 bytes): (VmRSS − VmRSS of an empty
-//!   journal) / N, read from /proc once `/readyz` is 200;
+//!   `--closed-lease-retention` ago (target ≤ 256 bytes): (VmRSS − VmRSS with a journal of
+//!   one such lease) / (N − 1), read from /proc once `/readyz` is 200 (the median of three
+//!   starts up to 100,000 leases); beside it the same over an empty journal, which counts
+//!   what any journal costs once (the fold's code paged in, the schemas compiled) as if it
+//!   were the leases';
 //! - fold time: restart-to-ready less that of an empty journal;
 //! - where the bytes of one lease go: heap bytes (dhat) of its parsed JSON, of a ledger that
 //!   folded it (compiled host lists included), of the registry, and of a retired lease, over
@@ -11,7 +14,8 @@
 //!
 //! Leases come from an independent signer (benches/common), each with two allow patterns and
 //! one deny. `cargo bench --bench scale_local`; `LEASES=10000,100000` picks the sizes (default
-//! 10,000, 100,000 and 1,000,000), `BREAKDOWN=N` the sample (default 2,000; 0: skip). Not
+//! 10,000, 100,000 and 1,000,000), `SHAPES=open` or `closed` the journals (default both),
+//! `BREAKDOWN=N` the sample (default 2,000; 0: skip), `KEEP=1` keeps the journals. Not
 //! criterion: each figure is one long measurement with its own setup.
 
 mod common;
@@ -39,6 +43,15 @@ enum Shape {
     /// N grants and N `stopped` records dated 25 hours ago (past the 24 h default retention),
     /// each block of grants (5,000 per core) followed by its closings.
     ClosedLongAgo,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Open => "open",
+            Shape::ClosedLongAgo => "closed",
+        }
+    }
 }
 
 /// The `granted` line of lease `n`, issued two days ago and open until a day from now.
@@ -147,6 +160,8 @@ impl Drop for Serve {
 struct Started {
     ready: Duration,
     rss: u64,
+    /// Of `rss`, what is not file-backed (the binary's code and data pages are).
+    anon: u64,
     peak: u64,
     /// CPU seconds (user and system, every thread) the process used until ready: on a busy
     /// machine, what the fold would take on an idle one is about this over the cores.
@@ -197,9 +212,17 @@ fn serve(journal: &Path, key_file: &Path) -> Started {
     Started {
         ready,
         rss: proc_bytes(pid, "VmRSS"),
+        anon: proc_bytes(pid, "RssAnon"),
         peak: proc_bytes(pid, "VmHWM"),
         cpu,
     }
+}
+
+/// [`serve`] `runs` times: the start with the median RSS.
+fn serve_median(journal: &Path, key_file: &Path, runs: usize) -> Started {
+    let mut starts: Vec<Started> = (0..runs).map(|_| serve(journal, key_file)).collect();
+    starts.sort_by_key(|s| s.rss);
+    starts.swap_remove(runs / 2)
 }
 
 fn heap_bytes() -> i64 {
@@ -277,47 +300,93 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    // KEEP: the journals stay (their paths are printed), for profiling a fold by hand.
+    let keep = std::env::var_os("KEEP").is_some();
+    let tmp = tempfile::tempdir().unwrap();
+    let (_cleanup, dir) = if keep {
+        (None, tmp.keep())
+    } else {
+        let dir = tmp.path().to_owned();
+        (Some(tmp), dir)
+    };
     let key = Key::from_bytes([7; 32]);
-    let key_file: PathBuf = dir.path().join("bench.key");
+    let key_file: PathBuf = dir.as_path().join("bench.key");
     std::fs::write(&key_file, key.to_file_text()).unwrap();
 
     if sample > 0 {
-        breakdown(&runtime, dir.path(), &key, sample);
+        breakdown(&runtime, dir.as_path(), &key, sample);
     }
-    let empty = dir.path().join("empty.jsonl");
+    let empty = dir.as_path().join("empty.jsonl");
     std::fs::write(&empty, b"").unwrap();
-    let base = serve(&empty, &key_file);
+    let base = serve_median(&empty, &key_file, 3);
     println!(
-        "empty journal: ready in {:.2} s, RSS {:.1} MB",
+        "empty journal: ready in {:.2} s, RSS {:.1} MB (anonymous {:.1} MB)",
         base.ready.as_secs_f64(),
-        base.rss as f64 / 1e6
+        base.rss as f64 / 1e6,
+        base.anon as f64 / 1e6
     );
-    let per_lease = |rss: u64, n: u64| (rss.saturating_sub(base.rss)) as f64 / n as f64;
+    let shapes = std::env::var("SHAPES").unwrap_or_else(|_| "open,closed".into());
+    let shapes: Vec<Shape> = shapes
+        .split(',')
+        .map(|s| match s.trim() {
+            "open" => Shape::Open,
+            "closed" => Shape::ClosedLongAgo,
+            other => panic!("SHAPES: open and/or closed, not {other:?}"),
+        })
+        .collect();
+    // What any journal costs whatever its length (the fold's code paged in, the schemas
+    // compiled, the arenas of the threads that prepared lines): a journal of one lease of
+    // each shape. A lease's own cost is what N of them add to it.
+    let one: Vec<Started> = shapes
+        .iter()
+        .map(|&shape| {
+            let journal = dir.as_path().join("one.jsonl");
+            write_journal(&journal, &key, 1, shape);
+            let one = serve_median(&journal, &key_file, 3);
+            println!(
+                "one {} lease: RSS {:.1} MB (anonymous {:.1} MB)",
+                shape.name(),
+                one.rss as f64 / 1e6,
+                one.anon as f64 / 1e6
+            );
+            one
+        })
+        .collect();
+    let per_lease = |rss: u64, over: u64, n: u64| rss.saturating_sub(over) as f64 / n as f64;
 
     println!(
-        "| leases | journal records | state | RSS | RSS per lease | peak RSS | fold | restart to /readyz 200 | CPU until ready |"
+        "| leases | journal records | state | RSS (anonymous) | RSS per lease | per lease over an empty journal | peak RSS | fold | restart to /readyz 200 | CPU until ready |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &sizes {
-        for shape in [Shape::Open, Shape::ClosedLongAgo] {
-            let journal = dir.path().join("journal.jsonl");
+        for (&shape, one) in shapes.iter().zip(&one) {
+            let journal = dir.as_path().join("journal.jsonl");
             write_journal(&journal, &key, n, shape);
-            let started = serve(&journal, &key_file);
+            // Small journals: the median of three starts (a few hundred KB of noise is a lot
+            // of bytes per lease at 10,000).
+            let started = serve_median(&journal, &key_file, if n <= 100_000 { 3 } else { 1 });
             let (records, state) = match shape {
                 Shape::Open => (n, "open"),
                 Shape::ClosedLongAgo => (2 * n, "closed 25 h ago"),
             };
             println!(
-                "| {n} | {records} | {state} | {:.1} MB | {:.0} B | {:.1} MB | {:.2} s | {:.2} s | {:.1} s |",
+                "| {n} | {records} | {state} | {:.1} MB ({:.1} MB) | {:.0} B | {:.0} B | {:.1} MB | {:.2} s | {:.2} s | {:.1} s |",
                 started.rss as f64 / 1e6,
-                per_lease(started.rss, n),
+                started.anon as f64 / 1e6,
+                per_lease(started.rss, one.rss, n - 1),
+                per_lease(started.rss, base.rss, n),
                 started.peak as f64 / 1e6,
                 started.ready.saturating_sub(base.ready).as_secs_f64(),
                 started.ready.as_secs_f64(),
                 started.cpu,
             );
-            std::fs::remove_file(&journal).unwrap();
+            if keep {
+                let kept = dir.join(format!("journal-{n}-{}.jsonl", shape.name()));
+                std::fs::rename(&journal, &kept).unwrap();
+                println!("kept {}", kept.display());
+            } else {
+                std::fs::remove_file(&journal).unwrap();
+            }
         }
     }
 }

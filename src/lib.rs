@@ -1,6 +1,6 @@
 //! leasegate: an egress HTTP proxy for AI-agent processes, governed by signed leases.
-// No unsafe code, with one exception the compiler can see: `memory::release_freed`, an FFI
-// call to glibc's `malloc_trim` that takes no pointer (no crate wraps it).
+// No unsafe code, with two exceptions the compiler can see, in `memory`: FFI calls to glibc's
+// `malloc_trim` and `mallopt`, which take no pointer (no crate wraps them).
 #![deny(unsafe_code)]
 
 pub mod admin;

@@ -532,6 +532,7 @@ fn report_skipped(s: &compact::Selection) {
 }
 
 fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
+    leasegate::memory::configure();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if args.worker_threads > 0 {
         builder.worker_threads(args.worker_threads);

@@ -15,14 +15,13 @@
 //! publish a new ledger per journal refresh without copying every lease ever granted.
 
 use super::prepared::{ClosingFacts, Prepared, RecordSignature, Step};
+use super::retired::{LeaseKey, Retired, RetiredMap};
 use super::shared_policies::SharedPolicies;
-use crate::contract::lease::is_lease_id;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
 use crate::policy::refusal::{Code, Refusal};
 use crate::policy::HostPolicy;
 use imbl::Vector;
-use std::num::NonZeroU128;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +53,18 @@ pub enum Status {
     Stopped,
     Completed,
     AncestorClosed,
+}
+
+impl Status {
+    /// The status a closing record gives its lease.
+    pub fn closed_by(event: Event) -> Status {
+        match event {
+            Event::Revoked => Status::Revoked,
+            Event::Stopped => Status::Stopped,
+            Event::Completed => Status::Completed,
+            _ => Status::Expired,
+        }
+    }
 }
 
 impl Status {
@@ -209,55 +220,6 @@ struct Granted {
     policy: Arc<HostPolicy>,
 }
 
-/// What is left of a lease retired after its retention: enough to answer "known, and why
-/// closed", to refuse a descendant (`ancestor-closed`), to check a revocation's `by` (L3) and
-/// a token for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Retired {
-    /// The parent's id ([`lease_key`]; a lease whose parent is the nil UUID is not retired).
-    parent: Option<NonZeroU128>,
-    /// The closing that applied (the earliest), or `None`: it expired.
-    closing: Option<(Event, Timestamp)>,
-    /// The key it was signed with (shared with the keyring).
-    key_fingerprint: Arc<str>,
-}
-
-impl Retired {
-    pub fn status(&self) -> Status {
-        match self.closing {
-            Some((event, _)) => closed_status(event),
-            None => Status::Expired,
-        }
-    }
-
-    pub fn parent(&self) -> Option<String> {
-        self.parent.map(|key| lease_id_of(key.get()))
-    }
-}
-
-/// A lease id as a number: ids are lower-case UUIDs (the schema's pattern), so a retired lease
-/// costs 16 bytes of id, not a string. `None` for anything else (such a lease is never retired).
-fn lease_key(id: &str) -> Option<u128> {
-    is_lease_id(id)
-        .then(|| uuid::Uuid::try_parse(id).ok())
-        .flatten()
-        .map(|u| u.as_u128())
-}
-
-fn lease_id_of(key: u128) -> String {
-    uuid::Uuid::from_u128(key).hyphenated().to_string()
-}
-
-/// The status a closing record gives its lease.
-fn closed_status(event: Event) -> Status {
-    match event {
-        Event::Revoked => Status::Revoked,
-        Event::Stopped => Status::Stopped,
-        Event::Completed => Status::Completed,
-        _ => Status::Expired,
-    }
-}
-
 /// The folded journal. Cloning shares the maps (persistent, O(1)); a clone changed afterwards
 /// copies only the paths it touches.
 #[derive(Debug, Clone)]
@@ -276,9 +238,8 @@ pub struct Ledger {
     order: imbl::OrdMap<u64, Arc<Lease>>,
     /// How many leases have been granted: the next `Granted::seq`.
     granted: u64,
-    /// Leases retired after their retention, by [`lease_key`]. A B-tree: its nodes stay at
-    /// least half full, where a hash trie's sparse leaves would cost several slots per entry.
-    retired: imbl::OrdMap<u128, Retired>,
+    /// Leases retired after their retention, by id.
+    retired: RetiredMap,
     /// Compiled host lists shared by leases with the same lists.
     shared: SharedPolicies,
     /// How long a closed or expired lease is kept whole; `None`: forever.
@@ -304,7 +265,7 @@ impl Ledger {
             held: PersistentMap::default(),
             order: imbl::OrdMap::new(),
             granted: 0,
-            retired: imbl::OrdMap::new(),
+            retired: RetiredMap::default(),
             shared: SharedPolicies::default(),
             retention: None,
             stats: FoldStats::default(),
@@ -420,7 +381,7 @@ impl Ledger {
             Step::Grant(lease, policy) => {
                 let id = lease.id.clone();
                 let known = self.leases.contains_key(&id)
-                    || lease_key(&id).is_some_and(|key| self.retired.contains_key(&key));
+                    || LeaseKey::of(&id).is_some_and(|key| self.retired.contains(&key));
                 if known {
                     (Applied::DuplicateGrant(id), Event::Granted)
                 } else {
@@ -469,18 +430,14 @@ impl Ledger {
             by,
             reason,
         };
-        if let Some(key) = lease_key(&lease_id).filter(|k| self.retired.contains_key(k)) {
-            // Retired: closed long ago, its signing key no longer at hand for a record's
-            // signature. The earliest closing stands; a later one closes nothing new.
-            if let Some(retired) = self.retired.get(&key) {
-                let lease = (lease_id.as_str(), &*retired.key_fingerprint);
-                self.check_record_signature(lease, &signature)?;
-            }
-            if let Some(retired) = self.retired.get_mut(&key) {
-                if retired.closing.is_none_or(|(_, first)| at < first) {
-                    retired.closing = Some((event, at));
-                }
-            }
+        if let Some((key, retired)) =
+            LeaseKey::of(&lease_id).and_then(|key| Some((key, self.retired.get(&key)?)))
+        {
+            // Retired: closed long ago. The earliest closing stands; a later one closes
+            // nothing new.
+            let fingerprint = self.retired.fingerprint(retired).clone();
+            self.check_record_signature((&lease_id, &fingerprint), &signature)?;
+            self.retired.close(&key, event, at);
             return Ok((Applied::Closed(lease_id), event));
         }
         Ok(match self.leases.get(&lease_id).map(|g| g.lease.clone()) {
@@ -543,7 +500,7 @@ impl Ledger {
 
     /// What is left of a retired lease.
     pub fn retired(&self, id: &str) -> Option<&Retired> {
-        self.retired.get(&lease_key(id)?)
+        self.retired.get(&LeaseKey::of(id)?)
     }
 
     /// How many leases are retired.
@@ -555,7 +512,7 @@ impl Ledger {
     pub fn key_fingerprint(&self, id: &str) -> Option<&str> {
         match self.leases.get(id) {
             Some(granted) => Some(&granted.lease.key_fingerprint),
-            None => self.retired(id).map(|r| &*r.key_fingerprint),
+            None => self.retired(id).map(|r| &**self.retired.fingerprint(r)),
         }
     }
 
@@ -603,7 +560,7 @@ impl Ledger {
     /// whatever its `at`: a record dated in the future closes now, not then.
     fn own_status(&self, lease: &Lease, now: Timestamp) -> Status {
         if let Some(closure) = self.closures.get(&lease.id) {
-            return closed_status(closure.event);
+            return Status::closed_by(closure.event);
         }
         match lease.lifetime(now) {
             Lifetime::NotYetValid => Status::NotYetValid,
@@ -675,28 +632,21 @@ impl Ledger {
         if closed_at.as_millis().saturating_add(retention) > now.as_millis() {
             return;
         }
-        let Some(key) = lease_key(id) else {
+        let Some(key) = LeaseKey::of(id) else {
             return;
         };
-        let parent = match lease.parent.as_deref().map(lease_key) {
+        let parent = match lease.parent.as_deref().map(LeaseKey::of) {
             None => None,
-            Some(Some(parent)) => match NonZeroU128::new(parent) {
-                Some(parent) => Some(parent),
-                None => return,
-            },
-            Some(None) => return,
+            Some(Some(parent)) if !parent.is_nil() => Some(parent),
+            Some(_) => return,
         };
-        let retired = Retired {
-            parent,
-            closing,
-            key_fingerprint: lease.key_fingerprint.clone(),
-        };
+        self.retired
+            .insert(key, parent, closing, &lease.key_fingerprint);
         let seq = granted.seq;
         self.shared.forget(&granted.lease.clone());
         self.order.remove(&seq);
         self.leases.remove(id);
         self.closures.remove(id);
-        self.retired.insert(key, retired);
     }
 
     /// Retires every lease closed (or expired) longer than the retention ago at `now`; returns

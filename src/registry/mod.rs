@@ -8,15 +8,17 @@ pub mod live;
 pub mod open;
 pub mod pending;
 pub mod prepared;
+mod retired;
 pub mod revocation;
 mod shared_policies;
 pub mod store;
 pub mod tokens;
 
 pub use ledger::{
-    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, Retired,
-    SignatureProblem, Status,
+    Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem,
+    Status,
 };
 pub use live::{Registry, RevokeError, Snapshot};
 pub use open::{OpenError, StoreOptions};
+pub use retired::Retired;
 pub use store::{Batch, FileStore, JournalLocation, Position, Store};
