@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Keep-alive forwarding, one leasegate binary against another, in one run: both proxies up at
+# once on the same origin, wrk runs alternating between them (A B A B ...), so drift of the
+# machine hits both alike. For "did the per-request path get slower" between two commits.
+#
+#   benches/compare/ab.sh BASE_BINARY NEW_BINARY
+#
+# Knobs (environment): ROUNDS (5), DURATION (s per run, 10), CONC (32), LABELS ("base new").
+# Needs wrk (apt) and the compare harness (built here if missing). Every address is 127.0.0.1.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+[[ $# == 2 ]] || { echo "usage: $0 BASE_BINARY NEW_BINARY" >&2; exit 2; }
+BINS=("$1" "$2")
+read -r -a LABELS <<<"${LABELS:-base new}"
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-10}
+CONC=${CONC:-32}
+ORIGIN=18180
+PORTS=(13228 13238)
+ADMINS=(13229 13239)
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+command -v wrk >/dev/null || { log "installing wrk"; apt-get install -y -qq wrk >/dev/null; }
+H="$HERE/target/release/compare-harness"
+if [[ ! -x $H ]]; then
+  log "building the compare harness"
+  CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
+fi
+
+TMP=$(mktemp -d /tmp/leasegate-ab.XXXXXX)
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+
+wait_http() { # wait_http URL
+  for _ in $(seq 200); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  log "no answer from $1 (logs in $TMP)"; exit 1
+}
+
+"$H" origin --http 127.0.0.1:$ORIGIN --https 127.0.0.1:$((ORIGIN + 1)) --cert-dir "$TMP/certs" \
+  --threads "$(nproc)" --backlog 4096 >"$TMP/origin.out" 2>"$TMP/origin.err" &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$ORIGIN/small"
+
+AUTH=()
+for i in 0 1; do
+  dir="$TMP/${LABELS[$i]}"
+  mkdir -p "$dir"
+  "${BINS[$i]}" keygen --out "$dir/lease.key" >/dev/null
+  issued=$("${BINS[$i]}" issue --journal "$dir/journal.jsonl" --key-file "$dir/lease.key" \
+    --allow-host origin.test --ttl 4h --name ab)
+  AUTH+=("Basic $(printf 'agent:%s' "${issued%%$'\n'*}" | base64 -w0)")
+  RUST_LOG=warn "${BINS[$i]}" serve --listen 127.0.0.1:${PORTS[$i]} --admin 127.0.0.1:${ADMINS[$i]} \
+    --journal "$dir/journal.jsonl" --key-file "$dir/lease.key" \
+    --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 \
+    --egress-log "$dir/egress.jsonl" >"$dir/serve.out" 2>"$dir/serve.err" &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:${ADMINS[$i]}/readyz"
+done
+
+cat >"$TMP/wrk.lua" <<'EOF'
+wrk.path = "http://origin.test:18180/small"
+wrk.headers["Host"] = "origin.test:18180"
+wrk.headers["Proxy-Authorization"] = os.getenv("WRK_AUTH")
+done = function(summary, latency, requests)
+  io.write(string.format("%d %f %d %f %f\n", summary.requests, summary.duration / 1e6,
+    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+EOF
+sed -i "s/18180/$ORIGIN/g" "$TMP/wrk.lua"
+
+log "${LABELS[0]}: ${BINS[0]}; ${LABELS[1]}: ${BINS[1]}; $ROUNDS rounds of ${DURATION} s, $CONC connections"
+for r in $(seq "$ROUNDS"); do
+  for i in 0 1; do
+    WRK_AUTH=${AUTH[$i]} wrk -t 2 -c "$CONC" -d "${DURATION}s" -s "$TMP/wrk.lua" \
+      "http://127.0.0.1:${PORTS[$i]}" | tail -1 >"$TMP/run-$r-$i"
+    read -r requests seconds errors p50 p99 <"$TMP/run-$r-$i"
+    printf '%s round %d: %.0f req/s, p50 %.0f µs, p99 %.0f µs, %d errors\n' "${LABELS[$i]}" "$r" \
+      "$(echo "$requests / $seconds" | bc -l)" "$p50" "$p99" "$errors"
+  done
+done
+
+echo
+echo "| binary | median req/s | rounds (req/s) | median p50 |"
+echo "|---|---:|---|---:|"
+for i in 0 1; do
+  rates=$(for r in $(seq "$ROUNDS"); do awk '{ printf "%.0f\n", $1 / $2 }' "$TMP/run-$r-$i"; done)
+  p50s=$(for r in $(seq "$ROUNDS"); do awk '{ printf "%.0f\n", $4 }' "$TMP/run-$r-$i"; done)
+  median=$(sort -n <<<"$rates" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  p50=$(sort -n <<<"$p50s" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  echo "| ${LABELS[$i]} | $median | $(paste -sd' ' <<<"$rates") | ${p50} µs |"
+done
