@@ -1,17 +1,18 @@
 //! The egress log: one JSON line per forwarded request or CONNECT tunnel.
 //!
 //! Invariant: requests never wait on the disk. Lines go through a bounded channel to one
-//! writer task; when the channel is full the line is dropped and counted, never stalled on.
+//! writer thread (blocking writes, batched: no hand-off to a blocking pool per line); when the
+//! channel is full the line is dropped and counted, never stalled on.
 //! [`EgressLog::close`] returns only once every line queued before it is written and synced,
 //! so a process that closes its log before exiting loses none. Each line validates against
 //! `schemas/egress-event.schema.json`.
 
 use crate::contract::Timestamp;
 use serde::{Deserialize, Serialize};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
 /// CONNECT tunnel or forwarded request.
@@ -123,7 +124,7 @@ pub enum Destination {
 /// Lines waiting for the writer before new ones are dropped.
 const CAPACITY: usize = 8192;
 
-/// What the writer task receives. Lines are nearly every message: boxing them to shrink the
+/// What the writer thread receives. Lines are nearly every message: boxing them to shrink the
 /// rare `Close` would cost an allocation per line.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
@@ -135,29 +136,68 @@ enum Message {
 
 /// Where the writer writes; a file is synced on close.
 enum Sink {
-    File(tokio::fs::File),
-    Stdout(tokio::io::Stdout),
+    File(std::fs::File),
+    Stdout(std::io::Stdout),
 }
 
 impl Sink {
-    async fn write(&mut self, buf: &[u8]) -> std::io::Result<()> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<()> {
         match self {
-            Sink::File(file) => {
-                file.write_all(buf).await?;
-                file.flush().await
-            }
+            Sink::File(file) => file.write_all(buf),
             Sink::Stdout(out) => {
-                out.write_all(buf).await?;
-                out.flush().await
+                let mut out = out.lock();
+                out.write_all(buf)?;
+                out.flush()
             }
         }
     }
 
     /// Makes what was written durable (a file's data on disk; stdout has nothing to sync).
-    async fn sync(&mut self) -> std::io::Result<()> {
+    fn sync(&mut self) -> std::io::Result<()> {
         match self {
-            Sink::File(file) => file.sync_all().await,
-            Sink::Stdout(out) => out.flush().await,
+            Sink::File(file) => file.sync_all(),
+            Sink::Stdout(out) => out.flush(),
+        }
+    }
+}
+
+/// How long the writer lets lines gather after a write before it looks again: under load one
+/// wake-up and one `write` per this many milliseconds of lines, not one per line; an idle
+/// writer sleeps on the channel.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The writer thread: lines in batches until every sender is gone or a `Close` arrives.
+fn write_lines(mut sink: Sink, mut rx: mpsc::Receiver<Message>) {
+    let mut buf = Vec::with_capacity(64 * 1024);
+    // Blocks while idle; a line wakes it.
+    while let Some(first) = rx.blocking_recv() {
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            buf.clear();
+            let mut closing = None;
+            let mut message = Some(message);
+            while let Some(m) = message {
+                match m {
+                    Message::Line(event) => write_line(&mut buf, &event),
+                    Message::Close(ack) => {
+                        closing = Some(ack);
+                        break;
+                    }
+                }
+                message = rx.try_recv().ok();
+            }
+            if let Err(error) = sink.write(&buf) {
+                tracing::error!(%error, "egress log write failed");
+            }
+            if let Some(ack) = closing {
+                if let Err(error) = sink.sync() {
+                    tracing::error!(%error, "egress log sync failed");
+                }
+                let _ = ack.send(());
+                return;
+            }
+            std::thread::sleep(GATHER);
+            next = rx.try_recv().ok();
         }
     }
 }
@@ -178,42 +218,24 @@ impl EgressLog {
         }
     }
 
-    /// Opens the destination and spawns its writer on the current runtime.
+    /// Opens the destination and starts its writer thread.
     pub async fn open(destination: Destination) -> std::io::Result<EgressLog> {
-        let mut sink = match &destination {
-            Destination::Stdout => Sink::Stdout(tokio::io::stdout()),
+        let sink = match &destination {
+            Destination::Stdout => Sink::Stdout(std::io::stdout()),
             Destination::File(path) => Sink::File(
                 tokio::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(path)
-                    .await?,
+                    .await?
+                    .into_std()
+                    .await,
             ),
         };
-        let (tx, mut rx) = mpsc::channel::<Message>(CAPACITY);
-        tokio::spawn(async move {
-            let mut batch = Vec::with_capacity(64);
-            let mut buf = Vec::with_capacity(64 * 1024);
-            let mut closing = None;
-            while closing.is_none() && rx.recv_many(&mut batch, 256).await > 0 {
-                buf.clear();
-                for message in batch.drain(..) {
-                    match message {
-                        Message::Line(event) => write_line(&mut buf, &event),
-                        Message::Close(ack) => closing = Some(ack),
-                    }
-                }
-                if let Err(error) = sink.write(&buf).await {
-                    tracing::error!(%error, "egress log write failed");
-                }
-            }
-            if let Some(ack) = closing {
-                if let Err(error) = sink.sync().await {
-                    tracing::error!(%error, "egress log sync failed");
-                }
-                let _ = ack.send(());
-            }
-        });
+        let (tx, rx) = mpsc::channel::<Message>(CAPACITY);
+        std::thread::Builder::new()
+            .name("egress-log".into())
+            .spawn(move || write_lines(sink, rx))?;
         Ok(EgressLog {
             tx: Some(tx),
             dropped: Arc::default(),

@@ -413,11 +413,20 @@ pub fn report(opts: &Opts) -> Result<()> {
     // Pinned runs (`--proxy-cores K`): every proxy had K cores of its own; throughputs are
     // also given per core.
     let proxy_cores: Option<f64> = opts.opt("proxy-cores").and_then(|k| k.parse().ok());
-    let per_core = |key: &str| matches!(key, "ka1.rps" | "ka32.rps" | "close32.rps" | "connect.per_s" | "bulk.mb_per_s");
+    let per_core = |key: &str| {
+        matches!(
+            key,
+            "ka1.rps" | "ka32.rps" | "close32.rps" | "connect.per_s" | "bulk.mb_per_s"
+        )
+    };
     // The CONNECT setup figures measure the proxies only if the harness can go much faster.
     let harness_bound = med.get("connect.per_s").and_then(|m| {
         let direct = *m.get("direct")?;
-        let fastest = m.iter().filter(|(v, _)| **v != "direct").map(|(_, x)| *x).fold(0.0, f64::max);
+        let fastest = m
+            .iter()
+            .filter(|(v, _)| **v != "direct")
+            .map(|(_, x)| *x)
+            .fold(0.0, f64::max);
         (fastest > 0.0 && direct < 3.0 * fastest).then_some((direct, fastest))
     });
     if let Some((direct, fastest)) = harness_bound {
@@ -509,7 +518,8 @@ pub fn report(opts: &Opts) -> Result<()> {
                             ratios.push(format!("{r:.2}× sq"));
                         }
                     }
-                    if let Some(cores) = proxy_cores.filter(|_| v != "direct" && per_core(row.key)) {
+                    if let Some(cores) = proxy_cores.filter(|_| v != "direct" && per_core(row.key))
+                    {
                         ratios.push(format!("{}/core", fmt_num(x / cores, row.decimals)));
                     }
                     if !ratios.is_empty() {
