@@ -9,8 +9,9 @@
 //! port, then a count at most once a minute, and once when every open lease has its port.
 
 use super::{serve, Proxy};
-use crate::contract::Timestamp;
+use crate::contract::{Lease, Timestamp};
 use crate::log_gate::{Flood, Say};
+use crate::registry::{ChainError, Ledger};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -20,8 +21,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a released port rests before it is handed to another lease.
 pub const REUSE_AFTER: Duration = Duration::from_secs(60);
-/// Reconciliation also runs this often, for leases that become valid with no journal change.
-const RECONCILE_EVERY: Duration = Duration::from_millis(100);
+/// Passes follow registry changes at most this often: a journal that changes all the time
+/// would otherwise keep a core walking every lease.
+const MIN_GAP: Duration = Duration::from_millis(50);
+/// A pass runs at least this often, whatever the registry and the clock say.
+const RECONCILE_AT_LEAST: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct State {
@@ -64,22 +68,44 @@ impl LeasePorts {
         state.warned.contains(lease_id)
     }
 
-    /// Keeps assignments in step with the registry until `shutdown`.
+    /// Keeps assignments in step with the registry until `shutdown`: a pass after each change
+    /// of the registry (at most one per [`MIN_GAP`]) and when a lease may open or close by the
+    /// clock alone (see [`LeasePorts::reconcile`]), else every [`RECONCILE_AT_LEAST`].
     pub async fn run(self: Arc<LeasePorts>, proxy: Arc<Proxy>, shutdown: CancellationToken) {
         let mut changes = proxy.registry.subscribe();
         loop {
-            self.reconcile(&proxy, &shutdown);
+            changes.borrow_and_update();
+            let due = self.reconcile(&proxy, &shutdown);
+            let at_least = tokio::time::Instant::now() + RECONCILE_AT_LEAST;
+            let next = due.map_or(at_least, |due| due.min(at_least));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = changes.changed() => {}
-                _ = tokio::time::sleep(RECONCILE_EVERY) => {}
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(MIN_GAP).await;
+                }
+                _ = tokio::time::sleep_until(next) => {}
             }
         }
     }
 
-    fn reconcile(&self, proxy: &Arc<Proxy>, shutdown: &CancellationToken) {
+    /// One pass: closes the ports of leases that open nothing now, opens one for each open
+    /// lease without one. Returns when the clock alone may change that (a lease or an ancestor
+    /// becoming valid, a lease with a port reaching its chain's expiry, a resting port becoming
+    /// free for a lease still without one), if ever.
+    ///
+    /// Linear in the leases of the ledger (and the range, once): with an exhausted range every
+    /// lease without a port is counted, not searched for one again.
+    fn reconcile(
+        &self,
+        proxy: &Arc<Proxy>,
+        shutdown: &CancellationToken,
+    ) -> Option<tokio::time::Instant> {
         let snapshot = proxy.registry.snapshot();
         let now = Timestamp::now();
+        let mut due = Due::new(now);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let State {
             by_lease,
@@ -99,30 +125,47 @@ impl LeasePorts {
         resting.retain(|_, since| since.elapsed() < REUSE_AFTER);
         // A lease that opens nothing any more will never be warned about again.
         warned.retain(|lease_id| snapshot.ledger.check_chain(lease_id, now).is_ok());
+        let mut used: HashSet<u16> = by_lease.values().map(|(p, _)| *p).collect();
+        // Set once a search finds no port: no port frees up within a pass.
+        let mut none_free: Option<(Vec<u16>, usize)> = None;
         let mut without_port = 0;
         let mut summary = None;
         for lease in snapshot.ledger.leases() {
-            if by_lease.contains_key(&lease.id)
-                || snapshot.ledger.check_chain(&lease.id, now).is_err()
-            {
+            let chain = match snapshot.ledger.check_chain(&lease.id, now) {
+                Ok(chain) => chain,
+                Err(error) => {
+                    due.opening(&snapshot.ledger, &error);
+                    continue;
+                }
+            };
+            due.closing(&chain);
+            if by_lease.contains_key(&lease.id) {
                 continue;
             }
-            let used: HashSet<u16> = by_lease.values().map(|(p, _)| *p).collect();
-            // Ports another process holds: said as such, not as an exhausted range.
-            let mut held = Vec::new();
-            let bound = self
-                .range
-                .clone()
-                .filter(|p| !used.contains(p) && !resting.contains_key(p))
-                .find_map(|p| match bind(SocketAddr::new(self.bind, p)) {
-                    Ok(listener) => Some((p, listener)),
-                    Err(e) => {
-                        if e.kind() == std::io::ErrorKind::AddrInUse {
-                            held.push(p);
-                        }
-                        None
+            let bound = match &none_free {
+                Some(_) => None,
+                None => {
+                    // Ports another process holds: said as such, not as an exhausted range.
+                    let mut held = Vec::new();
+                    let bound = self
+                        .range
+                        .clone()
+                        .filter(|p| !used.contains(p) && !resting.contains_key(p))
+                        .find_map(|p| match bind(SocketAddr::new(self.bind, p)) {
+                            Ok(listener) => Some((p, listener)),
+                            Err(e) => {
+                                if e.kind() == std::io::ErrorKind::AddrInUse {
+                                    held.push(p);
+                                }
+                                None
+                            }
+                        });
+                    if bound.is_none() {
+                        none_free = Some((held, used.len()));
                     }
-                });
+                    bound
+                }
+            };
             match bound {
                 Some((port, listener)) => {
                     let stop = shutdown.child_token();
@@ -133,6 +176,7 @@ impl LeasePorts {
                         stop.clone(),
                     ));
                     tracing::info!(lease = %lease.id, port, "lease port open");
+                    used.insert(port);
                     by_lease.insert(lease.id.clone(), (port, stop));
                 }
                 None => {
@@ -141,11 +185,14 @@ impl LeasePorts {
                         continue;
                     }
                     let range = format!("{}-{}", self.range.start(), self.range.end());
+                    let (held, leased) = none_free
+                        .as_ref()
+                        .map_or((&[][..], 0), |(h, l)| (&h[..], *l));
                     match exhausted.occurred(1, Instant::now()) {
                         Say::Start => tracing::warn!(
                             lease = %lease.id,
                             "{}: this lease is reachable by credentials only",
-                            no_port_reason(&range, &held, used.len(), resting.len())
+                            no_port_reason(&range, held, leased, resting.len())
                         ),
                         Say::Summary(s) => summary = Some(s),
                         Say::Quiet => {}
@@ -163,12 +210,61 @@ impl LeasePorts {
                     "more leases found no free lease port: they are reachable by credentials only"
                 );
             }
+            // A resting port that frees up can go to one of them.
+            if let Some(since) = resting.values().min() {
+                due.at_instant(*since + REUSE_AFTER);
+            }
         } else if let Some(s) = exhausted.end(instant) {
             tracing::info!(
                 leases = s.total,
                 lasted = ?s.lasted,
                 "every open lease has its lease port again"
             );
+        }
+        due.next
+    }
+}
+
+/// When the next pass is due by the clock alone.
+struct Due {
+    now: Timestamp,
+    next: Option<tokio::time::Instant>,
+}
+
+impl Due {
+    fn new(now: Timestamp) -> Due {
+        Due { now, next: None }
+    }
+
+    fn at_instant(&mut self, at: Instant) {
+        let at = tokio::time::Instant::from_std(at);
+        self.next = Some(self.next.map_or(at, |next| next.min(at)));
+    }
+
+    /// At wall-clock `at` (just after it: statuses change once `now` reaches it).
+    fn at(&mut self, at: Timestamp) {
+        let wait = at.as_millis().saturating_sub(self.now.as_millis()).max(0) as u64 + 1;
+        self.at_instant(Instant::now() + Duration::from_millis(wait));
+    }
+
+    /// A lease that opens now: its port closes when the first of its chain expires.
+    fn closing(&mut self, chain: &[Arc<Lease>]) {
+        if let Some(first) = chain.iter().map(|lease| lease.expires_at).min() {
+            self.at(first);
+        }
+    }
+
+    /// A lease that opens nothing now: it may open later only if it, or the ancestor that
+    /// keeps it closed, is not valid yet (every other reason is final).
+    fn opening(&mut self, ledger: &Ledger, error: &ChainError) {
+        let waiting = match error {
+            ChainError::NotYetValid(id) | ChainError::AncestorClosed { ancestor: id, .. } => {
+                ledger.lease(id)
+            }
+            _ => None,
+        };
+        if let Some(lease) = waiting.filter(|lease| lease.issued_at > self.now) {
+            self.at(lease.issued_at);
         }
     }
 }

@@ -281,6 +281,39 @@ async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_port_opens_and_closes_by_the_clock_alone() {
+    let h = Harness::new();
+    // Valid from 2 s from now, for 2 s; nothing is written to the journal meanwhile, and the
+    // lease ports' floor pass (every 5 s) is too late for either check below.
+    let from = Timestamp::from_millis(Timestamp::now().as_millis() + 2_000);
+    let lease = h.lease_with(&["origin.test"], &[], None, from, Duration::from_secs(2));
+    let server = h.start_with_ports(h.config(&[]), Some(port_range(4))).await;
+    let ports = server.ports.clone().unwrap();
+    assert_eq!(
+        ports.port_of(&lease),
+        None,
+        "a port before the lease is valid"
+    );
+    let valid = eventually(Duration::from_secs(3), || async { ports.port_of(&lease) }).await;
+    let opened = Timestamp::now().as_millis() - from.as_millis();
+    assert!(valid.is_some(), "no port once the lease became valid");
+    assert!(
+        opened < 1_000,
+        "the port opened {opened} ms after the lease became valid"
+    );
+    let closed = eventually(Duration::from_secs(3), || async {
+        ports.port_of(&lease).is_none().then_some(())
+    })
+    .await;
+    let expired = from.as_millis() + 2_000;
+    assert!(closed.is_some(), "the port outlived its lease");
+    assert!(
+        Timestamp::now().as_millis() - expired < 1_000,
+        "the port closed long after the lease expired"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_range_warns_once_per_open_lease_and_forgets_closed_ones() {
     let h = Harness::new();
     let first = h.lease(&["origin.test"], &[]);
