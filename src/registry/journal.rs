@@ -40,6 +40,13 @@ pub fn fold_bytes(ledger: &mut Ledger, bytes: &[u8]) -> Vec<LineProblem> {
     apply_lines(ledger, lines.chain((!rest.is_empty()).then_some(rest)))
 }
 
+/// Renumbers problems of lines that followed `before` earlier lines of the same journal.
+pub fn number_from(problems: &mut [LineProblem], before: usize) {
+    for problem in problems {
+        problem.line += before;
+    }
+}
+
 /// Lines prepared per round: enough to keep every core busy for a while, few enough that the
 /// prepared leases waiting for their turn stay a small part of memory.
 const ROUND: usize = 4096;

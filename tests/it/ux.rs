@@ -578,6 +578,71 @@ fn leases_and_check_refuse_a_missing_journal() {
 }
 
 #[test]
+fn a_skipped_line_is_named_by_its_place_in_the_journal_not_in_a_read() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    issue_sync(&journal, &key, &["example.com"]);
+    // Past the first read (4 MiB): 600,000 blank lines (counted, not folded), then a bad one.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    file.write_all(&b"        \n".repeat(600_000)).unwrap();
+    file.write_all(b"{not json\n").unwrap();
+    drop(file);
+    let bad = 1 + 600_000 + 1;
+    let mut child = crate::support::leasegate_command(&[
+        "serve",
+        "--admin",
+        "off",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        &journal,
+        "--key-file",
+        &key,
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut next_skipped = |seen: &mut Vec<String>| {
+        for line in stderr.by_ref().map_while(Result::ok) {
+            let done = line.contains("journal lines skipped lines=");
+            seen.push(line);
+            if done {
+                return;
+            }
+        }
+    };
+    next_skipped(&mut seen);
+    let folded = seen.last().unwrap().clone();
+    // Then, followed: the next line of the journal is the one after.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    file.write_all(b"{still not json\n").unwrap();
+    next_skipped(&mut seen);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = seen.join("\n");
+    assert!(
+        folded.contains(&format!("journal lines skipped lines={bad} ")),
+        "{text}"
+    );
+    assert!(
+        seen.last()
+            .unwrap()
+            .contains(&format!("journal lines skipped lines={} ", bad + 1)),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_lease_port_held_elsewhere_is_reported_as_such_without_colour() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
