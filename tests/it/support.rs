@@ -99,7 +99,13 @@ pub fn leasegate_command(args: &[&str]) -> std::process::Command {
 /// `serve` on `journal` under `key` with per-lease ports in `range` (no admin listener, any
 /// proxy port), its stderr piped for the test to read.
 pub fn serve_lease_ports(journal: &str, key: &str, range: &str) -> std::process::Child {
-    leasegate_command(&[
+    serve_piped(journal, key, &["--lease-ports", range])
+}
+
+/// `serve` on `journal` under `key` with `more` flags (no admin listener, any proxy port), its
+/// stderr piped for the test to read.
+pub fn serve_piped(journal: &str, key: &str, more: &[&str]) -> std::process::Child {
+    let mut args = vec![
         "serve",
         "--admin",
         "off",
@@ -109,13 +115,13 @@ pub fn serve_lease_ports(journal: &str, key: &str, range: &str) -> std::process:
         journal,
         "--key-file",
         key,
-        "--lease-ports",
-        range,
-    ])
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap()
+    ];
+    args.extend_from_slice(more);
+    leasegate_command(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Runs the binary from an async test without blocking the runtime's threads (which may be

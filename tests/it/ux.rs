@@ -592,21 +592,7 @@ fn a_skipped_line_is_named_by_its_place_in_the_journal_not_in_a_read() {
     file.write_all(b"{not json\n").unwrap();
     drop(file);
     let bad = 1 + 600_000 + 1;
-    let mut child = crate::support::leasegate_command(&[
-        "serve",
-        "--admin",
-        "off",
-        "--listen",
-        "127.0.0.1:0",
-        "--journal",
-        &journal,
-        "--key-file",
-        &key,
-    ])
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = crate::support::serve_piped(&journal, &key, &[]);
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
     let mut next_skipped = |seen: &mut Vec<String>| {
