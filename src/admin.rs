@@ -150,9 +150,11 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 ),
             }
         }
-        (&Method::GET, ["metrics"]) => metrics(&state),
+        (&Method::GET, ["metrics"]) => off_runtime(&state, metrics).await,
         (&Method::GET, ["leases"]) => match LeasesQuery::parse(req.uri().query()) {
-            Ok(query) => leases(&state, &query, with_credentials),
+            Ok(query) => {
+                off_runtime(&state, move |state| leases(state, &query, with_credentials)).await
+            }
             Err(message) => error(StatusCode::BAD_REQUEST, message),
         },
         (&Method::GET, ["leases", id]) => {
@@ -349,6 +351,23 @@ fn dashboard() -> Response<Body> {
         header::HeaderValue::from_static("no-store"),
     );
     response
+}
+
+/// Runs a handler that walks every lease (counts by status: ~60 ms at 100,000 leases) on the
+/// blocking pool, not on a runtime worker that proxied connections share.
+async fn off_runtime(
+    state: &Arc<AdminState>,
+    handler: impl FnOnce(&AdminState) -> Response<Body> + Send + 'static,
+) -> Response<Body> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || handler(&state))
+        .await
+        .unwrap_or_else(|failed| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the handler failed: {failed}"),
+            )
+        })
 }
 
 fn metrics(state: &AdminState) -> Response<Body> {
