@@ -166,16 +166,19 @@ impl Sink {
 /// writer sleeps on the channel.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// Lines per `write` at most (a writer that falls behind writes on without pausing).
+const BATCH: usize = 1024;
+
 /// The writer thread: lines in batches until every sender is gone or a `Close` arrives.
 fn write_lines(mut sink: Sink, mut rx: mpsc::Receiver<Message>) {
     let mut buf = Vec::with_capacity(64 * 1024);
     // Blocks while idle; a line wakes it.
     while let Some(first) = rx.blocking_recv() {
         let mut next = Some(first);
-        while let Some(message) = next.take() {
+        while let Some(first) = next.take() {
             buf.clear();
-            let mut closing = None;
-            let mut message = Some(message);
+            let (mut taken, mut closing) = (0, None);
+            let mut message = Some(first);
             while let Some(m) = message {
                 match m {
                     Message::Line(event) => write_line(&mut buf, &event),
@@ -184,7 +187,8 @@ fn write_lines(mut sink: Sink, mut rx: mpsc::Receiver<Message>) {
                         break;
                     }
                 }
-                message = rx.try_recv().ok();
+                taken += 1;
+                message = (taken < BATCH).then(|| rx.try_recv().ok()).flatten();
             }
             if let Err(error) = sink.write(&buf) {
                 tracing::error!(%error, "egress log write failed");
@@ -196,7 +200,9 @@ fn write_lines(mut sink: Sink, mut rx: mpsc::Receiver<Message>) {
                 let _ = ack.send(());
                 return;
             }
-            std::thread::sleep(GATHER);
+            if taken < BATCH {
+                std::thread::sleep(GATHER);
+            }
             next = rx.try_recv().ok();
         }
     }
