@@ -65,9 +65,7 @@ impl Status {
             _ => Status::Expired,
         }
     }
-}
 
-impl Status {
     pub const ALL: [Status; 7] = [
         Status::Open,
         Status::NotYetValid,
