@@ -5,7 +5,8 @@
 #
 #   benches/compare/ab.sh BASE_BINARY NEW_BINARY
 #
-# Knobs (environment): ROUNDS (5), DURATION (s per run, 10), CONC (32), LABELS ("base new").
+# Knobs (environment): ROUNDS (5), DURATION (s per run, 10), CONC (32), LABELS ("base new"),
+# MODE (keep-alive: wrk through the proxy; connect: the harness's CONNECT → 200 → close loop).
 # Needs wrk (apt) and the compare harness (built here if missing). Every address is 127.0.0.1.
 set -euo pipefail
 
@@ -14,6 +15,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BINS=("$1" "$2")
 read -r -a LABELS <<<"${LABELS:-base new}"
 ROUNDS=${ROUNDS:-5}
+MODE=${MODE:-keep-alive}
+[[ $MODE == keep-alive || $MODE == connect ]] || { echo "MODE: keep-alive or connect" >&2; exit 2; }
 DURATION=${DURATION:-10}
 CONC=${CONC:-32}
 ORIGIN=18180
@@ -53,6 +56,7 @@ for i in 0 1; do
   RUST_LOG=warn "${BINS[$i]}" serve --listen 127.0.0.1:${PORTS[$i]} --admin 127.0.0.1:${ADMINS[$i]} \
     --journal "$dir/journal.jsonl" --key-file "$dir/lease.key" \
     --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 \
+    --max-connections 100000 --max-connections-per-lease 100000 \
     --egress-log "$dir/egress.jsonl" >"$dir/serve.out" 2>"$dir/serve.err" &
   PIDS+=($!)
   wait_http "http://127.0.0.1:${ADMINS[$i]}/readyz"
@@ -70,19 +74,31 @@ end
 EOF
 sed -i "s/18180/$ORIGIN/g" "$TMP/wrk.lua"
 
-log "${LABELS[0]}: ${BINS[0]}; ${LABELS[1]}: ${BINS[1]}; $ROUNDS rounds of ${DURATION} s, $CONC connections"
+# run_once I OUT: one timed run through proxy I; OUT gets "count seconds errors p50_us p99_us".
+run_once() {
+  if [[ $MODE == keep-alive ]]; then
+    WRK_AUTH=${AUTH[$1]} wrk -t 2 -c "$CONC" -d "${DURATION}s" -s "$TMP/wrk.lua" \
+      "http://127.0.0.1:${PORTS[$1]}" | tail -1 >"$2"
+  else
+    "$H" connect-rate --proxy "127.0.0.1:${PORTS[$1]}" --target "origin.test:$((ORIGIN + 1))" \
+      --auth "${AUTH[$1]}" --threads 2 --concurrency "$CONC" --duration "$DURATION" |
+      python3 -c 'import json, sys; d = json.load(sys.stdin); print(d["tunnels"], d["seconds"], d["errors"], d["p50_us"], d["p99_us"])' >"$2"
+  fi
+}
+
+UNIT=$([[ $MODE == keep-alive ]] && echo "req/s" || echo "tunnels/s")
+log "${LABELS[0]}: ${BINS[0]}; ${LABELS[1]}: ${BINS[1]}; $MODE, $ROUNDS rounds of ${DURATION} s, $CONC connections"
 for r in $(seq "$ROUNDS"); do
   for i in 0 1; do
-    WRK_AUTH=${AUTH[$i]} wrk -t 2 -c "$CONC" -d "${DURATION}s" -s "$TMP/wrk.lua" \
-      "http://127.0.0.1:${PORTS[$i]}" | tail -1 >"$TMP/run-$r-$i"
+    run_once "$i" "$TMP/run-$r-$i"
     read -r requests seconds errors p50 p99 <"$TMP/run-$r-$i"
-    printf '%s round %d: %.0f req/s, p50 %.0f µs, p99 %.0f µs, %d errors\n' "${LABELS[$i]}" "$r" \
-      "$(echo "$requests / $seconds" | bc -l)" "$p50" "$p99" "$errors"
+    printf '%s round %d: %.0f %s, p50 %.0f µs, p99 %.0f µs, %d errors\n' "${LABELS[$i]}" "$r" \
+      "$(echo "$requests / $seconds" | bc -l)" "$UNIT" "$p50" "$p99" "$errors"
   done
 done
 
 echo
-echo "| binary | median req/s | rounds (req/s) | median p50 |"
+echo "| binary | median $UNIT | rounds ($UNIT) | median p50 |"
 echo "|---|---:|---|---:|"
 for i in 0 1; do
   rates=$(for r in $(seq "$ROUNDS"); do awk '{ printf "%.0f\n", $1 / $2 }' "$TMP/run-$r-$i"; done)

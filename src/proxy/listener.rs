@@ -182,6 +182,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let local = listener.local_addr()?;
+    let inherited = nodelay_inherited(&listener);
     loop {
         let (stream, client) = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -224,8 +225,27 @@ pub async fn serve(
         ));
         let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
         proxy.tasks.clone().spawn(async move {
+            if !inherited {
+                let _ = stream.set_nodelay(true);
+            }
             handle(proxy, stream, conn, shutdown).await;
         });
+    }
+}
+
+/// Sets TCP_NODELAY on `listener`: on Linux the sockets it accepts inherit it, which saves a
+/// system call per connection. `false` where they must each be set (another system, or it
+/// failed).
+fn nodelay_inherited(listener: &TcpListener) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sys::socket::{setsockopt, sockopt::TcpNoDelay};
+        setsockopt(listener, TcpNoDelay, &true).is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = listener;
+        false
     }
 }
 
@@ -253,7 +273,6 @@ async fn handle(
     conn: Arc<ClientConn>,
     shutdown: CancellationToken,
 ) {
-    let _ = stream.set_nodelay(true);
     match proxy.tls.clone() {
         None => serve_http(&proxy, TokioIo::new(stream), &conn, &shutdown).await,
         Some(acceptor) => {
@@ -410,4 +429,26 @@ fn head_too_large(
         http::HeaderValue::from_static("close"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nodelay_inherited;
+
+    #[tokio::test]
+    async fn accepted_sockets_have_nodelay_whichever_way_it_is_set() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let inherited = nodelay_inherited(&listener);
+        assert_eq!(inherited, cfg!(target_os = "linux"));
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        if !inherited {
+            accepted.set_nodelay(true).unwrap();
+        }
+        assert!(
+            accepted.nodelay().unwrap(),
+            "an accepted socket without TCP_NODELAY"
+        );
+    }
 }
