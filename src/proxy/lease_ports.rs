@@ -144,8 +144,9 @@ impl LeasePorts {
         // A lease that opens nothing any more will never be warned about again.
         warned.retain(|lease_id| snapshot.ledger.check_chain(lease_id, now).is_ok());
         let mut used: HashSet<u16> = by_lease.values().map(|(p, _)| *p).collect();
-        // Set once a search finds no port: no port frees up within a pass.
-        let mut none_free: Option<(Vec<u16>, usize)> = None;
+        // Set once a search finds no port (no port frees up within a pass): the ports of the
+        // range another process holds.
+        let mut held_elsewhere: Option<Vec<u16>> = None;
         let mut without_port = 0;
         let mut summary = None;
         for lease in snapshot.ledger.leases() {
@@ -160,29 +161,15 @@ impl LeasePorts {
             if by_lease.contains_key(&lease.id) {
                 continue;
             }
-            let bound = match &none_free {
+            let bound = match held_elsewhere {
                 Some(_) => None,
-                None => {
-                    // Ports another process holds: said as such, not as an exhausted range.
-                    let mut held = Vec::new();
-                    let bound = self
-                        .range
-                        .clone()
-                        .filter(|p| !used.contains(p) && !resting.contains_key(p))
-                        .find_map(|p| match bind(SocketAddr::new(self.bind, p)) {
-                            Ok(listener) => Some((p, listener)),
-                            Err(e) => {
-                                if e.kind() == std::io::ErrorKind::AddrInUse {
-                                    held.push(p);
-                                }
-                                None
-                            }
-                        });
-                    if bound.is_none() {
-                        none_free = Some((held, used.len()));
+                None => match self.free_port(&used, resting) {
+                    Ok(found) => Some(found),
+                    Err(held) => {
+                        held_elsewhere = Some(held);
+                        None
                     }
-                    bound
-                }
+                },
             };
             match bound {
                 Some((port, listener)) => {
@@ -203,14 +190,12 @@ impl LeasePorts {
                         continue;
                     }
                     let range = format!("{}-{}", self.range.start(), self.range.end());
-                    let (held, leased) = none_free
-                        .as_ref()
-                        .map_or((&[][..], 0), |(h, l)| (&h[..], *l));
+                    let held = held_elsewhere.as_deref().unwrap_or_default();
                     match exhausted.occurred(1, Instant::now()) {
                         Say::Start => tracing::warn!(
                             lease = %lease.id,
                             "{}: this lease is reachable by credentials only",
-                            no_port_reason(&range, held, leased, resting.len())
+                            no_port_reason(&range, held, used.len(), resting.len())
                         ),
                         Say::Summary(s) => summary = Some(s),
                         Say::Quiet => {}
@@ -240,6 +225,31 @@ impl LeasePorts {
             );
         }
         due.next
+    }
+}
+
+impl LeasePorts {
+    /// The lowest port of the range that is neither leased nor resting and can be bound, or the
+    /// ports of the range another process holds (said as such, not as an exhausted range).
+    fn free_port(
+        &self,
+        used: &HashSet<u16>,
+        resting: &HashMap<u16, Instant>,
+    ) -> Result<(u16, tokio::net::TcpListener), Vec<u16>> {
+        let mut held = Vec::new();
+        self.range
+            .clone()
+            .filter(|p| !used.contains(p) && !resting.contains_key(p))
+            .find_map(|p| match bind(SocketAddr::new(self.bind, p)) {
+                Ok(listener) => Some((p, listener)),
+                Err(e) => {
+                    if e.kind() == std::io::ErrorKind::AddrInUse {
+                        held.push(p);
+                    }
+                    None
+                }
+            })
+            .ok_or(held)
     }
 }
 

@@ -40,10 +40,22 @@ pub fn fold_bytes(ledger: &mut Ledger, bytes: &[u8]) -> Vec<LineProblem> {
     apply_lines(ledger, lines.chain((!rest.is_empty()).then_some(rest)))
 }
 
-/// Renumbers problems of lines that followed `before` earlier lines of the same journal.
-pub fn number_from(problems: &mut [LineProblem], before: usize) {
-    for problem in problems {
-        problem.line += before;
+/// Lines read since a store's generation began, so that a skipped line is named by its place
+/// in the journal, not in the read that brought it.
+#[derive(Debug, Default)]
+pub struct LineCount(usize);
+
+impl LineCount {
+    /// Counts a batch of `len` lines (the first of a new generation if `restarted`) and
+    /// renumbers its `problems` (numbered within the batch) from the lines before it.
+    pub fn count(&mut self, restarted: bool, len: usize, problems: &mut [LineProblem]) {
+        if restarted {
+            self.0 = 0;
+        }
+        for problem in problems {
+            problem.line += self.0;
+        }
+        self.0 += len;
     }
 }
 

@@ -132,9 +132,8 @@ pub struct Registry {
     health: Mutex<JournalHealth>,
     /// Appends that failed or timed out (`leasegate_journal_append_failures_total`).
     append_failures: AtomicU64,
-    /// Lines read since the store's generation began (changed under `reading`): a skipped
-    /// line is named by its place in the journal.
-    lines_read: AtomicU64,
+    /// Lines read since the store's generation began (counted under `reading`).
+    lines_read: Mutex<journal::LineCount>,
 }
 
 impl Registry {
@@ -167,18 +166,12 @@ impl Registry {
         let mut skipped = 0;
         let mut skipping = Flood::default();
         // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
-        // Lines read since the store's generation began: warnings name a line by its place in
-        // the journal, not in the read that brought it.
-        let mut read = 0;
+        let mut lines_read = journal::LineCount::default();
         loop {
             let batch = store.read_new().await?;
-            if batch.restarted {
-                read = 0;
-            }
             let mut problems =
                 journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
-            journal::number_from(&mut problems, read);
-            read += batch.lines.len();
+            lines_read.count(batch.restarted, batch.lines.len(), &mut problems);
             journal::warn_skipped_gated(&mut skipping, &problems, Instant::now());
             skipped += problems.len();
             if !pending.is_empty() {
@@ -231,7 +224,7 @@ impl Registry {
             flushing: tokio::sync::Mutex::new(()),
             health: Mutex::new(JournalHealth::default()),
             append_failures: AtomicU64::new(0),
-            lines_read: AtomicU64::new(read as u64),
+            lines_read: Mutex::new(lines_read),
         })
     }
 
@@ -454,24 +447,20 @@ impl Registry {
         if batch.restarted && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
+        let mut problems = match batch.lines.is_empty() {
+            true => Vec::new(),
+            false => self.publish(|next| {
+                journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice))
+            }),
+        };
+        self.lines_read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count(batch.restarted, batch.lines.len(), &mut problems);
+        journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
         if batch.lines.is_empty() {
-            if batch.restarted {
-                self.lines_read.store(0, Ordering::Relaxed);
-            }
-            journal::warn_skipped_gated(&mut self.health().skipped_lines, &[], Instant::now());
             return Ok((0, batch.position));
         }
-        let mut problems = self.publish(|next| {
-            journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice))
-        });
-        let before = match batch.restarted {
-            true => 0,
-            false => self.lines_read.load(Ordering::Relaxed) as usize,
-        };
-        journal::number_from(&mut problems, before);
-        self.lines_read
-            .store((before + batch.lines.len()) as u64, Ordering::Relaxed);
-        journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
         self.close_where_not_open(Timestamp::now());
         Ok((batch.lines.len(), batch.position))
     }

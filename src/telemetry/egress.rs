@@ -173,38 +173,40 @@ const BATCH: usize = 1024;
 fn write_lines(mut sink: Sink, mut rx: mpsc::Receiver<Message>) {
     let mut buf = Vec::with_capacity(64 * 1024);
     // Blocks while idle; a line wakes it.
-    while let Some(first) = rx.blocking_recv() {
-        let mut next = Some(first);
-        while let Some(first) = next.take() {
-            buf.clear();
-            let (mut taken, mut closing) = (0, None);
-            let mut message = Some(first);
-            while let Some(m) = message {
-                match m {
-                    Message::Line(event) => write_line(&mut buf, &event),
-                    Message::Close(ack) => {
-                        closing = Some(ack);
-                        break;
-                    }
+    let mut next = rx.blocking_recv();
+    while let Some(first) = next {
+        buf.clear();
+        let (mut taken, mut closing) = (0, None);
+        let mut message = Some(first);
+        while let Some(m) = message {
+            match m {
+                Message::Line(event) => write_line(&mut buf, &event),
+                Message::Close(ack) => {
+                    closing = Some(ack);
+                    break;
                 }
-                taken += 1;
-                message = (taken < BATCH).then(|| rx.try_recv().ok()).flatten();
             }
-            if let Err(error) = sink.write(&buf) {
-                tracing::error!(%error, "egress log write failed");
-            }
-            if let Some(ack) = closing {
-                if let Err(error) = sink.sync() {
-                    tracing::error!(%error, "egress log sync failed");
-                }
-                let _ = ack.send(());
-                return;
-            }
-            if taken < BATCH {
-                std::thread::sleep(GATHER);
-            }
-            next = rx.try_recv().ok();
+            taken += 1;
+            message = (taken < BATCH).then(|| rx.try_recv().ok()).flatten();
         }
+        if let Err(error) = sink.write(&buf) {
+            tracing::error!(%error, "egress log write failed");
+        }
+        if let Some(ack) = closing {
+            if let Err(error) = sink.sync() {
+                tracing::error!(%error, "egress log sync failed");
+            }
+            let _ = ack.send(());
+            return;
+        }
+        if taken < BATCH {
+            std::thread::sleep(GATHER);
+        }
+        next = match rx.try_recv() {
+            Ok(message) => Some(message),
+            Err(mpsc::error::TryRecvError::Empty) => rx.blocking_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected) => None,
+        };
     }
 }
 
