@@ -334,8 +334,10 @@ pub struct ServeArgs {
     /// Close a tunnel after this long without a byte either way.
     #[arg(long, env = "LEASEGATE_TUNNEL_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
     pub tunnel_idle_timeout: std::time::Duration,
-    /// Threads serving connections (0: one per core). Benchmarks pin the proxy to N cores
-    /// and give it N threads.
+    /// Connection workers: threads with an event loop each, on which a client connection
+    /// lives from accept to close (0: one per core). The journal, the admin API and lease
+    /// ports' bookkeeping run on two threads of their own. Benchmarks pin the proxy to N
+    /// cores and give it N workers.
     #[arg(long, env = "LEASEGATE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
     /// Client connections open at once, in total (beyond: 429 too-many-connections).

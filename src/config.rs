@@ -65,6 +65,8 @@ pub struct ProxyConfig {
     pub header_read_timeout: Duration,
     /// A tunnel (or upgraded connection) with no bytes either way for this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// Threads client connections live on (0: one per core).
+    pub workers: usize,
     /// Client connections at once, in total and per lease (`too-many-connections`).
     pub max_connections: usize,
     pub max_connections_per_lease: usize,
@@ -98,6 +100,7 @@ impl Default for ProxyConfig {
             credentials: Credentials::Id,
             header_read_timeout: Duration::from_secs(5),
             tunnel_idle_timeout: Duration::from_secs(3600),
+            workers: 0,
             max_connections: 10_000,
             max_connections_per_lease: 1_000,
             max_connections_per_client: 256,
@@ -229,6 +232,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             },
             header_read_timeout: args.header_read_timeout,
             tunnel_idle_timeout: args.tunnel_idle_timeout,
+            workers: args.worker_threads,
             max_connections: args.max_connections,
             max_connections_per_lease: args.max_connections_per_lease,
             max_connections_per_client: match args.max_connections_per_client {

@@ -531,13 +531,17 @@ fn report_skipped(s: &compact::Selection) {
     }
 }
 
+/// Threads of `serve`'s main runtime (the control plane; connections have their own).
+const CONTROL_THREADS: usize = 2;
+
 fn serve(args: Box<cli::ServeArgs>) -> Result<()> {
     leasegate::memory::configure();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if args.worker_threads > 0 {
-        builder.worker_threads(args.worker_threads);
-    }
-    let runtime = builder.enable_all().build()?;
+    // Connections live on their own workers (`--worker-threads`, proxy::workers); this
+    // runtime keeps the journal, the admin API and lease ports' bookkeeping.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(CONTROL_THREADS)
+        .enable_all()
+        .build()?;
     runtime.block_on(serve_async(*args))
 }
 

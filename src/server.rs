@@ -13,7 +13,7 @@ use crate::config::ServeConfig;
 use crate::contract::Timestamp;
 use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
-use crate::proxy::{self, Proxy};
+use crate::proxy::{self, Proxy, Workers};
 use crate::registry::open::open_registry;
 use crate::registry::OpenError;
 use crate::telemetry::egress::Destination;
@@ -38,6 +38,8 @@ pub enum StartError {
     Egress { path: String, error: std::io::Error },
     #[error("TLS listener: {0}")]
     Tls(String),
+    #[error("starting the connection workers: {0}")]
+    Workers(std::io::Error),
 }
 
 /// How long a drain waits, after closing what was left, for the last exchanges to end.
@@ -264,8 +266,10 @@ impl Server {
             )
             .with_stream(stream),
         );
+        let workers = proxy_config.workers;
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
         proxy.tls = tls;
+        proxy.workers = Workers::start(workers).map_err(StartError::Workers)?;
         let proxy = Arc::new(proxy);
         let accepting = CancellationToken::new();
         let background = CancellationToken::new();
@@ -292,12 +296,29 @@ impl Server {
         if let Some(ports) = &ports {
             tokio::spawn(ports.clone().run(proxy.clone(), accepting.clone()));
         }
-        tokio::spawn(proxy::serve(
-            listener,
-            proxy.clone(),
-            None,
-            accepting.clone(),
-        ));
+        // An accept loop per worker, all on the one listening socket: a connection lives on
+        // whichever worker took it.
+        let listener = listener
+            .into_std()
+            .map_err(|error| StartError::Bind { addr, error })?;
+        let mut loops = Vec::with_capacity(proxy.workers.len());
+        for _ in 0..proxy.workers.len() {
+            let listener = listener
+                .try_clone()
+                .map_err(|error| StartError::Bind { addr, error })?;
+            let (proxy, accepting) = (proxy.clone(), accepting.clone());
+            loops.push(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        if let Err(error) = proxy::serve(listener, proxy, None, accepting).await {
+                            tracing::error!(%error, "the proxy listener failed");
+                        }
+                    }
+                    Err(error) => tracing::error!(%error, "the proxy listener failed"),
+                }
+            });
+        }
+        proxy.workers.spawn_each(loops);
         let admin_addr = admin.as_ref().map(|(_, a)| *a);
         if config.admin_insecure {
             if let Some(admin_addr) = admin_addr.filter(|a| !a.ip().is_loopback()) {
@@ -388,6 +409,16 @@ impl Server {
         let telemetry = &self.proxy.telemetry;
         tokio::join!(telemetry.egress.close(), telemetry.stream.close());
         tracing::info!("stopped");
+    }
+}
+
+impl Drop for Server {
+    /// After a drain, or a server dropped without one (tests): the workers' runtimes stop,
+    /// and with them the accept loops and whatever else they still run.
+    fn drop(&mut self) {
+        self.accepting.cancel();
+        self.background.cancel();
+        self.proxy.workers.stop();
     }
 }
 

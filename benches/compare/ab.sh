@@ -5,6 +5,8 @@
 #
 #   benches/compare/ab.sh BASE_BINARY NEW_BINARY
 #
+# Each run also reports the proxy's CPU time (user + system) per request or tunnel, which
+# varies less than throughput when the scheduler places the five processes differently.
 # Knobs (environment): ROUNDS (5), DURATION (s per run, 10), CONC (32), LABELS ("base new"),
 # MODE (keep-alive: wrk through the proxy; connect: the harness's CONNECT → 200 → close loop).
 # Needs wrk (apt) and the compare harness (built here if missing). Every address is 127.0.0.1.
@@ -59,6 +61,7 @@ for i in 0 1; do
     --max-connections 100000 --max-connections-per-lease 100000 \
     --egress-log "$dir/egress.jsonl" >"$dir/serve.out" 2>"$dir/serve.err" &
   PIDS+=($!)
+  PROXY_PID[i]=$!
   wait_http "http://127.0.0.1:${ADMINS[$i]}/readyz"
 done
 
@@ -74,8 +77,15 @@ end
 EOF
 sed -i "s/18180/$ORIGIN/g" "$TMP/wrk.lua"
 
-# run_once I OUT: one timed run through proxy I; OUT gets "count seconds errors p50_us p99_us".
+# The proxy's CPU time so far (user + system), in clock ticks.
+TICK=$(getconf CLK_TCK)
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# run_once I OUT: one timed run through proxy I; OUT gets "count seconds errors p50_us p99_us
+# proxy_cpu_ticks".
 run_once() {
+  local before
+  before=$(cpu_ticks "${PROXY_PID[$1]}")
   if [[ $MODE == keep-alive ]]; then
     WRK_AUTH=${AUTH[$1]} wrk -t 2 -c "$CONC" -d "${DURATION}s" -s "$TMP/wrk.lua" \
       "http://127.0.0.1:${PORTS[$1]}" | tail -1 >"$2"
@@ -84,6 +94,7 @@ run_once() {
       --auth "${AUTH[$1]}" --threads 2 --concurrency "$CONC" --duration "$DURATION" |
       python3 -c 'import json, sys; d = json.load(sys.stdin); print(d["tunnels"], d["seconds"], d["errors"], d["p50_us"], d["p99_us"])' >"$2"
   fi
+  echo "$(cat "$2") $(($(cpu_ticks "${PROXY_PID[$1]}") - before))" >"$2"
 }
 
 UNIT=$([[ $MODE == keep-alive ]] && echo "req/s" || echo "tunnels/s")
@@ -91,19 +102,22 @@ log "${LABELS[0]}: ${BINS[0]}; ${LABELS[1]}: ${BINS[1]}; $MODE, $ROUNDS rounds o
 for r in $(seq "$ROUNDS"); do
   for i in 0 1; do
     run_once "$i" "$TMP/run-$r-$i"
-    read -r requests seconds errors p50 p99 <"$TMP/run-$r-$i"
-    printf '%s round %d: %.0f %s, p50 %.0f µs, p99 %.0f µs, %d errors\n' "${LABELS[$i]}" "$r" \
-      "$(echo "$requests / $seconds" | bc -l)" "$UNIT" "$p50" "$p99" "$errors"
+    read -r requests seconds errors p50 p99 ticks <"$TMP/run-$r-$i"
+    printf '%s round %d: %.0f %s, p50 %.0f µs, p99 %.0f µs, %d errors, proxy CPU %.1f µs each\n' \
+      "${LABELS[$i]}" "$r" "$(echo "$requests / $seconds" | bc -l)" "$UNIT" "$p50" "$p99" "$errors" \
+      "$(echo "$ticks * 1000000 / $TICK / $requests" | bc -l)"
   done
 done
 
 echo
-echo "| binary | median $UNIT | rounds ($UNIT) | median p50 |"
-echo "|---|---:|---|---:|"
+echo "| binary | median $UNIT | rounds ($UNIT) | median p50 | median proxy CPU each |"
+echo "|---|---:|---|---:|---:|"
 for i in 0 1; do
   rates=$(for r in $(seq "$ROUNDS"); do awk '{ printf "%.0f\n", $1 / $2 }' "$TMP/run-$r-$i"; done)
   p50s=$(for r in $(seq "$ROUNDS"); do awk '{ printf "%.0f\n", $4 }' "$TMP/run-$r-$i"; done)
   median=$(sort -n <<<"$rates" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
   p50=$(sort -n <<<"$p50s" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-  echo "| ${LABELS[$i]} | $median | $(paste -sd' ' <<<"$rates") | ${p50} µs |"
+  cpus=$(for r in $(seq "$ROUNDS"); do awk -v tick="$TICK" '{ printf "%.1f\n", $6 * 1e6 / tick / $1 }' "$TMP/run-$r-$i"; done)
+  cpu=$(sort -n <<<"$cpus" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  echo "| ${LABELS[$i]} | $median | $(paste -sd' ' <<<"$rates") | ${p50} µs | ${cpu} µs |"
 done

@@ -11,6 +11,7 @@ use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
 use super::pipeline::Decision;
 use super::upstream::PoolKey;
+use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
 use crate::policy::refusal::{Code, Refusal};
 use crate::policy::{Target, UpstreamAddr};
@@ -137,6 +138,7 @@ async fn sender_for(
             let key = PoolKey {
                 lease_id: lease_id.to_owned(),
                 addr,
+                worker: Workers::current(),
             };
             if let Some(sender) = proxy.pool.checkout(&key) {
                 ex.dialed = Some(addr);
@@ -272,6 +274,7 @@ async fn send(
         let key = PoolKey {
             lease_id: decision.lease_id,
             addr,
+            worker: Workers::current(),
         };
         proxy.pool.checkin(key, sender);
     }

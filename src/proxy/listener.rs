@@ -8,6 +8,7 @@
 //! against each lease it is tied to, and closes when any of those leases closes.
 
 use super::state::Proxy;
+use super::workers::Placed;
 use super::{connect, forward, Body};
 use crate::contract::Timestamp;
 use crate::policy::refusal::{Code, Refusal};
@@ -39,6 +40,8 @@ pub struct ClientConn {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Its place under `max_connections_per_client`, held as long as the permit.
     _slot: Option<ClientSlot>,
+    /// Its place on the connection worker it lives on, held as long as the permit.
+    _placed: Option<Placed>,
 }
 
 /// Open connections per source IP address (`max_connections_per_client`).
@@ -91,8 +94,11 @@ impl ClientConn {
         client: SocketAddr,
         listener: SocketAddr,
         port_lease: Option<String>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-        slot: ClientSlot,
+        (permit, slot, placed): (
+            tokio::sync::OwnedSemaphorePermit,
+            ClientSlot,
+            Option<Placed>,
+        ),
     ) -> ClientConn {
         ClientConn {
             client,
@@ -103,6 +109,7 @@ impl ClientConn {
             telemetry: proxy.telemetry.clone(),
             _permit: Some(permit),
             _slot: Some(slot),
+            _placed: placed,
         }
     }
 
@@ -119,6 +126,7 @@ impl ClientConn {
             telemetry: proxy.telemetry.clone(),
             _permit: None,
             _slot: None,
+            _placed: None,
         }
     }
 
@@ -215,21 +223,28 @@ pub async fn serve(
             ));
             continue;
         };
+        let (worker, placed) = match proxy.workers.place() {
+            Some((worker, placed)) => (worker, Some(placed)),
+            None => (None, None),
+        };
         let conn = Arc::new(ClientConn::accepted(
             &proxy,
             client,
             local,
             port_lease.clone(),
-            permit,
-            slot,
+            (permit, slot, placed),
         ));
-        let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
-        proxy.tasks.clone().spawn(async move {
+        let (task_proxy, shutdown) = (proxy.clone(), shutdown.clone());
+        let task = async move {
             if !inherited {
                 let _ = stream.set_nodelay(true);
             }
-            handle(proxy, stream, conn, shutdown).await;
-        });
+            handle(task_proxy, stream, conn, shutdown).await;
+        };
+        match worker {
+            Some(worker) => proxy.tasks.spawn_on(task, worker),
+            None => proxy.tasks.spawn(task),
+        };
     }
 }
 

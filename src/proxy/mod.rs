@@ -20,9 +20,11 @@ pub mod refusal;
 pub mod splice;
 pub mod state;
 pub mod upstream;
+pub mod workers;
 
 pub use crate::config::{Mode, OnRefusal, ProxyConfig};
 pub use body::{empty, full, Body, BoxError};
 pub use listener::{serve, ClientConn};
 pub use pipeline::Decision;
 pub use state::Proxy;
+pub use workers::Workers;

@@ -33,6 +33,8 @@ pub struct Proxy {
     pub tasks: tokio_util::task::TaskTracker,
     /// Set: the proxy listeners speak TLS (`--tls-cert`, `--tls-key`).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The threads connections live on (`serve`); none: the caller's runtime.
+    pub workers: super::Workers,
 }
 
 impl Proxy {
@@ -48,6 +50,7 @@ impl Proxy {
             hard_stop: CancellationToken::new(),
             tasks: tokio_util::task::TaskTracker::new(),
             tls: None,
+            workers: super::Workers::default(),
         }
     }
 }

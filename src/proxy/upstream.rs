@@ -172,10 +172,18 @@ const REAP_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 /// A connection is the lease's own (its bytes were metered and its requests logged under
 /// that lease; an upstream may tie state such as cookies or auth to it), so it is never lent
 /// to another lease, even one allowed the same address.
+///
+/// And by the connection worker whose runtime runs the connection's task: a connection serves
+/// requests of its own worker only, so a request and its upstream connection are polled on
+/// one thread, without a wake across threads for each request ([`super::workers`]). Each
+/// worker thus keeps its own idle connections (at most [`IDLE_PER_KEY`] per worker).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub lease_id: String,
     pub addr: UpstreamAddr,
+    /// [`super::workers::Workers::current`] where the connection was opened; `None` off the
+    /// workers.
+    pub worker: Option<usize>,
 }
 
 /// A pooled connection and when it went idle.
@@ -372,6 +380,7 @@ mod tests {
         let addr = PoolKey {
             lease_id: "lease-a".into(),
             addr: guard.check(&[at], None, true).dialable[0],
+            worker: None,
         };
         let (client, accepted) = tokio::join!(TcpStream::connect(at), listener.accept());
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client.unwrap()))

@@ -65,7 +65,11 @@ async fn a_pooled_upstream_connection_is_never_lent_to_another_lease() {
     let origin = http_origin().await;
     let a = h.lease(&["origin.test"], &[]);
     let b = h.lease(&["origin.test"], &[]);
-    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    // One connection worker: each worker pools its own connections, and each curl below is
+    // a new client connection that must find its lease's pooled one.
+    config.workers = 1;
+    let server = h.start(config).await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
     let get = |lease: String| {
         let (proxy, url) = (proxy_url(&server, &lease), url.clone());

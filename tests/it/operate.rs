@@ -52,6 +52,9 @@ async fn metrics_and_lease_counters_after_a_known_sequence() {
     let idle = h.lease(&["origin.test"], &[]);
     let mut config = h.config(&[("origin.test", "127.0.0.1"), ("other.test", "127.0.0.1")]);
     config.on_refusal = leasegate::proxy::OnRefusal::Log;
+    // One connection worker: each worker pools its own upstream connections, and the three
+    // requests below (three curls, three client connections) must find one pooled.
+    config.workers = 1;
     let server = h.start(config).await;
     let proxy = proxy_url(&server, &lease);
     let url = format!("http://origin.test:{}/", origin.addr.port());

@@ -1,8 +1,8 @@
 //! The proxy end to end over real sockets: curl and raw clients, loopback origins.
 
 use crate::harness::{
-    admin_get, curl, http_origin, https_origin, pattern_byte, proxy_url, raw, raw_to_close,
-    sha_hex, status_of, Harness,
+    admin_get, curl, eventually, http_origin, https_origin, pattern_byte, proxy_url, raw,
+    raw_to_close, sha_hex, status_of, Harness,
 };
 use leasegate::contract::Timestamp;
 use leasegate::proxy::Mode;
@@ -1024,4 +1024,55 @@ async fn ambiguous_requests_are_bad_targets() {
     }
     let lines = h.egress_lines(8).await;
     assert!(lines.iter().all(|l| l["code"] == "bad-target"), "{lines:?}");
+}
+
+/// Reads one response with a Content-Length body from a kept-alive connection; its status.
+async fn keep_alive_response(stream: &mut tokio::net::TcpStream) -> u16 {
+    let head = crate::harness::read_head(stream).await;
+    let length: usize = head
+        .to_lowercase()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("a Content-Length");
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.unwrap();
+    status_of(&head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_spread_over_the_workers_and_each_worker_pools_its_own_upstreams() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    config.workers = 2;
+    let server = h.start(config).await;
+    let port = origin.addr.port();
+    let request = format!(
+        "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\n\r\n"
+    );
+    // Three connections open at once: whichever worker accepts them, neither worker may hold
+    // more than one above the other, so both hold at least one.
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(tokio::net::TcpStream::connect(server.addr).await.unwrap());
+    }
+    for _ in 0..2 {
+        for client in &mut clients {
+            client.write_all(request.as_bytes()).await.unwrap();
+            assert_eq!(keep_alive_response(client).await, 200);
+        }
+    }
+    // A pool key per worker: each pooled its own connection to the origin.
+    let keys = eventually(Duration::from_secs(5), || async {
+        (server.proxy.pool.keys() == 2).then_some(())
+    })
+    .await;
+    assert!(keys.is_some(), "pool keys: {}", server.proxy.pool.keys());
+    let opened = origin.connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((2..=3).contains(&opened), "{opened} upstream connections");
+    server.shutdown().await;
 }

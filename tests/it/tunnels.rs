@@ -5,6 +5,8 @@
 
 use crate::harness::{open_tunnel, raw, read_head, until_closed, Harness};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -147,15 +149,20 @@ async fn bulk_bytes_cross_a_tunnel_exact_both_ways_with_half_close_and_exact_cou
 
 /// An origin that floods every connection with bytes and discards what it reads, until the
 /// connection fails.
-async fn flood_origin() -> SocketAddr {
+async fn flood_origin() -> (SocketAddr, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let uploaded = Arc::new(AtomicU64::new(0));
+    let counted = uploaded.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let (mut read, mut write) = stream.into_split();
+            let counted = counted.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; CHUNK];
-                while matches!(read.read(&mut buf).await, Ok(n) if n > 0) {}
+                while let Ok(n @ 1..) = read.read(&mut buf).await {
+                    counted.fetch_add(n as u64, Ordering::Relaxed);
+                }
             });
             tokio::spawn(async move {
                 let buf = vec![b'x'; CHUNK];
@@ -163,14 +170,14 @@ async fn flood_origin() -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, uploaded)
 }
 
 /// Opens a tunnel to `origin` and starts moving bytes both ways through it; returns the
-/// client's read half once bytes flow down.
+/// client's read half once bytes flow down and the origin has some of the client's.
 async fn busy_tunnel(
     proxy: SocketAddr,
-    origin: SocketAddr,
+    (origin, uploaded): (SocketAddr, Arc<AtomicU64>),
     lease: &str,
 ) -> tokio::net::tcp::OwnedReadHalf {
     let (mut read, mut write) = open_tunnel(
@@ -186,6 +193,11 @@ async fn busy_tunnel(
     });
     let mut buf = vec![0u8; CHUNK];
     assert!(read.read(&mut buf).await.unwrap() > 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while uploaded.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "no upload reached the origin");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     read
 }
 
