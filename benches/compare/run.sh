@@ -8,7 +8,8 @@
 #
 # Knobs (environment): ROUNDS, DURATION (s per load run), QUICK=1, CONC (32), IDLE_TUNNELS,
 # BULK_BYTES, BULK_REPEAT (3), LOAD_TOOL (auto|oha|wrk), TINYPROXY_LOGLEVEL (Warning),
-# SKIP_BUILD=1, KEEP_TMP=1, OUT_MD, OUT_JSON, CPUSET (auto|off|force), PROXY_CORES ("1 4").
+# PROFILE (dist: the build the image ships; release), SKIP_BUILD=1, KEEP_TMP=1, OUT_MD,
+# OUT_JSON, CPUSET (auto|off|force), PROXY_CORES ("1 4").
 #
 # Every address used is on 127.0.0.1. Runs as root (apt-get, mount namespace for tinyproxy).
 set -euo pipefail
@@ -221,14 +222,16 @@ else
 fi
 
 # ------------------------------------------------------------------------------------------
-# 2. Build leasegate and the harness (release).
+# 2. Build leasegate (the `dist` profile the image ships: fat LTO; PROFILE=release for the
+#    everyday build, with symbols for perf) and the harness (release).
+PROFILE=${PROFILE:-dist}
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-  log "cargo build --release (leasegate)"
-  (cd "$REPO" && cargo build --release --quiet)
+  log "cargo build --profile $PROFILE (leasegate)"
+  (cd "$REPO" && cargo build --profile "$PROFILE" --quiet)
   log "cargo build --release (harness)"
   CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
 fi
-LG="${CARGO_TARGET_DIR:-$REPO/target}/release/leasegate"
+LG="${CARGO_TARGET_DIR:-$REPO/target}/$PROFILE/leasegate"
 H="$HERE/target/release/compare-harness"
 [[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
 
@@ -544,7 +547,7 @@ IDLE_NOTE=""
 if ((IDLE_COUNT < IDLE_TUNNELS)); then
   IDLE_NOTE=" of the $IDLE_TUNNELS asked for (2 fds each in the proxy; RLIMIT_NOFILE is capped at $NOFILE here)"
 fi
-NOTES="Notes: leasegate ran with RUST_LOG=warn and its egress log to a file ($LG_DROPPED lines dropped; lease status at the end: ${LEASE_STATUS:-?}; ${LG_ERRLINES:-0} stderr lines); Squid with access_log to a file; tinyproxy with LogLevel $TINYPROXY_LOGLEVEL (tinyproxy fsyncs every log line, so its per-connection Info/Connect logging would cap it at a few hundred connections/s; it writes no request log here, which favours it). tinyproxy closes the client connection after each response, so its keep-alive figures are new-connection figures. Idle tunnels: $IDLE_COUNT$IDLE_NOTE, opened on freshly restarted processes; tinyproxy (a thread per connection, MaxClients 1000) is not measured there."
+NOTES="Notes: leasegate was built with the \`$PROFILE\` profile and ran with RUST_LOG=warn and its egress log to a file ($LG_DROPPED lines dropped; lease status at the end: ${LEASE_STATUS:-?}; ${LG_ERRLINES:-0} stderr lines); Squid with access_log to a file; tinyproxy with LogLevel $TINYPROXY_LOGLEVEL (tinyproxy fsyncs every log line, so its per-connection Info/Connect logging would cap it at a few hundred connections/s; it writes no request log here, which favours it). tinyproxy closes the client connection after each response, so its keep-alive figures are new-connection figures. Idle tunnels: $IDLE_COUNT$IDLE_NOTE, opened on freshly restarted processes; tinyproxy (a thread per connection, MaxClients 1000) is not measured there."
 report() { # report PASS OUT_MD OUT_JSON
   local cores=()
   if [[ $1 != all ]]; then cores=(--proxy-cores "$1"); fi

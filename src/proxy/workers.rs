@@ -32,6 +32,10 @@ thread_local! {
 /// one over.
 const SLACK: usize = 1;
 
+/// Blocking-pool threads (a system DNS lookup, a journal append) all workers share at most:
+/// tokio's default for one runtime, split between the workers' runtimes (at least 8 each).
+const BLOCKING_THREADS: usize = 512;
+
 /// How long a stopping worker waits for its blocking tasks (a DNS lookup, say).
 const STOP_WAIT: Duration = Duration::from_secs(1);
 
@@ -90,6 +94,7 @@ impl Workers {
         for index in 0..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .max_blocking_threads(BLOCKING_THREADS.div_ceil(count).max(8))
                 .thread_name(format!("leasegate-w{index}-blocking"))
                 .build()?;
             handles.push(runtime.handle().clone());
