@@ -296,8 +296,8 @@ impl Server {
         if let Some(ports) = &ports {
             tokio::spawn(ports.clone().run(proxy.clone(), accepting.clone()));
         }
-        // An accept loop per worker, all on the one listening socket: a connection lives on
-        // whichever worker took it.
+        // An accept loop per worker, all on the one listening socket: the worker that takes a
+        // connection keeps it or hands it to the least busy one (`Workers::place`).
         let listener = listener
             .into_std()
             .map_err(|error| StartError::Bind { addr, error })?;
