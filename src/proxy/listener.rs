@@ -94,11 +94,9 @@ impl ClientConn {
         client: SocketAddr,
         listener: SocketAddr,
         port_lease: Option<String>,
-        (permit, slot, placed): (
-            tokio::sync::OwnedSemaphorePermit,
-            ClientSlot,
-            Option<Placed>,
-        ),
+        permit: tokio::sync::OwnedSemaphorePermit,
+        slot: ClientSlot,
+        placed: Option<Placed>,
     ) -> ClientConn {
         ClientConn {
             client,
@@ -232,7 +230,9 @@ pub async fn serve(
             client,
             local,
             port_lease.clone(),
-            (permit, slot, placed),
+            permit,
+            slot,
+            placed,
         ));
         let (task_proxy, shutdown) = (proxy.clone(), shutdown.clone());
         let task = async move {

@@ -501,7 +501,11 @@ pub fn proxy_url(server: &Server, lease: &str) -> String {
 /// Sends raw bytes to `addr` and reads one response: its head, and its body when it has a
 /// Content-Length (or everything until the peer closes, at most 5 s).
 pub async fn raw(addr: SocketAddr, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
+    exchange(&mut TcpStream::connect(addr).await.unwrap(), request).await
+}
+
+/// [`raw`] on a connection already open (a kept-alive one, say), which stays open.
+pub async fn exchange(stream: &mut TcpStream, request: &[u8]) -> String {
     stream.write_all(request).await.unwrap();
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -1,7 +1,7 @@
 //! The proxy end to end over real sockets: curl and raw clients, loopback origins.
 
 use crate::harness::{
-    admin_get, curl, eventually, http_origin, https_origin, pattern_byte, proxy_url, raw,
+    admin_get, curl, eventually, exchange, http_origin, https_origin, pattern_byte, proxy_url, raw,
     raw_to_close, sha_hex, status_of, Harness,
 };
 use leasegate::contract::Timestamp;
@@ -1026,22 +1026,6 @@ async fn ambiguous_requests_are_bad_targets() {
     assert!(lines.iter().all(|l| l["code"] == "bad-target"), "{lines:?}");
 }
 
-/// Reads one response with a Content-Length body from a kept-alive connection; its status.
-async fn keep_alive_response(stream: &mut tokio::net::TcpStream) -> u16 {
-    let head = crate::harness::read_head(stream).await;
-    let length: usize = head
-        .to_lowercase()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("content-length:")
-                .map(|v| v.trim().parse().unwrap())
-        })
-        .expect("a Content-Length");
-    let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).await.unwrap();
-    status_of(&head)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_spread_over_the_workers_and_each_worker_pools_its_own_upstreams() {
     let h = Harness::new();
@@ -1062,8 +1046,8 @@ async fn connections_spread_over_the_workers_and_each_worker_pools_its_own_upstr
     }
     for _ in 0..2 {
         for client in &mut clients {
-            client.write_all(request.as_bytes()).await.unwrap();
-            assert_eq!(keep_alive_response(client).await, 200);
+            let answer = exchange(client, request.as_bytes()).await;
+            assert_eq!(status_of(&answer), 200, "{answer}");
         }
     }
     // A pool key per worker: each pooled its own connection to the origin.
