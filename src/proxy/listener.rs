@@ -225,6 +225,13 @@ pub async fn serve(
             Some((worker, placed)) => (worker, Some(placed)),
             None => (None, None),
         };
+        let stream = match Accepted::moving(stream, worker.is_some()) {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, %client, "cannot hand an accepted connection over");
+                continue;
+            }
+        };
         let conn = Arc::new(ClientConn::accepted(
             &proxy,
             client,
@@ -236,6 +243,13 @@ pub async fn serve(
         ));
         let (task_proxy, shutdown) = (proxy.clone(), shutdown.clone());
         let task = async move {
+            let stream = match stream.here() {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, %client, "cannot poll a handed-over connection");
+                    return;
+                }
+            };
             if !inherited {
                 let _ = stream.set_nodelay(true);
             }
@@ -245,6 +259,39 @@ pub async fn serve(
             Some(worker) => proxy.tasks.spawn_on(task, worker),
             None => proxy.tasks.spawn(task),
         };
+    }
+}
+
+/// An accepted socket on its way to the runtime that serves it.
+///
+/// A socket's readiness is reported by the event loop it is registered with, which for
+/// tokio's `accept` is the accepting thread's. One handed to another worker (or accepted by a
+/// lease port's loop, on the control runtime) is therefore taken off that loop here and
+/// registered again where it lives; left where it was, every readiness event of its life
+/// reached the wrong thread and was passed on with a wake across threads (half an eventfd
+/// write per forwarded request, measured).
+enum Accepted {
+    /// Registered with the runtime it runs on.
+    Here(TcpStream),
+    /// Registered nowhere, until [`Accepted::here`] on its new runtime.
+    Moving(std::net::TcpStream),
+}
+
+impl Accepted {
+    fn moving(stream: TcpStream, moving: bool) -> std::io::Result<Accepted> {
+        Ok(if moving {
+            Accepted::Moving(stream.into_std()?)
+        } else {
+            Accepted::Here(stream)
+        })
+    }
+
+    /// The socket, registered with the calling task's runtime.
+    fn here(self) -> std::io::Result<TcpStream> {
+        match self {
+            Accepted::Here(stream) => Ok(stream),
+            Accepted::Moving(stream) => TcpStream::from_std(stream),
+        }
     }
 }
 
@@ -448,7 +495,10 @@ fn head_too_large(
 
 #[cfg(test)]
 mod tests {
-    use super::nodelay_inherited;
+    use super::{nodelay_inherited, Accepted};
+    use std::io::Write;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
 
     #[tokio::test]
     async fn accepted_sockets_have_nodelay_whichever_way_it_is_set() {
@@ -465,5 +515,35 @@ mod tests {
             accepted.nodelay().unwrap(),
             "an accepted socket without TCP_NODELAY"
         );
+    }
+
+    /// A connection accepted on one runtime and handed to another is polled by the second:
+    /// it still reads after the accepting runtime (and its event loop) is gone.
+    #[test]
+    fn a_handed_over_socket_is_polled_where_it_moved() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let accepting = runtime();
+        let (accepted, mut client) = accepting.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
+            (Accepted::moving(stream, true).unwrap(), client)
+        });
+        drop(accepting);
+        let read = runtime().block_on(async move {
+            let mut stream = accepted.here().unwrap();
+            client.write_all(b"ping").unwrap();
+            let mut buf = [0u8; 4];
+            tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf))
+                .await
+                .expect("the read finishes")
+                .map(|_| buf)
+        });
+        assert_eq!(read.unwrap(), *b"ping");
     }
 }

@@ -154,7 +154,9 @@ impl Workers {
     /// accept loop) the least busy worker takes it. Whichever worker's accept wins the race
     /// for a connection, the workers stay within [`SLACK`] of each other: a burst of
     /// connections all accepted by one idle worker does not leave them all on its core.
-    /// `None` (no workers): the caller's runtime, uncounted.
+    /// `None` (no workers): the caller's runtime, uncounted. A socket handed over must be
+    /// registered again on its new worker (`listener::Accepted`), or its readiness keeps
+    /// arriving at the thread that accepted it.
     pub fn place(&self) -> Option<(Option<&Handle>, Placed)> {
         if self.handles.is_empty() {
             return None;
