@@ -554,7 +554,7 @@ report() { # report PASS OUT_MD OUT_JSON
   "$H" report --runs "$(pass_runs "$1")" --out-md "$2" --out-json "$3" "${cores[@]}" \
     --pinning "$(if [[ $1 == all ]]; then echo "$PINNING"; else echo "$PINNING; this table: each proxy on $1 core(s) (leasegate --worker-threads $1, Squid workers $1)"; fi)" \
     --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --elapsed "$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \
-    --leasegate-rev "$REV" \
+    --leasegate-rev "$REV" --leasegate-profile "$PROFILE" \
     --squid-version "$(squid -v | head -1)" \
     --tinyproxy-version "$(tinyproxy -v 2>&1 | head -1)" \
     --load-tool "$LOAD_VERSION" \

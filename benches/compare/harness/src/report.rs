@@ -451,16 +451,18 @@ pub fn report(opts: &Opts) -> Result<()> {
     )?;
     writeln!(
         md,
-        "- **Machine**: {} cores, {}, {} memory, Linux {}",
+        "- **Machine**: {} cores, {}, {} memory, Linux {}, TCP congestion control {}",
         machine["nproc"],
         machine["cpu"].as_str().unwrap_or("?"),
         machine["memory"].as_str().unwrap_or("?"),
-        machine["kernel"].as_str().unwrap_or("?")
+        machine["kernel"].as_str().unwrap_or("?"),
+        machine["tcp_congestion_control"].as_str().unwrap_or("?")
     )?;
     writeln!(
         md,
-        "- **leasegate**: git {} (release build)",
-        meta("leasegate-rev")
+        "- **leasegate**: git {} (`{}` build)",
+        meta("leasegate-rev"),
+        meta("leasegate-profile")
     )?;
     writeln!(md, "- **Squid**: {}", meta("squid-version"))?;
     writeln!(md, "- **tinyproxy**: {}", meta("tinyproxy-version"))?;
@@ -696,7 +698,7 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
         .collect();
     let out = json!({
         "meta": {
-            "date": meta("date"), "elapsed": meta("elapsed"), "leasegate_rev": meta("leasegate-rev"),
+            "date": meta("date"), "elapsed": meta("elapsed"), "leasegate_rev": meta("leasegate-rev"), "leasegate_profile": meta("leasegate-profile"),
             "squid": meta("squid-version"), "tinyproxy": meta("tinyproxy-version"),
             "load_tool": meta("load-tool"), "rounds": meta("rounds"), "duration_s": meta("duration"),
             "concurrency": conc, "quick": opts.opt("quick") == Some("1"), "command": meta("command"),
@@ -746,5 +748,11 @@ fn machine_info() -> Value {
     let nproc = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    json!({"nproc": nproc, "cpu": cpu, "memory": memory, "kernel": kernel})
+    // The bulk figure depends on it: BBR (a common default) paces every TCP hop with a timer
+    // when no fq qdisc does, and a tunnel has two hops where direct has one.
+    let congestion = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "?".into());
+    json!({"nproc": nproc, "cpu": cpu, "memory": memory, "kernel": kernel,
+           "tcp_congestion_control": congestion})
 }
