@@ -67,7 +67,7 @@ fn check_tags(
 }
 
 /// The header carrying a lease id without credentials syntax.
-pub const LEASE_ID_HEADER: &str = "x-lease-id";
+pub const LEASE_ID_HEADER: http::HeaderName = http::HeaderName::from_static("x-lease-id");
 
 /// Identifies the lease. `port_lease` is the lease of a per-lease port, if the connection
 /// arrived on one.
@@ -79,7 +79,7 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
             .map_err(|_| unknown("Proxy-Authorization is not text"))?;
         named.push(parse_authorization(text)?);
     }
-    for value in headers.get_all(LEASE_ID_HEADER) {
+    for value in headers.get_all(&LEASE_ID_HEADER) {
         let text = value
             .to_str()
             .map_err(|_| unknown("X-Lease-Id is not text"))?

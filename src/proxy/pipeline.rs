@@ -163,7 +163,12 @@ impl Proxy {
         if ex.kind != Kind::Http {
             return Ok(target);
         }
-        if let Some(host) = headers.get(header::HOST) {
+        // The same bytes normalise the same way (the usual case: a client writes the URI's
+        // authority into Host), so only a different Host is parsed.
+        if let Some(host) = headers
+            .get(header::HOST)
+            .filter(|host| host.as_bytes() != authority.as_bytes())
+        {
             // Normalised like the target (IDNA, case, trailing dot, default port), so only a
             // real difference is a mismatch. hyper passes a non-ASCII value as raw bytes:
             // a Unicode name arrives as UTF-8, which `to_str` would refuse.

@@ -216,8 +216,10 @@ impl Pool {
         self.idle_for
     }
 
-    fn is_reusable(&self, (sender, since): &Idle) -> bool {
-        !sender.is_closed() && since.elapsed() < self.idle_for
+    /// Whether a pooled connection may still serve a request at `now` (one clock read for a
+    /// whole list).
+    fn is_reusable(&self, (sender, since): &Idle, now: Instant) -> bool {
+        !sender.is_closed() && now.saturating_duration_since(*since) < self.idle_for
     }
 
     /// An idle, ready connection of `key`'s lease to its address, if one is pooled.
@@ -225,8 +227,9 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(key)?;
         let mut found = None;
+        let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
-            if sender.is_ready() && since.elapsed() < self.idle_for {
+            if sender.is_ready() && now.saturating_duration_since(since) < self.idle_for {
                 found = Some(sender);
                 break;
             }
@@ -244,9 +247,10 @@ impl Pool {
             if sender.ready().await.is_ok() {
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
                 let list = idle.entry(key).or_default();
-                list.retain(|entry| pool.is_reusable(entry));
+                let now = Instant::now();
+                list.retain(|entry| pool.is_reusable(entry, now));
                 if list.len() < IDLE_PER_KEY {
-                    list.push((sender, Instant::now()));
+                    list.push((sender, now));
                 }
             }
         });
@@ -255,8 +259,9 @@ impl Pool {
     /// Drops connections the upstream closed or that idled too long, and the keys left empty.
     pub fn reap(&self) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
         idle.retain(|_, list| {
-            list.retain(|entry| self.is_reusable(entry));
+            list.retain(|entry| self.is_reusable(entry, now));
             !list.is_empty()
         });
     }
