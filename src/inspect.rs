@@ -305,7 +305,7 @@ pub async fn check(
     let mut ex = Exchange::new(
         telemetry,
         Kind::Connect,
-        "CONNECT",
+        http::Method::CONNECT,
         conn.client,
         conn.listener,
     );

@@ -100,6 +100,22 @@ impl fmt::Display for Timestamp {
         let t = OffsetDateTime::from_unix_timestamp_nanos(self.0 as i128 * 1_000_000)
             .unwrap_or(OffsetDateTime::UNIX_EPOCH)
             .to_offset(UtcOffset::UTC);
+        // Four-digit years written directly: `time`'s formatter builds a `String` per call
+        // (and grows it), and every egress line carries a timestamp. Other years (signed or
+        // wider) keep `time`'s own spelling.
+        if (0..=9999).contains(&t.year()) {
+            return write!(
+                f,
+                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+                t.year(),
+                u8::from(t.month()),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second(),
+                t.millisecond()
+            );
+        }
         let text = t.format(FORM).map_err(|_| fmt::Error)?;
         f.write_str(&text)
     }
@@ -114,6 +130,46 @@ impl serde::Serialize for Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hand-written four-digit form is `time`'s, across the calendar (leap days, the
+    /// year boundaries, the last millisecond of 9999) and outside it (signed years before 0;
+    /// past 9999, which `time` cannot hold, the epoch as ever).
+    #[test]
+    fn formats_as_time_does() {
+        let time_form = |ms: i64| {
+            OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+                .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+                .format(FORM)
+                .unwrap()
+        };
+        let year_0 = -62_167_219_200_000;
+        let after_9999 = 253_402_300_800_000;
+        let mut samples = vec![
+            0,
+            1,
+            999,
+            year_0,
+            year_0 - 1,
+            after_9999 - 1,
+            after_9999,
+            951_782_400_000,   // 2000-02-29
+            4_107_542_399_999, // 2100-02-28T23:59:59.999
+            1_789_466_400_123,
+        ];
+        // A spread of instants over the whole range, odd steps so every field varies.
+        let mut ms = year_0 - 10_000_000_000;
+        while ms < after_9999 + 10_000_000_000 {
+            samples.push(ms);
+            ms += 7_919_999_999_937;
+        }
+        for ms in samples {
+            assert_eq!(
+                Timestamp::from_millis(ms).to_string(),
+                time_form(ms),
+                "at {ms} ms"
+            );
+        }
+    }
 
     #[test]
     fn round_trips_the_contract_form() {

@@ -24,6 +24,14 @@ impl TargetHost {
             TargetHost::Ip(ip) => ip.to_string(),
         }
     }
+
+    /// [`TargetHost::as_text`], keeping a name's own `String`.
+    pub fn into_text(self) -> String {
+        match self {
+            TargetHost::Name(n) => n,
+            TargetHost::Ip(ip) => ip.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for TargetHost {

@@ -36,7 +36,10 @@ pub fn empty() -> Body {
 pub struct Metered<B> {
     inner: B,
     counter: Counter,
-    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    token: CancellationToken,
+    /// The wait for `token`, made the first time the inner body is pending (a body whose
+    /// frames are all ready at once, the common small response, never boxes one).
+    cancelled: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     exchange: Option<Exchange>,
     /// Told when the body has ended (the request was sent whole).
     ended: Option<tokio::sync::oneshot::Sender<()>>,
@@ -52,10 +55,17 @@ impl<B> Metered<B> {
         Metered {
             inner,
             counter,
-            cancelled: Box::pin(token.cancelled_owned()),
+            token,
+            cancelled: None,
             exchange,
             ended: None,
         }
+    }
+
+    /// The body's end when its lease closed: an error frame, and the exchange logged.
+    fn end_cancelled(&mut self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.exchange.take();
+        Poll::Ready(Some(Err("the lease no longer opens anything".into())))
     }
 
     /// Resolves the returned receiver when the body has ended (or is dropped unfinished).
@@ -78,9 +88,8 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.cancelled.as_mut().poll(cx).is_ready() {
-            self.exchange.take();
-            return Poll::Ready(Some(Err("the lease no longer opens anything".into())));
+        if self.token.is_cancelled() {
+            return self.end_cancelled();
         }
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -104,7 +113,16 @@ where
                 }
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let this = &mut *self;
+                let cancelled = this
+                    .cancelled
+                    .get_or_insert_with(|| Box::pin(this.token.clone().cancelled_owned()));
+                if cancelled.as_mut().poll(cx).is_ready() {
+                    return self.end_cancelled();
+                }
+                Poll::Pending
+            }
         }
     }
 
@@ -257,3 +275,57 @@ impl Watch<'_> {
 
 /// How long a finished tunnel waits for the client side's shutdown before dropping it.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A body whose frames never come.
+    struct Silent;
+
+    impl HttpBody for Silent {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiting_body_ends_when_its_lease_closes() {
+        let token = CancellationToken::new();
+        let mut body = Metered::new(Silent, Counter::default(), token.clone(), None);
+        let closing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            token.cancel();
+        });
+        let started = std::time::Instant::now();
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("the body ends when its lease closes, not when the upstream speaks");
+        // Woken by the lease closing, not by the timeout's own wake polling it again.
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            frame.unwrap().unwrap_err().to_string(),
+            "the lease no longer opens anything"
+        );
+        closing.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_of_a_closed_lease_ends_at_its_next_poll() {
+        let token = CancellationToken::new();
+        token.cancel();
+        let mut body = Metered::new(full("ready"), Counter::default(), token, None);
+        let frame = body.frame().await.unwrap();
+        assert!(
+            frame.is_err(),
+            "a ready frame is not passed on after the lease closed"
+        );
+    }
+}

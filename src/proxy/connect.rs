@@ -34,7 +34,7 @@ pub async fn handle(
     let mut ex = Exchange::new(
         proxy.telemetry.clone(),
         Kind::Connect,
-        "CONNECT",
+        http::Method::CONNECT,
         conn.client,
         conn.listener,
     );

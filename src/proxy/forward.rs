@@ -33,7 +33,7 @@ pub async fn handle(
     let mut ex = Exchange::new(
         proxy.telemetry.clone(),
         Kind::Http,
-        req.method().as_str(),
+        req.method().clone(),
         conn.client,
         conn.listener,
     );

@@ -86,18 +86,13 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
             .trim();
         named.push(checked(text, None)?);
     }
-    let label = named.iter().find_map(|i| i.label.clone());
-    let first = match port_lease {
-        Some(id) => id.to_owned(),
-        None => match named.first() {
-            Some(identity) => identity.lease_id.clone(),
-            None => {
-                return Err(Refusal::new(
-                    Code::LeaseMissing,
-                    "no lease named: put the lease id in the proxy URL (http://agent:<lease-id>@host:port)",
-                ))
-            }
-        },
+    let first = match (port_lease, named.first()) {
+        (Some(id), _) => id,
+        (None, Some(identity)) => identity.lease_id.as_str(),
+        (None, None) => return Err(Refusal::new(
+            Code::LeaseMissing,
+            "no lease named: put the lease id in the proxy URL (http://agent:<lease-id>@host:port)",
+        )),
     };
     if let Some(other) = named.iter().find(|i| i.lease_id != first) {
         return Err(Refusal::new(
@@ -105,11 +100,20 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
             format!("request names two leases: {first} and {}", other.lease_id),
         ));
     }
-    Ok(Identity {
-        lease_id: first,
-        label,
-        tags: named.into_iter().flat_map(|i| i.tags).collect(),
-    })
+    // One credential (the usual request) becomes the identity as it is, without copies.
+    let label = named.iter_mut().find_map(|i| i.label.take());
+    let mut credentials = named.into_iter();
+    let mut identity = match (port_lease, credentials.next()) {
+        (None, Some(identity)) => identity,
+        (port_lease, first) => Identity {
+            lease_id: port_lease.unwrap_or_default().to_owned(),
+            label: None,
+            tags: first.map(|i| i.tags).unwrap_or_default(),
+        },
+    };
+    identity.label = label;
+    identity.tags.extend(credentials.flat_map(|i| i.tags));
+    Ok(identity)
 }
 
 fn unknown(detail: &str) -> Refusal {
@@ -130,12 +134,23 @@ fn parse_authorization(text: &str) -> Result<Identity, Refusal> {
             "Proxy-Authorization scheme is neither Basic nor Bearer",
         ));
     }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(rest)
-        .ok()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
+    // Decoded on the stack (an id, a tag and a label fit many times over); longer ones on
+    // the heap.
+    let mut stack = [0u8; 512];
+    let mut heap = Vec::new();
+    let engine = base64::engine::general_purpose::STANDARD;
+    let bytes = match engine.decode_slice(rest, &mut stack) {
+        Ok(len) => Some(&stack[..len]),
+        Err(base64::DecodeSliceError::OutputSliceTooSmall) => engine
+            .decode_vec(rest, &mut heap)
+            .ok()
+            .map(|()| heap.as_slice()),
+        Err(base64::DecodeSliceError::DecodeError(_)) => None,
+    };
+    let decoded = bytes
+        .and_then(|bytes| std::str::from_utf8(bytes).ok())
         .ok_or_else(|| unknown("Basic credentials are not base64 text"))?;
-    let (user, password) = decoded.split_once(':').unwrap_or((&decoded, ""));
+    let (user, password) = decoded.split_once(':').unwrap_or((decoded, ""));
     let (id, label) = if password.is_empty() {
         (user, None)
     } else {
@@ -215,6 +230,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(bearer.lease_id, A);
+        // Credentials longer than the stack buffer decode on the heap, the same.
+        let long_label = "a".repeat(700);
+        let long = identify(
+            &headers(&[("proxy-authorization", basic(&format!("{long_label}:{A}")))]),
+            None,
+        )
+        .unwrap();
+        assert_eq!((long.lease_id.as_str(), long.label), (A, Some(long_label)));
         let header = identify(&headers(&[("x-lease-id", A.into())]), None).unwrap();
         assert_eq!(header.lease_id, A);
         let port = identify(&HeaderMap::new(), Some(B)).unwrap();

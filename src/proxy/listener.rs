@@ -465,7 +465,7 @@ fn head_too_large(
     let mut ex = super::exchange::Exchange::new(
         proxy.telemetry.clone(),
         kind,
-        req.method().as_str(),
+        req.method().clone(),
         conn.client,
         conn.listener,
     );

@@ -99,7 +99,7 @@ impl Proxy {
             ex.target = Some(target);
         }
         let admitted = self.admit(conn, headers, ex)?;
-        if ex.kind == Kind::Http && is_trace(&ex.method) {
+        if ex.kind == Kind::Http && is_trace(ex.method.as_str()) {
             return Err(Refusal::new(
                 Code::MethodNotAllowed,
                 format!("{} is not forwarded", ex.method),
@@ -377,7 +377,7 @@ impl Proxy {
             return;
         }
         let egress = RefusedEgress {
-            method: &ex.method,
+            method: ex.method.as_str(),
             target: ex.target.as_ref(),
             shown_target: ex.target_text("?"),
             refusal,
@@ -411,7 +411,7 @@ impl Proxy {
         tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
         refusal::response(
             &refusal,
-            &ex.method,
+            ex.method.as_str(),
             &ex.target_text(target_fallback),
             ex.lease_id.as_deref(),
         )

@@ -10,6 +10,7 @@
 use crate::contract::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,19 +34,24 @@ pub enum LoggedVerdict {
     Report,
 }
 
-/// One egress log line.
+/// One egress log line. Addresses and the method stay values until the line is written
+/// (by the writer thread, straight into the line): no `String` per field per request.
 #[derive(Debug, Clone, Serialize)]
 pub struct EgressEvent {
     pub time: Timestamp,
     pub lease_id: Option<String>,
     pub label: Option<String>,
-    pub client: String,
-    pub listener: String,
+    #[serde(serialize_with = "as_text")]
+    pub client: SocketAddr,
+    #[serde(serialize_with = "as_text")]
+    pub listener: SocketAddr,
     pub kind: Kind,
-    pub method: String,
+    #[serde(serialize_with = "as_text")]
+    pub method: http::Method,
     pub host: Option<String>,
     pub port: Option<u16>,
-    pub dialed: Option<String>,
+    #[serde(serialize_with = "as_text_or_null")]
+    pub dialed: Option<SocketAddr>,
     pub verdict: LoggedVerdict,
     pub code: Option<&'static str>,
     pub status: Option<u16>,
@@ -56,6 +62,22 @@ pub struct EgressEvent {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked: Option<bool>,
+}
+
+/// Serialises `value` as the string its `Display` writes.
+fn as_text<S: serde::Serializer, T: std::fmt::Display>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
+/// [`as_text`], or null.
+fn as_text_or_null<S: serde::Serializer, T: std::fmt::Display>(
+    value: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => s.collect_str(value),
+        None => s.serialize_none(),
+    }
 }
 
 /// Appends `event`'s line, newline included, to `buf`: the one serialisation of an egress

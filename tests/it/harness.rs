@@ -98,6 +98,16 @@ async fn origin_service(req: Request<Incoming>) -> Result<Response<OriginBody>, 
             });
             Response::new(StreamBody::new(stream).boxed())
         }
+        "/stall" => {
+            // One chunk, then nothing more, ever: only the proxy can end this body.
+            let stream = futures_util::StreamExt::chain(
+                futures_util::stream::iter([Ok::<_, BoxError>(Frame::data(Bytes::from_static(
+                    b"tick\n",
+                )))]),
+                futures_util::stream::pending(),
+            );
+            Response::new(StreamBody::new(stream).boxed())
+        }
         _ => text("hello from origin\n"),
     })
 }
@@ -659,14 +669,21 @@ pub async fn streaming_tunnel(proxy: SocketAddr, target: &str, lease: Option<&st
         .write_all(b"GET /slow HTTP/1.1\r\nHost: origin.test\r\n\r\n")
         .await
         .unwrap();
+    read_until(&mut stream, "tick").await;
+    stream
+}
+
+/// Reads until what was read contains `needle`; returns it all (panics if the peer closes
+/// first).
+pub async fn read_until(stream: &mut TcpStream, needle: &str) -> String {
     let mut seen = Vec::new();
     let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("tick") {
+    while !String::from_utf8_lossy(&seen).contains(needle) {
         let n = stream.read(&mut buf).await.unwrap();
-        assert!(n > 0, "tunnel closed before streaming");
+        assert!(n > 0, "closed before {needle:?} came");
         seen.extend_from_slice(&buf[..n]);
     }
-    stream
+    String::from_utf8_lossy(&seen).into_owned()
 }
 
 /// Reads until the peer closes; returns how long that took (panics after `limit`).

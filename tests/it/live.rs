@@ -1,7 +1,7 @@
 //! Live leases: journal tailing, teardown on revocation and expiry, per-lease ports, `run`.
 
 use crate::harness::{
-    admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, readyz_turns,
+    admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, read_until, readyz_turns,
     streaming_tunnel, until_closed, Harness,
 };
 use crate::support::leasegate;
@@ -182,6 +182,30 @@ async fn revoking_a_parent_closes_a_childs_tunnel_and_keep_alive_connection() {
     assert!(until_closed(&mut keep_alive, Duration::from_secs(5)).await < Duration::from_secs(1));
     let (_, view) = admin_get(&server, &format!("/leases/{child}")).await;
     assert_eq!(view["status"], "ancestor-closed");
+}
+
+/// A forwarded response whose upstream has gone quiet mid-body still ends when its lease
+/// closes (the connection is tied to the lease; the body is too, see `proxy::body`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_ends_a_forwarded_body_the_upstream_has_stopped_sending() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let port = origin.addr.port();
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(format!("GET http://origin.test:{port}/stall HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert!(read_until(&mut stream, "tick")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    revoke_cli(&h, &lease).await;
+    assert!(until_closed(&mut stream, Duration::from_secs(5)).await < Duration::from_secs(1));
+    let line = h.egress_line(0).await;
+    assert_eq!(line["error"], "closed: the lease no longer opens anything");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

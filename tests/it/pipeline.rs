@@ -71,7 +71,7 @@ async fn ask(
     let mut ex = Exchange::new(
         proxy.telemetry.clone(),
         kind,
-        method,
+        http::Method::from_bytes(method.as_bytes()).unwrap(),
         conn.client,
         conn.listener,
     );
@@ -96,7 +96,7 @@ async fn refusal_detail(proxy: &Proxy, lease: &str, authority: &str) -> String {
     let mut ex = Exchange::new(
         proxy.telemetry.clone(),
         Kind::Connect,
-        "CONNECT",
+        http::Method::CONNECT,
         conn.client,
         conn.listener,
     );
