@@ -86,33 +86,35 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
             .trim();
         named.push(checked(text, None)?);
     }
-    let first = match (port_lease, named.first()) {
-        (Some(id), _) => id,
-        (None, Some(identity)) => identity.lease_id.as_str(),
-        (None, None) => return Err(Refusal::new(
-            Code::LeaseMissing,
-            "no lease named: put the lease id in the proxy URL (http://agent:<lease-id>@host:port)",
-        )),
-    };
-    if let Some(other) = named.iter().find(|i| i.lease_id != first) {
-        return Err(Refusal::new(
-            Code::LeaseConflict,
-            format!("request names two leases: {first} and {}", other.lease_id),
-        ));
-    }
-    // One credential (the usual request) becomes the identity as it is, without copies.
     let label = named.iter_mut().find_map(|i| i.label.take());
     let mut credentials = named.into_iter();
-    let mut identity = match (port_lease, credentials.next()) {
-        (None, Some(identity)) => identity,
-        (port_lease, first) => Identity {
-            lease_id: port_lease.unwrap_or_default().to_owned(),
+    // One credential (the usual request) becomes the identity as it is, without copies.
+    let mut identity = match port_lease {
+        Some(id) => Identity {
+            lease_id: id.to_owned(),
             label: None,
-            tags: first.map(|i| i.tags).unwrap_or_default(),
+            tags: Vec::new(),
         },
+        None => credentials.next().ok_or_else(|| {
+            Refusal::new(
+                Code::LeaseMissing,
+                "no lease named: put the lease id in the proxy URL (http://agent:<lease-id>@host:port)",
+            )
+        })?,
     };
+    for other in credentials {
+        if other.lease_id != identity.lease_id {
+            return Err(Refusal::new(
+                Code::LeaseConflict,
+                format!(
+                    "request names two leases: {} and {}",
+                    identity.lease_id, other.lease_id
+                ),
+            ));
+        }
+        identity.tags.extend(other.tags);
+    }
     identity.label = label;
-    identity.tags.extend(credentials.flat_map(|i| i.tags));
     Ok(identity)
 }
 

@@ -2,7 +2,7 @@
 //! which a client connection lives from accept to close — its HTTP exchanges, the tunnel it
 //! becomes, the upstream connections it opens and its lease watchers.
 //!
-//! Invariant: a task spawned while serving a connection runs on the worker that accepted it
+//! Invariant: a task spawned while serving a connection runs on the worker it was placed on
 //! (so a request, its upstream connection and its response are polled on one thread, without a
 //! cross-thread wake between them), and no worker holds more than [`SLACK`] connections above
 //! the least busy one when it takes a new one; the main runtime keeps the control plane (the

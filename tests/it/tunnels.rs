@@ -3,7 +3,7 @@
 //! half-close passes through; a busy tunnel closes at once when its lease is revoked, and a
 //! quiet one at its idle timeout.
 
-use crate::harness::{open_tunnel, raw, read_head, until_closed, Harness};
+use crate::harness::{eventually, open_tunnel, raw, read_head, until_closed, Harness};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -193,11 +193,11 @@ async fn busy_tunnel(
     });
     let mut buf = vec![0u8; CHUNK];
     assert!(read.read(&mut buf).await.unwrap() > 0);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while uploaded.load(Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "no upload reached the origin");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let uploading = eventually(Duration::from_secs(5), || async {
+        (uploaded.load(Ordering::Relaxed) > 0).then_some(())
+    })
+    .await;
+    assert!(uploading.is_some(), "no upload reached the origin");
     read
 }
 
