@@ -6,9 +6,10 @@
 use crate::policy::refusal::{Code, Refusal};
 use crate::policy::UpstreamAddr;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A connect in flight.
 pub type Dialing<'a> = Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send + 'a>>;
@@ -18,16 +19,22 @@ pub trait Dialer: Send + Sync + 'static {
     fn connect(&self, addr: UpstreamAddr) -> Dialing<'_>;
 }
 
-/// The real dialer: a TCP connect with Nagle off.
+/// The real dialer: a TCP connect with Nagle off (and, to a loopback address, unpaced:
+/// [`super::congestion`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TcpDialer;
 
 impl Dialer for TcpDialer {
     fn connect(&self, addr: UpstreamAddr) -> Dialing<'_> {
         Box::pin(async move {
-            let stream = TcpStream::connect(addr.socket_addr()).await?;
-            let _ = stream.set_nodelay(true);
-            Ok(stream)
+            let target = addr.socket_addr();
+            let socket = match target {
+                SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => TcpSocket::new_v6()?,
+            };
+            let _ = socket.set_nodelay(true);
+            super::congestion::unpace_loopback(&socket, target.ip());
+            socket.connect(target).await
         })
     }
 }

@@ -188,7 +188,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let local = listener.local_addr()?;
-    let inherited = nodelay_inherited(&listener);
+    let inherited = set_inherited(&listener, local);
     loop {
         let (stream, client) = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -295,10 +295,12 @@ impl Accepted {
     }
 }
 
-/// Sets TCP_NODELAY on `listener`: on Linux the sockets it accepts inherit it, which saves a
-/// system call per connection. `false` where they must each be set (another system, or it
-/// failed).
-fn nodelay_inherited(listener: &TcpListener) -> bool {
+/// Sets on `listener` what the sockets it accepts inherit: on a loopback address, a congestion
+/// control that does not pace ([`super::congestion`]); and TCP_NODELAY, which on Linux they
+/// inherit, saving a system call per connection. Returns whether they inherit TCP_NODELAY
+/// (`false` where each must be set: another system, or it failed).
+fn set_inherited(listener: &TcpListener, local: SocketAddr) -> bool {
+    super::congestion::unpace_loopback(listener, local.ip());
     #[cfg(target_os = "linux")]
     {
         use nix::sys::socket::{setsockopt, sockopt::TcpNoDelay};
@@ -306,7 +308,6 @@ fn nodelay_inherited(listener: &TcpListener) -> bool {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = listener;
         false
     }
 }
@@ -495,17 +496,23 @@ fn head_too_large(
 
 #[cfg(test)]
 mod tests {
-    use super::{nodelay_inherited, Accepted};
+    use super::{set_inherited, Accepted};
+    #[cfg(target_os = "linux")]
+    use crate::proxy::congestion::{current as congestion, paces};
     use std::io::Write;
     use std::time::Duration;
     use tokio::io::AsyncReadExt;
 
+    /// What a listener's accepted sockets inherit: TCP_NODELAY (or it is set on each), and on
+    /// loopback, wherever the system's congestion control paces, reno.
     #[tokio::test]
-    async fn accepted_sockets_have_nodelay_whichever_way_it_is_set() {
+    async fn accepted_sockets_have_nodelay_and_on_loopback_no_pacing() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let inherited = nodelay_inherited(&listener);
-        assert_eq!(inherited, cfg!(target_os = "linux"));
         let addr = listener.local_addr().unwrap();
+        #[cfg(target_os = "linux")]
+        let default = congestion(&listener);
+        let inherited = set_inherited(&listener, addr);
+        assert_eq!(inherited, cfg!(target_os = "linux"));
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
         if !inherited {
@@ -515,6 +522,15 @@ mod tests {
             accepted.nodelay().unwrap(),
             "an accepted socket without TCP_NODELAY"
         );
+        #[cfg(target_os = "linux")]
+        {
+            let want = if paces(&default) {
+                "reno"
+            } else {
+                default.as_str()
+            };
+            assert_eq!(congestion(&accepted), want, "system default {default}");
+        }
     }
 
     /// A connection accepted on one runtime and handed to another is polled by the second:

@@ -6,6 +6,7 @@
 //! exchange writes exactly one egress line. See `pipeline` for how refusals are answered.
 
 pub mod body;
+pub mod congestion;
 pub mod connect;
 pub mod dialer;
 pub mod exchange;
