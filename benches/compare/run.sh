@@ -15,6 +15,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=squid-conf.sh
+. "$HERE/squid-conf.sh"
 REPO=$(cd "$HERE/../.." && pwd)
 # (grep finds nothing when no knob is set: that is not an error.)
 COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|IDLE_TUNNELS|BULK_BYTES|BULK_REPEAT|LOAD_TOOL|TINYPROXY_LOGLEVEL|CPUSET|PROXY_CORES)=' || true; } | sort | tr '\n' ' ')benches/compare/run.sh"
@@ -301,30 +303,7 @@ start_squid() {
   if [[ $PINNED == 1 ]]; then
     SQUID_AFFINITY="cpu_affinity_map process_numbers=$(seq -s, 1 "$SQUID_WORKERS") cores=$(tr ',' '\n' <<<"$PASS_SET" | awk '{ printf "%s%d", (NR > 1 ? "," : ""), $1 + 1 }')"
   fi
-  cat >"$TMP/squid.conf" <<EOF
-http_port 127.0.0.1:$SQUID_PORT
-workers $SQUID_WORKERS
-$SQUID_AFFINITY
-pid_filename $TMP/squid.pid
-coredump_dir $TMP
-cache_effective_user proxy
-hosts_file $TMP/hosts
-# The same allow list as the lease: origin.test only, CONNECT to any port.
-acl allowed dstdomain origin.test
-http_access allow allowed
-http_access deny all
-cache deny all
-# One line per request or tunnel, like leasegate's egress log.
-access_log stdio:$TMP/squid-access.log
-cache_log $TMP/squid-cache.log
-cache_store_log none
-logfile_rotate 0
-pinger_enable off
-max_filedescriptors $NOFILE
-shutdown_lifetime 1 second
-EOF
-  touch "$TMP/squid-access.log" "$TMP/squid-cache.log"
-  chown proxy "$TMP/squid-access.log" "$TMP/squid-cache.log" 2>/dev/null || true
+  squid_conf "$TMP" "$SQUID_PORT" "$SQUID_WORKERS" "$NOFILE" "$SQUID_AFFINITY" >"$TMP/squid.conf"
   # -N runs no workers of its own: SMP (workers > 1) needs the master in --foreground.
   local mode=-N
   if ((SQUID_WORKERS > 1)); then mode=--foreground; fi

@@ -609,12 +609,10 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
     {
         let r_sq = |v| Some(get("ka32.rps", v)? / get("ka32.rps", "squid")?);
         let r_d = |v| Some(get("ka32.rps", v)? / get("ka32.rps", "direct")?);
-        let ok = match (r_sq(lg), r_d(lg)) {
-            (Some(a), Some(b)) => Some(a >= 2.5 && b >= 0.5),
-            _ => None,
-        };
+        // DESIGN.md's target is the Squid ratio; the ratio to direct is shown, not judged.
+        let ok = r_sq(lg).map(|a| a >= 2.5);
         let line = format!(
-            "Plain-HTTP keep-alive requests/s ≥ 2.5× Squid and ≥ 0.5× direct ({conc} conns): {} — {:.2}× Squid, {:.2}× direct (lease port: {:.2}× Squid, {:.2}× direct; at 1 conn: {:.2}× Squid, {:.2}× direct)",
+            "Plain-HTTP keep-alive requests/s ≥ 2.5× Squid ({conc} conns): {} — {:.2}× Squid, {:.2}× direct (lease port: {:.2}× Squid, {:.2}× direct; at 1 conn: {:.2}× Squid, {:.2}× direct)",
             mark(ok),
             r_sq(lg).unwrap_or(f64::NAN), r_d(lg).unwrap_or(f64::NAN),
             r_sq(lp).unwrap_or(f64::NAN), r_d(lp).unwrap_or(f64::NAN),
