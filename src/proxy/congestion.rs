@@ -24,8 +24,19 @@ const UNPACED: &str = "reno";
 fn default_paces() -> bool {
     static PACES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PACES.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-            .is_ok_and(|name| paces(name.trim()))
+        let Ok(name) = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") else {
+            return false;
+        };
+        let name = name.trim();
+        let pacing = paces(name);
+        if pacing {
+            tracing::info!(
+                system = name,
+                "loopback connections use {UNPACED}: {name} paces every socket with a timer \
+                 where the interface has no fq qdisc, and loopback has no queue to pace for"
+            );
+        }
+        pacing
     })
 }
 
