@@ -297,28 +297,24 @@ impl Server {
             tokio::spawn(ports.clone().run(proxy.clone(), accepting.clone()));
         }
         // An accept loop per worker, all on the one listening socket: the worker that takes a
-        // connection keeps it or hands it to the least busy one (`Workers::place`).
+        // connection keeps it or hands it to the least busy one (`Workers::place`). Each loop's
+        // listener is registered with its worker's event loop here, so a failure stops the
+        // start rather than leaving a worker that never accepts.
         let listener = listener
             .into_std()
             .map_err(|error| StartError::Bind { addr, error })?;
-        let mut loops = Vec::with_capacity(proxy.workers.len());
-        for _ in 0..proxy.workers.len() {
-            let listener = listener
-                .try_clone()
-                .map_err(|error| StartError::Bind { addr, error })?;
-            let (proxy, accepting) = (proxy.clone(), accepting.clone());
-            loops.push(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(listener) => {
-                        if let Err(error) = proxy::serve(listener, proxy, None, accepting).await {
-                            tracing::error!(%error, "the proxy listener failed");
-                        }
+        proxy
+            .workers
+            .spawn_each_made(|| {
+                let listener = TcpListener::from_std(listener.try_clone()?)?;
+                let (proxy, accepting) = (proxy.clone(), accepting.clone());
+                Ok(async move {
+                    if let Err(error) = proxy::serve(listener, proxy, None, accepting).await {
+                        tracing::error!(%error, "the proxy listener failed");
                     }
-                    Err(error) => tracing::error!(%error, "the proxy listener failed"),
-                }
-            });
-        }
-        proxy.workers.spawn_each(loops);
+                })
+            })
+            .map_err(|error| StartError::Bind { addr, error })?;
         let admin_addr = admin.as_ref().map(|(_, a)| *a);
         if config.admin_insecure {
             if let Some(admin_addr) = admin_addr.filter(|a| !a.ip().is_loopback()) {

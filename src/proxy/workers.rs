@@ -147,6 +147,26 @@ impl Workers {
         }
     }
 
+    /// Makes one future per worker inside that worker's runtime, so that what `make` registers
+    /// (a listener's socket) is registered with that worker's event loop, then runs each on its
+    /// worker as [`Workers::spawn_each`] does. An error from `make` returns before anything
+    /// runs: a proxy whose workers cannot all accept does not start with fewer.
+    pub fn spawn_each_made<Fut, E>(&self, mut make: impl FnMut() -> Result<Fut, E>) -> Result<(), E>
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let futures = self
+            .handles
+            .iter()
+            .map(|handle| {
+                let _entered = handle.enter();
+                make()
+            })
+            .collect::<Result<Vec<_>, E>>()?;
+        self.spawn_each(futures);
+        Ok(())
+    }
+
     /// Where a new connection runs, and its place there (hold it as long as the connection).
     ///
     /// The calling worker keeps it unless that would leave it more than [`SLACK`] connections
@@ -285,6 +305,55 @@ mod tests {
         let mut seen: Vec<_> = (0..2).map(|_| rx.recv().unwrap()).collect();
         seen.sort();
         assert_eq!(seen, vec![(0, Some(0)), (1, Some(1))]);
+    }
+
+    /// What `spawn_each_made` makes is registered with its worker's event loop (a listener made
+    /// there accepts there), and a failure to make one runs none of them.
+    #[test]
+    fn futures_made_in_each_worker_run_there_or_none_runs() {
+        let workers = Workers::start(2).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut addrs = Vec::new();
+        workers
+            .spawn_each_made(|| {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+                listener.set_nonblocking(true)?;
+                addrs.push(listener.local_addr()?);
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let tx = tx.clone();
+                Ok::<_, std::io::Error>(async move {
+                    let accepted = listener.accept().await.is_ok();
+                    let _ = tx.send((accepted, Workers::current()));
+                })
+            })
+            .unwrap();
+        let _clients: Vec<_> = addrs
+            .iter()
+            .map(|addr| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut seen: Vec<_> = (0..2)
+            .map(|_| rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap())
+            .collect();
+        seen.sort();
+        assert_eq!(seen, vec![(true, Some(0)), (true, Some(1))]);
+
+        let mut made = 0;
+        let failed = workers.spawn_each_made(|| {
+            made += 1;
+            let tx = tx.clone();
+            match made {
+                1 => Ok(async move {
+                    let _ = tx.send((true, Workers::current()));
+                }),
+                _ => Err("the second worker's listener"),
+            }
+        });
+        assert_eq!(failed, Err("the second worker's listener"));
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_millis(300)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout),
+            "nothing runs when one cannot be made"
+        );
     }
 
     #[test]
