@@ -41,12 +41,14 @@ fn default_paces() -> bool {
 }
 
 /// Whether the congestion control `name` paces each socket by itself.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) fn paces(name: &str) -> bool {
     name.starts_with("bbr")
 }
 
 /// Whether a socket between `local` (or a listener bound there) and its peer stays on this
 /// host: a loopback address.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn on_this_host(ip: IpAddr) -> bool {
     ip.to_canonical().is_loopback()
 }
