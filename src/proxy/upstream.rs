@@ -216,10 +216,15 @@ impl Pool {
         self.idle_for
     }
 
-    /// Whether a pooled connection may still serve a request at `now` (one clock read for a
-    /// whole list).
+    /// Whether a connection pooled `since` has not idled too long at `now` (one clock read
+    /// for a whole list).
+    fn is_fresh(&self, since: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(since) < self.idle_for
+    }
+
+    /// Whether a pooled connection may still serve a request at `now`.
     fn is_reusable(&self, (sender, since): &Idle, now: Instant) -> bool {
-        !sender.is_closed() && now.saturating_duration_since(*since) < self.idle_for
+        !sender.is_closed() && self.is_fresh(*since, now)
     }
 
     /// An idle, ready connection of `key`'s lease to its address, if one is pooled.
@@ -229,7 +234,7 @@ impl Pool {
         let mut found = None;
         let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
-            if sender.is_ready() && now.saturating_duration_since(since) < self.idle_for {
+            if sender.is_ready() && self.is_fresh(since, now) {
                 found = Some(sender);
                 break;
             }
