@@ -151,6 +151,8 @@ pub enum CompactError {
         location: String,
         cause: std::io::Error,
     },
+    #[error("a stream's snapshot is vouched for by a key: give --key-file")]
+    NoKey,
 }
 
 /// Compacts the journal file at `path`: keeps the old file as `<path>.<now>`, and swaps the
@@ -191,7 +193,8 @@ pub struct Snapshotted {
 }
 
 /// Compacts the journal stream at `location` into a snapshot of everything it holds now,
-/// published to its snapshot stream. The journal itself is left as it is.
+/// published to its snapshot stream, its marker's MAC under the keyring's first key (every
+/// replica must hold that key to start from it). The journal itself is left as it is.
 pub async fn compact_stream(
     location: &NatsLocation,
     options: &NatsOptions,
@@ -199,6 +202,7 @@ pub async fn compact_stream(
     retention: Duration,
     now: Timestamp,
 ) -> Result<Snapshotted, CompactError> {
+    let key = keyring.keys().next().cloned().ok_or(CompactError::NoKey)?;
     let journal = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
     let messages = journal
         .read_all()
@@ -211,7 +215,7 @@ pub async fn compact_stream(
     let lines: Vec<&[u8]> = messages.iter().map(|(_, line)| &line[..]).collect();
     let selection = select(lines.iter().copied(), keyring, now, retention);
     let kept = selection.kept.iter().map(|&i| lines[i]);
-    let marker = snapshot::publish(&journal, options, covers, kept).await?;
+    let marker = snapshot::publish(&journal, options, covers, kept, &key).await?;
     Ok(Snapshotted {
         selection,
         marker,

@@ -86,13 +86,13 @@ pub async fn open_registry(
     options: &StoreOptions,
     durable: bool,
 ) -> Result<Registry, OpenError> {
-    let ledger = options.ledger(keyring);
+    let ledger = options.ledger(keyring.clone());
     match location {
         JournalLocation::File(path) => Registry::load(path.clone(), ledger, durable)
             .await
             .map_err(OpenError::io(location)),
         JournalLocation::Nats(nats) => {
-            let store = NatsStore::open(nats, &options.nats).await?;
+            let store = NatsStore::open(nats, &options.nats, &keyring).await?;
             let pending = match durable {
                 true => {
                     let dir = options.data_dir.clone();

@@ -11,7 +11,7 @@ pub mod nats;
 pub mod snapshot;
 
 pub use file::FileStore;
-pub use location::{JournalLocation, NatsLocation};
+pub use location::{JournalLocation, NatsAuth, NatsLocation};
 pub use nats::{NatsOptions, NatsStore};
 
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! read-only commands (`leases`, `verify`, `check`) on a stream.
 
 use crate::harness::{eventually, Harness};
-use crate::nats_support::NatsCluster;
+use crate::nats_support::{NatsCluster, Role};
 use crate::support::{granted_line, lease, leasegate, leasegate_command};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
@@ -116,7 +116,8 @@ async fn export(url: &str) -> Vec<u8> {
 async fn import_twice_then_export_is_the_file_byte_for_byte() {
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let h = Harness::new();
     let parent = h.lease(&["*.example.com"], &[]);
     let child = h.lease_with(
@@ -129,12 +130,12 @@ async fn import_twice_then_export_is_the_file_byte_for_byte() {
     h.lease(&["other.test"], &[]);
     leasegate::issue::revoke(&h.journal, &h.key, &child, "done", Timestamp::now()).unwrap();
     let source = std::fs::read(&h.journal).unwrap();
-    let imported = leasegate(&["journal", "import", path(&h.journal), "--to", &url]).await;
+    let imported = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
     assert_eq!(
         stdout(&imported),
         "imported 4 lines, 0 already in the stream\n"
     );
-    let again = leasegate(&["journal", "import", path(&h.journal), "--to", &url]).await;
+    let again = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
     assert_eq!(
         stdout(&again),
         "imported 0 lines, 4 already in the stream\n"
@@ -171,12 +172,13 @@ async fn import_twice_then_export_is_the_file_byte_for_byte() {
 async fn import_publishes_only_the_copies_the_stream_lacks() {
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let h = Harness::new();
     let (x, y) = (r#"{"lease_id":"x","n":1}"#, r#"{"lease_id":"y","n":2}"#);
     let first = h.dir.path().join("first.jsonl");
     std::fs::write(&first, format!("{x}\n")).unwrap();
-    let imported = leasegate(&["journal", "import", path(&first), "--to", &url]).await;
+    let imported = leasegate(&["journal", "import", path(&first), "--to", &issuer]).await;
     assert_eq!(
         stdout(&imported),
         "imported 1 lines, 0 already in the stream\n"
@@ -185,7 +187,7 @@ async fn import_publishes_only_the_copies_the_stream_lacks() {
     // last line without its newline may still be being written.
     let whole = h.dir.path().join("whole.jsonl");
     std::fs::write(&whole, format!("{x}\n{y}\n\n{x}\n{{\"lease_id\":\"z\"")).unwrap();
-    let imported = leasegate(&["journal", "import", path(&whole), "--to", &url]).await;
+    let imported = leasegate(&["journal", "import", path(&whole), "--to", &issuer]).await;
     assert_eq!(
         stdout(&imported),
         "imported 2 lines, 1 already in the stream; the last line has no newline and was left out\n"
@@ -219,12 +221,13 @@ async fn import_publishes_only_the_copies_the_stream_lacks() {
 async fn leases_verify_and_check_read_a_stream() {
     let cluster = NatsCluster::start(1);
     cluster.journal("LG").await;
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let h = Harness::new();
     let open = h.lease(&["api.example.com"], &[]);
     let revoked = h.lease(&["api.example.com"], &[]);
     leasegate::issue::revoke(&h.journal, &h.key, &revoked, "done", Timestamp::now()).unwrap();
-    stdout(&leasegate(&["journal", "import", path(&h.journal), "--to", &url]).await);
+    stdout(&leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await);
     let journal = path(&h.journal);
     assert_eq!(
         leases_json(&url, &h.key_path).await,
@@ -237,7 +240,10 @@ async fn leases_verify_and_check_read_a_stream() {
     assert_eq!(stdout(&verify), "");
     assert_eq!(
         String::from_utf8_lossy(&verify.stderr),
-        format!("{url}: valid (schema, rules and signatures)\n")
+        format!(
+            "{}: valid (schema, rules and signatures)\n",
+            cluster.location_as(Role::Reader, "LG")
+        )
     );
     let check = |lease: String| {
         let (url, key) = (url.clone(), path(&h.key_path).to_owned());
@@ -279,16 +285,18 @@ fn synthetic(from: usize, n: usize) -> Vec<String> {
 async fn mirror_survives_kill_9_and_publishes_every_line_once() {
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let h = Harness::new();
     let file = h.dir.path().join("issuer.jsonl");
     append_lines(&file, &synthetic(0, 20));
-    let (mut mirror, caught_up) = start_mirror(&file, &url).await;
+    let (mut mirror, caught_up) = start_mirror(&file, &issuer).await;
     assert_eq!(
         caught_up,
         format!(
-            "mirroring {} to {url}: caught up (20 lines published, 0 already in the stream)",
-            file.display()
+            "mirroring {} to {}: caught up (20 lines published, 0 already in the stream)",
+            file.display(),
+            cluster.location_as(Role::Issuer, "LG")
         )
     );
     // A line written in two pieces is published once whole.
@@ -315,13 +323,14 @@ async fn mirror_survives_kill_9_and_publishes_every_line_once() {
     eprintln!("mirror killed with {killed_at}..{after_kill} of 2021 lines in the stream");
     append_lines(&file, &synthetic(2020, 100));
     let started = Instant::now();
-    let (mirror, caught_up) = start_mirror(&file, &url).await;
+    let (mirror, caught_up) = start_mirror(&file, &issuer).await;
     let total = 2121;
     assert_eq!(
         caught_up,
         format!(
-            "mirroring {} to {url}: caught up ({} lines published, {after_kill} already in the stream)",
+            "mirroring {} to {}: caught up ({} lines published, {after_kill} already in the stream)",
             file.display(),
+            cluster.location_as(Role::Issuer, "LG"),
             total - after_kill
         )
     );
@@ -339,15 +348,16 @@ async fn mirror_survives_kill_9_and_publishes_every_line_once() {
 async fn mirror_waits_for_the_server_and_retries_through_an_outage() {
     let mut cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let h = Harness::new();
     let file = h.dir.path().join("issuer.jsonl");
     append_lines(&file, &synthetic(0, 10));
     // Started while the server is down: it waits for it.
     cluster.nodes[0].kill();
     let starting = tokio::spawn({
-        let (file, url) = (file.clone(), url.clone());
-        async move { start_mirror(&file, &url).await }
+        let (file, issuer) = (file.clone(), issuer.clone());
+        async move { start_mirror(&file, &issuer).await }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.nodes[0].start();
@@ -443,7 +453,8 @@ async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() 
     let started = Instant::now();
     let mut cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let h = Harness::new();
     let file = h.dir.path().join("issuer.jsonl");
     let batches = grants_and_revocations(&h.key, 3750);
@@ -457,11 +468,12 @@ async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() 
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
         let mut config = h.serve_config(h.config(&[]), None);
-        config.journal = leasegate::registry::JournalLocation::Nats(cluster.location("LG"));
+        config.journal =
+            leasegate::registry::JournalLocation::Nats(cluster.location_as(Role::Replica, "LG"));
         config.store.data_dir = h.dir.path().join(name);
         replicas.push(leasegate::server::Server::start(config).await.unwrap());
     }
-    let (mirror, _) = start_mirror(&file, &url).await;
+    let (mirror, _) = start_mirror(&file, &issuer).await;
     let publishing = Instant::now();
     let mut written = 0;
     for (i, batch) in batches.iter().enumerate() {
@@ -543,7 +555,8 @@ async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
             key.display()
         ),
     );
-    let url = cluster.url("LG");
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let url = cluster.url_as(Role::Reader, "LG");
     let lease = h.lease(&["origin.test"], &[]);
     let journal = path(&h.journal);
     let imported = leasegate(&[
@@ -551,7 +564,7 @@ async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
         "import",
         journal,
         "--to",
-        &url,
+        &issuer,
         "--nats-tls-ca",
         path(&ca),
     ])

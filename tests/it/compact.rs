@@ -3,7 +3,7 @@
 
 use crate::harness::{admin_get, admin_text, curl, eventually, http_origin, proxy_url, Harness};
 use crate::live::{issue_cli, revoke_cli};
-use crate::nats_support::{publish_file, NatsCluster};
+use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::operate::sample;
 use crate::scale_out::{admin_revoke, replica};
 use crate::support::{event_line, granted_line, id, key, lease, leasegate, signed_line};
@@ -312,7 +312,7 @@ async fn a_new_replica_starts_from_the_snapshot_and_follows_the_stream() {
     let revoked = h.lease(&["origin.test"], &[]);
     publish_file(&stream, &h.journal).await;
 
-    let url = cluster.url("LGC");
+    let url = cluster.url_as(Role::Compactor, "LGC");
     let key = h.key_path.to_str().unwrap();
     let out = leasegate(&["journal", "compact", "--journal", &url, "--key-file", key]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -9,6 +9,10 @@ mod hello;
 mod identify;
 #[path = "../../fuzz/checks/journal_fold.rs"]
 mod journal_fold;
+#[path = "../../fuzz/checks/snapshot.rs"]
+mod snapshot;
+#[path = "../../fuzz/checks/stream_record.rs"]
+mod stream_record;
 #[path = "../../fuzz/checks/target_parser.rs"]
 mod target_parser;
 
@@ -39,6 +43,8 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),
         ("journal_fold", journal_fold::check, 10),
+        ("snapshot", snapshot::check, 5),
+        ("stream_record", stream_record::check, 8),
         ("target_parser", target_parser::check, 20),
     ] {
         let seeds = replay(target, check);

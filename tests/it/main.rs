@@ -2,6 +2,7 @@
 
 mod boundary_guard;
 mod boundary_ops;
+mod boundary_stream;
 mod boundary_tls;
 mod bounded;
 mod bridges;

@@ -1,6 +1,8 @@
 //! Real `nats-server` processes on loopback for the scale-out tests: one node, or a JetStream
 //! cluster of three; nodes can be killed (-9), stopped and started again on the same ports and
-//! store directories.
+//! store directories. Every node runs the accounts and permissions of `deploy/nats/` as shipped:
+//! replicas connect as `lg-replica`, bridges as `lg-issuer`, compaction as `lg-compactor`, the
+//! read-only commands as `lg-reader`, and the tests' own set-up (and attacks) as `lg-operator`.
 
 use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
 use leasegate::registry::store::NatsLocation;
@@ -39,7 +41,11 @@ impl NatsNode {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "{} is running", self.name);
         let log = std::fs::File::create(self.config.with_extension("log")).unwrap();
-        let child = Command::new(nats_server_bin())
+        let mut command = Command::new(nats_server_bin());
+        for role in Role::ALL {
+            command.env(role.password_variable(), role.password());
+        }
+        let child = command
             .arg("-c")
             .arg(&self.config)
             .stdout(Stdio::null())
@@ -75,6 +81,53 @@ impl Drop for NatsNode {
     }
 }
 
+/// Who a client connects as: the users of `deploy/nats/leasegate.conf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Replica,
+    Issuer,
+    Compactor,
+    Reader,
+    Operator,
+}
+
+impl Role {
+    const ALL: [Role; 5] = [
+        Role::Replica,
+        Role::Issuer,
+        Role::Compactor,
+        Role::Reader,
+        Role::Operator,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Role::Replica => "replica",
+            Role::Issuer => "issuer",
+            Role::Compactor => "compactor",
+            Role::Reader => "reader",
+            Role::Operator => "operator",
+        }
+    }
+
+    fn password_variable(self) -> String {
+        format!("LG_{}_PASSWORD", self.name().to_uppercase())
+    }
+
+    /// Test passwords (a ':' and an '@' in each, percent-encoded in URLs).
+    fn password(self) -> String {
+        format!("pw:{}@test", self.name())
+    }
+
+    fn userinfo(self) -> String {
+        format!(
+            "lg-{}:{}@",
+            self.name(),
+            self.password().replace(':', "%3A").replace('@', "%40")
+        )
+    }
+}
+
 /// One node or a cluster, with its temp directory.
 pub struct NatsCluster {
     pub nodes: Vec<NatsNode>,
@@ -91,13 +144,17 @@ impl NatsCluster {
     /// [`NatsCluster::start`] with `extra` appended to every node's configuration.
     pub fn start_with(n: usize, extra: &str) -> NatsCluster {
         let dir = tempfile::tempdir().unwrap();
+        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nats");
+        for file in ["leasegate.conf", "permissions.conf"] {
+            std::fs::copy(deploy.join(file), dir.path().join(file)).unwrap();
+        }
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let mut nodes = Vec::new();
         for (i, (port, route)) in ports.iter().enumerate() {
             let name = format!("n{i}");
             let store = dir.path().join(&name);
             let mut config = format!(
-                "server_name: {name}\nlisten: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\" }}\n",
+                "include ./leasegate.conf\nserver_name: {name}\nlisten: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\" }}\n",
                 store.display()
             );
             if n > 1 {
@@ -128,19 +185,30 @@ impl NatsCluster {
         NatsCluster { nodes, _dir: dir }
     }
 
-    /// `nats://<every node>/<stream>`.
+    /// `nats://<operator>@<every node>/<stream>`: unrestricted, for the tests' own work.
     pub fn url(&self, stream: &str) -> String {
+        self.url_as(Role::Operator, stream)
+    }
+
+    /// `nats://<role>@<every node>/<stream>`.
+    pub fn url_as(&self, role: Role, stream: &str) -> String {
         let servers: Vec<String> = self.nodes.iter().map(NatsNode::addr).collect();
-        format!("nats://{}/{stream}", servers.join(","))
+        format!("nats://{}{}/{stream}", role.userinfo(), servers.join(","))
     }
 
     pub fn location(&self, stream: &str) -> NatsLocation {
         self.url(stream).parse().unwrap()
     }
 
-    /// `nats://<node>/<stream>`: one node only.
-    pub fn location_of(node: &NatsNode, stream: &str) -> NatsLocation {
-        format!("nats://{}/{stream}", node.addr()).parse().unwrap()
+    pub fn location_as(&self, role: Role, stream: &str) -> NatsLocation {
+        self.url_as(role, stream).parse().unwrap()
+    }
+
+    /// `nats://<role>@<node>/<stream>`: one node only.
+    pub fn location_of(role: Role, node: &NatsNode, stream: &str) -> NatsLocation {
+        format!("nats://{}{}/{stream}", role.userinfo(), node.addr())
+            .parse()
+            .unwrap()
     }
 
     /// Waits until JetStream answers (a cluster elects its meta leader first), then opens

@@ -4,7 +4,7 @@
 use crate::harness::{
     admin_get, eventually, http_origin, raw, readyz_turns, streaming_tunnel, until_closed, Harness,
 };
-use crate::nats_support::{publish_file, NatsCluster};
+use crate::nats_support::{publish_file, NatsCluster, Role};
 use leasegate::registry::store::nats::NatsStream;
 use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
@@ -19,7 +19,7 @@ pub(crate) async fn replica(
     data: &str,
 ) -> Server {
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
-    config.journal = JournalLocation::Nats(cluster.location(stream));
+    config.journal = JournalLocation::Nats(cluster.location_as(Role::Replica, stream));
     config.store = StoreOptions {
         data_dir: h.dir.path().join(data),
         ..StoreOptions::default()
@@ -110,7 +110,7 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
 }
 
 /// Refuses `lease` on `server` (a denied CONNECT target).
-async fn refuse(server: &Server, lease: &str) {
+pub(crate) async fn refuse(server: &Server, lease: &str) {
     let answer = raw(
         server.addr,
         format!("CONNECT denied.example:443 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
@@ -269,7 +269,7 @@ async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revoca
         s
     };
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
-    config.journal = JournalLocation::Nats(cluster.location("LG"));
+    config.journal = JournalLocation::Nats(cluster.location_as(Role::Replica, "LG"));
     config.store = stale(StoreOptions {
         data_dir: h.dir.path().join("a"),
         ..StoreOptions::default()
@@ -402,9 +402,12 @@ async fn a_replica_keeps_following_when_the_stream_leader_dies_under_it() {
         (0..3).partition(|&i| cluster.nodes[i].name == leader);
     // The replica talks to a node that stays up; the stream's leader (and, as a rule, the
     // replica's consumer with it) goes away under it.
-    let url = format!("nats://{}/LG", cluster.nodes[alive[0]].addr());
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
-    config.journal = JournalLocation::Nats(url.parse().unwrap());
+    config.journal = JournalLocation::Nats(NatsCluster::location_of(
+        Role::Replica,
+        &cluster.nodes[alive[0]],
+        "LG",
+    ));
     config.store.data_dir = h.dir.path().join("a");
     let replica = Server::start(config).await.unwrap();
     let first = h.lease(&["origin.test"], &[]);
@@ -415,7 +418,7 @@ async fn a_replica_keeps_following_when_the_stream_leader_dies_under_it() {
     let before = tokio::fs::read(&h.journal).await.unwrap().len();
     let second = h.lease(&["origin.test"], &[]);
     let after = tokio::fs::read(&h.journal).await.unwrap();
-    let other = NatsCluster::location_of(&cluster.nodes[alive[1]], "LG");
+    let other = NatsCluster::location_of(Role::Operator, &cluster.nodes[alive[1]], "LG");
     let publisher = eventually(Duration::from_secs(20), || async {
         leasegate::registry::store::nats::NatsStream::connect(
             &other,

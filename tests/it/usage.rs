@@ -2,7 +2,7 @@
 //! (`--egress-stream`), `leasegate usage` sums them; the request path does not depend on NATS.
 
 use crate::harness::{curl, eventually, http_origin, proxy_url, raw, Harness};
-use crate::nats_support::{publish_file, NatsCluster};
+use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::support::leasegate;
 use leasegate::registry::store::nats::{NatsOptions, NatsStream};
 use leasegate::registry::{JournalLocation, StoreOptions};
@@ -18,7 +18,7 @@ const EGRESS: &str = "EGRESS";
 
 fn stream_config(cluster: &NatsCluster, backlog: usize) -> EgressStreamConfig {
     EgressStreamConfig {
-        location: cluster.location(EGRESS),
+        location: cluster.location_as(Role::Replica, EGRESS),
         nats: NatsOptions::default(),
         max_age: egress_stream::DEFAULT_MAX_AGE,
         backlog,
@@ -29,7 +29,7 @@ fn stream_config(cluster: &NatsCluster, backlog: usize) -> EgressStreamConfig {
 /// the egress stream.
 async fn replica(h: &Harness, cluster: &NatsCluster, name: &str) -> (Server, PathBuf) {
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
-    config.journal = JournalLocation::Nats(cluster.location("LG"));
+    config.journal = JournalLocation::Nats(cluster.location_as(Role::Replica, "LG"));
     config.store = StoreOptions {
         data_dir: h.dir.path().join(name),
         ..StoreOptions::default()
@@ -190,7 +190,7 @@ async fn usage_sums_the_egress_of_every_replica() {
     logged.sort();
     assert_eq!(published, logged);
 
-    let url = cluster.url(EGRESS);
+    let url = cluster.url_as(Role::Reader, EGRESS);
     let report = usage(&["--from", &url, "--json"]).await;
     let all = rows(&report);
     assert_eq!(all.len(), 2, "{report}");

@@ -7,23 +7,30 @@
 //!   sequence, so the position an append returns is reached once its message is handed out.
 //! - The store settles once everything the stream held at connect has been handed out;
 //!   until then a read waits for something new, so the initial fold goes batch by batch.
-//! - A closing record carries `Nats-Msg-Id: leasegate-close-<lease_id>`, the same from every
-//!   replica, so replicas that refuse one lease at the same instant leave exactly one closing
-//!   record (JetStream stages the id when the publish is proposed, which a cluster's
-//!   subject-sequence check does not do for in-flight proposals). Beyond the duplicate window,
-//!   it is appended by compare-and-set on its lease's subject
-//!   (`Nats-Expected-Last-Subject-Sequence`): when the subject's last message already closes
-//!   the lease (another replica's revocation, or our own whose ack was lost) nothing is
-//!   published and that message's position is returned.
+//! - A closing record counts as appended only once the stream holds a line that stands for it
+//!   ([`ClosingCheck`]: our own bytes, or a closing of the same lease on its subject, signed
+//!   under the lease's key). It is published under `Nats-Msg-Id: leasegate-close-<lease_id>`,
+//!   the same from every replica, so replicas that refuse one lease at the same instant leave
+//!   exactly one closing record (JetStream stages the id when the publish is proposed, which a
+//!   cluster's subject-sequence check does not do for in-flight proposals), and by
+//!   compare-and-set on its lease's subject (`Nats-Expected-Last-Subject-Sequence`): when the
+//!   subject's last message already stands for it (another replica's revocation, or our own
+//!   whose ack was lost) nothing is published. A duplicate ack is never taken on trust: the
+//!   message it names is fetched and checked, and when it does not stand for our record
+//!   (something else was published under the shared id first) the record is published again
+//!   under an id of its own bytes. A message's `event` alone proves nothing.
 //! - A replica starts from the latest snapshot ([`super::snapshot`]) that applies, then follows
 //!   from the sequence after the one it covers: the same fold, without reading what it covers.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
 //!   (`/readyz` 503) while the last folded state stays in force.
 
-use super::location::NatsLocation;
+use super::location::{NatsAuth, NatsLocation};
 use super::{Batch, BoxFuture, Position, Store, StoreHealth};
+use crate::contract::keys::sha256_hex;
+use crate::contract::Keyring;
 use crate::log_gate::{Flood, Say};
+use crate::registry::closing::ClosingCheck;
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -238,14 +245,22 @@ impl NatsStream {
         Ok(ack.sequence)
     }
 
-    /// Appends a closing record by compare-and-set on its lease's subject (see the module
-    /// invariants); any other record is published as it is. Returns the position of the
-    /// message that holds it (or that already closed the lease).
-    async fn append_record(&self, record: Value) -> io::Result<Position> {
+    /// Appends `record`: a closing record as the module invariants say (it counts as done only
+    /// once the stream holds a line that [`ClosingCheck::accepts`]), anything else published as
+    /// it is. Returns the position of the message that holds it (or that already closed the
+    /// lease).
+    async fn append_record(&self, record: Value, keyring: &Keyring) -> io::Result<Position> {
         let line = serde_json::to_vec(&record)?;
         let lease_id = record.get("lease_id").and_then(Value::as_str);
         let subject = self.subject(lease_id);
-        let closing = is_closing(&record);
+        let Some(check) = ClosingCheck::of(&record, &line, Some(keyring)) else {
+            return Ok(at(self.publish(subject, &line, None).await?));
+        };
+        let token = subject_token(lease_id);
+        // One closing record per lease from every replica: JetStream stages the id when the
+        // publish is proposed, so concurrent duplicates are caught even in a cluster (where the
+        // subject-sequence check alone misses in-flight proposals).
+        let shared_id = format!("leasegate-close-{token}");
         for _ in 0..APPEND_ATTEMPTS {
             let last = match self.stream.get_last_raw_message_by_subject(&subject).await {
                 Ok(message) => Some(message),
@@ -253,47 +268,83 @@ impl NatsStream {
                 Err(e) => return Err(io::Error::other(e)),
             };
             if let Some(last) = &last {
-                let closed = serde_json::from_slice::<Value>(&last.payload)
-                    .map(|v| is_closing(&v))
-                    .unwrap_or(false);
-                if closing && closed {
+                if check.accepts(token, &last.payload) {
                     return Ok(at(last.sequence));
                 }
             }
-            let mut message = jetstream::message::PublishMessage::build()
-                .payload(line.clone().into())
-                .expected_last_subject_sequence(last.map_or(0, |m| m.sequence));
-            if closing {
-                // One closing record per lease from every replica: JetStream stages the id
-                // when the publish is proposed, so concurrent duplicates are caught even in a
-                // cluster (where the subject-sequence check alone misses in-flight proposals).
-                message =
-                    message.message_id(format!("leasegate-close-{}", subject_token(lease_id)));
-            }
-            let ack = self
-                .jetstream
-                .send_publish(subject.clone(), message)
-                .await
-                .map_err(io::Error::other)?;
-            match tokio::time::timeout(REQUEST_TIMEOUT, ack).await {
-                Err(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no ack from JetStream",
-                    ))
+            let expected = last.map_or(0, |m| m.sequence);
+            match self
+                .publish_once(&subject, &line, &shared_id, Some(expected))
+                .await?
+            {
+                Published::Stored(sequence) => return Ok(at(sequence)),
+                Published::Duplicate(sequence) => {
+                    if self.holds(&subject, &check, sequence).await? {
+                        return Ok(at(sequence));
+                    }
+                    tracing::warn!(lease = check.lease_id(), sequence, store = %self.location, "the stream answers a closing record as a duplicate of a message that does not close the lease (planted under {shared_id}): publishing it under its own id");
+                    break;
                 }
-                Ok(Ok(ack)) => return Ok(at(ack.sequence)),
-                Ok(Err(e))
-                    if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence =>
-                {
-                    continue
-                }
-                Ok(Err(e)) => return Err(io::Error::other(e)),
+                Published::Moved => continue,
             }
         }
-        Err(io::Error::other(format!(
-            "{subject} kept moving: {APPEND_ATTEMPTS} compare-and-set attempts failed"
-        )))
+        // The shared id is taken by something else, or the subject kept moving: an id of our
+        // record's own bytes, which nobody can take before they exist, and no expectation.
+        let own_id = format!("{shared_id}-{}", &sha256_hex(&line)[..32]);
+        match self.publish_once(&subject, &line, &own_id, None).await? {
+            Published::Stored(sequence) => Ok(at(sequence)),
+            Published::Duplicate(sequence) if self.holds(&subject, &check, sequence).await? => {
+                Ok(at(sequence))
+            }
+            _ => Err(io::Error::other(format!(
+                "{subject}: the stream does not hold the closing record and refuses it under {own_id}"
+            ))),
+        }
+    }
+
+    /// Publishes `line` once under `id` (and `expected`, the subject's last sequence, when
+    /// given) and says what the stream did with it.
+    async fn publish_once(
+        &self,
+        subject: &str,
+        line: &[u8],
+        id: &str,
+        expected: Option<u64>,
+    ) -> io::Result<Published> {
+        let mut message = jetstream::message::PublishMessage::build()
+            .payload(bytes::Bytes::copy_from_slice(line))
+            .message_id(id);
+        if let Some(expected) = expected {
+            message = message.expected_last_subject_sequence(expected);
+        }
+        let ack = self
+            .jetstream
+            .send_publish(subject.to_owned(), message)
+            .await
+            .map_err(io::Error::other)?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, ack).await {
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no ack from JetStream",
+            )),
+            Ok(Ok(ack)) if ack.duplicate => Ok(Published::Duplicate(ack.sequence)),
+            Ok(Ok(ack)) => Ok(Published::Stored(ack.sequence)),
+            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
+                Ok(Published::Moved)
+            }
+            Ok(Err(e)) => Err(io::Error::other(e)),
+        }
+    }
+
+    /// Whether the message at `sequence` is on `subject` and stands for the record `check`
+    /// appends.
+    async fn holds(&self, subject: &str, check: &ClosingCheck, sequence: u64) -> io::Result<bool> {
+        let message = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_raw_message(sequence))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "message get timed out"))?
+            .map_err(io::Error::other)?;
+        Ok(message.subject.as_str() == subject
+            && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
     }
 
     /// Every message of the stream, from the first, up to its last sequence at the call.
@@ -371,12 +422,14 @@ fn at(sequence: u64) -> Position {
     }
 }
 
-/// Whether a record's event closes its lease.
-fn is_closing(record: &Value) -> bool {
-    matches!(
-        record.get("event").and_then(Value::as_str),
-        Some("revoked" | "stopped" | "completed" | "expired")
-    )
+/// What the stream did with one publish.
+enum Published {
+    /// Stored at this sequence.
+    Stored(u64),
+    /// Answered as a duplicate of the message at this sequence (its id was seen before).
+    Duplicate(u64),
+    /// The subject's last sequence was not the one expected.
+    Moved,
 }
 
 async fn connect_client(
@@ -393,6 +446,13 @@ async fn connect_client(
                 path: path.display().to_string(),
                 error,
             })?;
+    }
+    match &location.auth {
+        Some(NatsAuth::UserPassword { user, password }) => {
+            connect = connect.user_and_password(user.clone(), password.clone());
+        }
+        Some(NatsAuth::Token(token)) => connect = connect.token(token.clone()),
+        None => {}
     }
     if let Some(ca) = &options.tls_ca {
         connect = connect.add_root_certificates(ca.clone()).require_tls(true);
@@ -477,6 +537,9 @@ async fn connect_patiently(
 /// The journal stream, followed: what [`Store`] needs.
 pub struct NatsStore {
     stream: NatsStream,
+    /// The keys our closing records are signed with: what a line already in the stream must
+    /// verify under to stand for one of them, and what a snapshot's MAC must verify under.
+    keyring: Keyring,
     shared: Arc<Shared>,
     stale_after: Duration,
     /// The follower and the probe; aborted when the store is dropped.
@@ -514,10 +577,13 @@ struct Contact {
 
 impl NatsStore {
     /// Opens the journal stream at `location` and starts following it: from the latest
-    /// snapshot's lines and the message after the sequence it covers, or from the first message.
+    /// snapshot's lines (one whose MAC verifies under `keyring`) and the message after the
+    /// sequence it covers, or from the first message. Closing records appended through it are
+    /// checked against what the stream holds under `keyring` (see the module invariants).
     pub async fn open(
         location: &NatsLocation,
         options: &NatsOptions,
+        keyring: &Keyring,
     ) -> Result<NatsStore, NatsError> {
         let stream = connect_patiently(location, options).await?;
         let stream_error = |e: io::Error| NatsError::Stream {
@@ -526,7 +592,7 @@ impl NatsStore {
         };
         let initial_head = stream.last_sequence().await.map_err(stream_error)?;
         // A snapshot that cannot be read is not used: the journal holds everything.
-        let (covers, lines) = match super::snapshot::latest(&stream, initial_head).await {
+        let (covers, lines) = match super::snapshot::latest(&stream, initial_head, keyring).await {
             Ok(Some((marker, lines))) => {
                 tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
                 (marker.covers, lines)
@@ -560,6 +626,7 @@ impl NatsStore {
         let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
         Ok(NatsStore {
             stream,
+            keyring: keyring.clone(),
             shared,
             stale_after: options.stale_after,
             tasks: vec![follower.abort_handle(), probe.abort_handle()],
@@ -729,7 +796,8 @@ impl Store for NatsStore {
     fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>> {
         // Spawned, so that the append goes through even if the caller stops waiting.
         let (stream, record) = (self.stream.clone(), record.clone());
-        let task = tokio::spawn(async move { stream.append_record(record).await });
+        let keyring = self.keyring.clone();
+        let task = tokio::spawn(async move { stream.append_record(record, &keyring).await });
         Box::pin(async move { task.await.map_err(io::Error::other)? })
     }
 
