@@ -7,6 +7,9 @@
 //! read from the stream at start); one line at a time, each acknowledged before the next is
 //! sent; under a `Nats-Msg-Id` (its sha256 and its occurrence in the file) that makes a retry
 //! after a lost ack, or a second bridge on the same file, a no-op within the duplicate window.
+//! A line that can never be published ([`Unpublishable`]: larger than the server takes) is a
+//! permanent error of that line alone: logged, counted, and the lines after it go on, so one
+//! line never wedges the revocations behind it.
 
 use crate::registry::journal;
 use crate::registry::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
@@ -51,6 +54,33 @@ pub enum BridgeError {
         attempts: usize,
         cause: io::Error,
     },
+}
+
+/// Room left in a message for our headers (`Nats-Msg-Id` and framing), which count against
+/// the server's `max_payload` with the line.
+const HEADER_ROOM: usize = 256;
+
+/// Why a line can never be published, however often it is tried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unpublishable {
+    #[error("{len} bytes, more than the {max} a message may carry on this NATS server (max_payload, less {HEADER_ROOM} for headers)")]
+    TooLarge { len: usize, max: usize },
+}
+
+/// Whether `line` can never be published to a server whose `max_payload` is `max_payload`.
+pub fn unpublishable(line: &[u8], max_payload: usize) -> Option<Unpublishable> {
+    let max = max_payload.saturating_sub(HEADER_ROOM);
+    (line.len() > max).then_some(Unpublishable::TooLarge {
+        len: line.len(),
+        max,
+    })
+}
+
+/// A line skipped for good: its 1-based number in the file, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub line: usize,
+    pub why: Unpublishable,
 }
 
 /// A line's identity in the tally: its sha256.
@@ -146,7 +176,7 @@ fn next_backoff(delay: Duration) -> Duration {
 }
 
 /// What `import` did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Imported {
     /// Lines published now.
     pub published: usize,
@@ -154,6 +184,8 @@ pub struct Imported {
     pub already: usize,
     /// A last line without its newline (still being written?), left out.
     pub unterminated: bool,
+    /// Lines that can never be published, skipped (the lines after them were published).
+    pub skipped: Vec<Skipped>,
 }
 
 /// Publishes every line of the file at `path` the stream does not hold yet, in file order.
@@ -187,8 +219,17 @@ pub async fn import(
         unterminated: !rest.is_empty(),
         ..Imported::default()
     };
+    let max_payload = stream.max_payload();
     for (index, line) in lines.enumerate() {
         if line.is_empty() {
+            continue;
+        }
+        if let Some(why) = unpublishable(line, max_payload) {
+            tracing::error!(file = %path.display(), line = index + 1, %why, "this line can never be published: skipped; the lines after it are published");
+            imported.skipped.push(Skipped {
+                line: index + 1,
+                why,
+            });
             continue;
         }
         let Step::Publish { id, hash } = tally.next(line) else {
@@ -334,8 +375,13 @@ async fn copy_stream(stream: &NatsStream, out: &mut impl Write) -> Result<usize,
 /// What `mirror` reports as it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MirrorEvent {
-    /// Everything the file held at start is in the stream.
-    CaughtUp { published: usize, already: usize },
+    /// Everything the file held at start is in the stream, but for `skipped` lines that can
+    /// never be published.
+    CaughtUp {
+        published: usize,
+        already: usize,
+        skipped: usize,
+    },
 }
 
 /// What `mirror` has done so far.
@@ -343,6 +389,7 @@ pub enum MirrorEvent {
 struct Mirrored {
     published: usize,
     already: usize,
+    skipped: usize,
 }
 
 /// Follows the file at `path` (which may not exist yet) and publishes each line the stream
@@ -407,6 +454,7 @@ pub async fn mirror(
                 report(MirrorEvent::CaughtUp {
                     published: mirror.mirrored.published,
                     already: mirror.mirrored.already,
+                    skipped: mirror.mirrored.skipped,
                 });
             }
             store.wait_for_more().await;
@@ -429,8 +477,21 @@ struct Mirror<'a> {
 }
 
 impl Mirror<'_> {
-    /// Publishes `line` if the stream lacks it, retrying until it is acknowledged.
+    /// Publishes `line` if the stream lacks it, retrying until it is acknowledged; a line that
+    /// can never be published is skipped (logged and counted).
     async fn carry(&mut self, tally: &mut Tally, line: &[u8]) {
+        if let Some(why) = unpublishable(line, self.stream.max_payload()) {
+            self.mirrored.skipped += 1;
+            tracing::error!(
+                file = %self.path.display(),
+                line = self.line,
+                stream = %self.location,
+                %why,
+                skipped = self.mirrored.skipped,
+                "this line can never be published: skipped; the lines after it are published"
+            );
+            return;
+        }
         let Step::Publish { id, hash } = tally.next(line) else {
             self.mirrored.already += 1;
             return;
@@ -578,6 +639,19 @@ mod tests {
         assert_eq!(tally.next(b"a"), Step::Already);
         assert_eq!(tally.next(b"b"), Step::Already);
         assert!(matches!(tally.next(b"b"), Step::Publish { id, .. } if id.ends_with("#2")));
+    }
+
+    #[test]
+    fn a_line_larger_than_the_server_takes_is_unpublishable() {
+        let max = 1024 * 1024;
+        assert_eq!(unpublishable(&vec![b'x'; max - HEADER_ROOM], max), None);
+        assert_eq!(
+            unpublishable(&vec![b'x'; max], max),
+            Some(Unpublishable::TooLarge {
+                len: max,
+                max: max - HEADER_ROOM
+            })
+        );
     }
 
     #[test]

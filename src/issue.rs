@@ -44,6 +44,12 @@ pub enum IssueError {
     Ttl(Duration),
     #[error("{list} host {0}", list = .1)]
     Pattern(MalformedPattern, &'static str),
+    #[error(
+        "the grant would be {0} bytes, more than the {max} a journal record may be (a NATS \
+         message with the default max_payload): split the lease, or use wildcard patterns",
+        max = record::MAX_RECORD_BYTES
+    )]
+    TooLarge(usize),
 }
 
 /// What to issue.
@@ -172,6 +178,10 @@ pub fn issue(journal_path: &Path, key: &Key, request: &IssueRequest) -> Result<I
     keyring.insert(key.clone());
     Lease::load(lease.clone(), &keyring)?;
     let granted = record::granted(&lease, &manifest, request.now)?;
+    let size = serde_json::to_vec(&granted).map_or(usize::MAX, |line| line.len());
+    if size > record::MAX_RECORD_BYTES {
+        return Err(IssueError::TooLarge(size));
+    }
     append(journal_path, &granted)?;
     Ok(Issued {
         lease_id,
@@ -212,4 +222,33 @@ fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
             path: journal_path.display().to_string(),
             error,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_larger_than_a_record_may_be_is_refused_and_nothing_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal.jsonl");
+        let key = Key::generate();
+        let request = |hosts: usize| IssueRequest {
+            allow_hosts: (0..hosts).map(|i| format!("h{i:06}.example.com")).collect(),
+            deny_hosts: Vec::new(),
+            parent: None,
+            ttl: Duration::from_secs(60),
+            name: "big".into(),
+            purpose: "size".into(),
+            now: Timestamp::now(),
+        };
+        match issue(&journal, &key, &request(30_000)) {
+            Err(IssueError::TooLarge(size)) => assert!(size > record::MAX_RECORD_BYTES),
+            other => panic!("{other:?}"),
+        }
+        assert!(!journal.exists(), "nothing appended");
+        issue(&journal, &key, &request(20_000)).unwrap();
+        let line = std::fs::read(&journal).unwrap();
+        assert!(line.len() <= record::MAX_RECORD_BYTES + 1, "{}", line.len());
+    }
 }

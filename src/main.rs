@@ -422,7 +422,19 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
                 "imported {} lines, {} already in the stream{unterminated}",
                 imported.published, imported.already
             );
-            Ok(())
+            if imported.skipped.is_empty() {
+                return Ok(());
+            }
+            let lines: Vec<String> = imported
+                .skipped
+                .iter()
+                .map(|s| format!("line {} of {}: {}", s.line, args.file.display(), s.why))
+                .collect();
+            anyhow::bail!(
+                "{} line(s) can never be published and were skipped (every other line is in the stream):\n  {}",
+                lines.len(),
+                lines.join("\n  ")
+            )
         }
         cli::JournalCommand::Export(args) => {
             let options = StoreOptions::from(&args.store).nats;
@@ -441,12 +453,20 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
                 &options,
                 shutdown_signal(),
                 |event| match event {
-                    MirrorEvent::CaughtUp { published, already } => {
+                    MirrorEvent::CaughtUp {
+                        published,
+                        already,
+                        skipped,
+                    } => {
+                        let skipped = match skipped {
+                            0 => String::new(),
+                            n => format!(", {n} that can never be published skipped"),
+                        };
                         // Line-buffered: a supervisor (or a test) sees it at once.
                         let mut out = std::io::stdout().lock();
                         let _ = writeln!(
                             out,
-                            "mirroring {file} to {}: caught up ({published} lines published, {already} already in the stream)",
+                            "mirroring {file} to {}: caught up ({published} lines published, {already} already in the stream{skipped})",
                             args.to
                         )
                         .and_then(|()| out.flush());

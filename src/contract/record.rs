@@ -166,6 +166,12 @@ pub struct Revocation<'a> {
     pub extra: Map<String, Value>,
 }
 
+/// The largest record leasegate writes, and the largest grant it promises to carry end to end:
+/// a NATS message with the server's default `max_payload` (1 MiB) less room for headers. A
+/// file journal's fold takes longer lines (up to `--max-journal-line`) from issuers of its own;
+/// a bridge reports a line the stream's server cannot take as one it can never publish.
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024 - 256;
+
 /// The schema's limit on `reason`, in characters.
 pub const REASON_MAX_CHARS: usize = 500;
 

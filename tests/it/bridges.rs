@@ -616,3 +616,70 @@ async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("missing.creds"), "{stderr}");
 }
+
+/// A line larger than the server takes can never be published. It must not wedge the lines
+/// behind it: a revocation written after it reaches the stream, and a replica, through both
+/// `import` (which then exits non-zero naming the line) and `mirror` (which moves on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_line_does_not_hold_back_the_revocations_behind_it() {
+    let cluster = NatsCluster::start_with(1, "max_payload: 65536\n");
+    let stream = cluster.journal("LG").await;
+    let issuer = cluster.url_as(Role::Issuer, "LG");
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let oversized = format!(
+        r#"{{"lease_id":"{lease}","event":"heartbeat","pad":"{}"}}"#,
+        "x".repeat(100 * 1024)
+    );
+    h.append(&oversized).await;
+    leasegate::issue::revoke(&h.journal, &h.key, &lease, "done", Timestamp::now()).unwrap();
+
+    let imported = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
+    assert_eq!(imported.status.code(), Some(1), "{imported:?}");
+    let stderr = String::from_utf8_lossy(&imported.stderr);
+    assert!(
+        stderr.contains(&format!("line 2 of {}: ", h.journal.display()))
+            && stderr.contains("more than the 65280 a message may carry"),
+        "{stderr}"
+    );
+    let held = stream.read_all().await.unwrap();
+    assert_eq!(held.len(), 2, "the grant and the revocation");
+    let last: Value = serde_json::from_slice(&held[1].1).unwrap();
+    assert_eq!(last["event"], "revoked");
+    let replica = crate::scale_out::replica(&h, &cluster, "LG", "a").await;
+    let (_, view) = crate::harness::admin_get(&replica, &format!("/leases/{lease}")).await;
+    assert_eq!(view["status"], "revoked");
+
+    // The mirror: the file it follows gets another oversized line, then a second revocation.
+    let file = h.dir.path().join("issuer.jsonl");
+    let other = h.lease(&["origin.test"], &[]);
+    let text = std::fs::read_to_string(&h.journal).unwrap();
+    std::fs::write(&file, text.lines().last().unwrap().to_owned() + "\n").unwrap();
+    let (mut mirror, caught_up) = start_mirror(&file, &issuer).await;
+    assert!(
+        caught_up.ends_with("(1 lines published, 0 already in the stream)"),
+        "{caught_up}"
+    );
+    append_lines(&file, &[oversized.replace(&lease, &other)]);
+    let revocation = record::revoked(
+        &Revocation {
+            lease_id: &other,
+            parent_lease_id: None,
+            by: "issuer",
+            reason: "after the oversized line",
+            extra: Map::new(),
+        },
+        &h.key,
+        Timestamp::now(),
+    )
+    .unwrap();
+    append_lines(&file, &[revocation.to_string()]);
+    until_holds(&stream, 4, Duration::from_secs(10)).await;
+    let closed = eventually(Duration::from_secs(5), || async {
+        let (_, view) = crate::harness::admin_get(&replica, &format!("/leases/{other}")).await;
+        (view["status"] == "revoked").then_some(())
+    })
+    .await;
+    assert!(closed.is_some(), "the revocation behind the oversized line");
+    mirror.kill().await.unwrap();
+}

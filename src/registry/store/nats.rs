@@ -409,6 +409,11 @@ impl NatsStream {
         consumer.messages().await.map_err(io::Error::other)
     }
 
+    /// The largest message (headers and payload) the server we are connected to takes.
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
     /// Reconnections since connect.
     pub fn reconnects(&self) -> u64 {
         self.reconnects.load(Ordering::Relaxed)
