@@ -124,6 +124,75 @@ async fn hellos_the_old_probe_gave_up_on_are_checked_and_close_the_tunnel() {
     }
 }
 
+/// A TLS record of another content type before the ClientHello (Go's TLS stack drops a
+/// warning alert and reads the hello after it) no longer lets the tunnel pass as plain; plain
+/// protocols, one that starts with a content-type byte included, still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_before_the_hello_closes_the_tunnel_and_plain_bytes_still_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let (secure, _) = https_origin("secure.test", dir.path()).await;
+    let target = format!("secure.test:{}", secure.addr.port());
+    let denied = first_flight(&mut tls_client("denied.test", None, vec![]));
+    let before = |record: &[u8]| [record, &denied[..]].concat();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a warning alert", before(&[0x15, 3, 3, 0, 2, 1, 0])),
+        (
+            "an alert with version 0x0000",
+            before(&[0x15, 0, 0, 0, 2, 1, 90]),
+        ),
+        ("a change_cipher_spec", before(&[0x14, 3, 3, 0, 1, 1])),
+        ("application data", before(&[0x17, 3, 3, 0, 3, 1, 2, 3])),
+        ("a heartbeat", before(&[0x18, 3, 3, 0, 3, 1, 0, 0])),
+    ];
+    for (what, bytes) in cases {
+        let h = Harness::new();
+        let lease = h.lease(&["secure.test"], &["denied.test"]);
+        let server = h.start(h.config(&[("secure.test", "127.0.0.1")])).await;
+        let mut stream = tunnel(server.addr, &target, &lease).await;
+        let back = send_until_closed(&mut stream, &bytes).await;
+        assert!(back.is_empty(), "{what}: the origin answered: {back:?}");
+        assert_closed_with(&h, &server, &lease, &target, "tls-unverifiable").await;
+        let line = &h.egress_lines(1).await[0];
+        assert!(
+            line["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("content type"),
+            "{what}: {line}"
+        );
+    }
+
+    // An echo origin: plain bytes come back as sent.
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo_port = echo.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut read, mut write) = stream.split();
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+            });
+        }
+    });
+    let h = Harness::new();
+    let lease = h.lease(&["echo.test"], &[]);
+    let server = h.start(h.config(&[("echo.test", "127.0.0.1")])).await;
+    for plain in [
+        &b"SSH-2.0-OpenSSH_9.6\r\n"[..],
+        b"\x15A plain protocol line\r\n",
+        b"\x00\x00\x00\x08\x04\xd2\x16\x2f",
+    ] {
+        let mut stream = tunnel(server.addr, &format!("echo.test:{echo_port}"), &lease).await;
+        stream.write_all(plain).await.unwrap();
+        let mut back = vec![0u8; plain.len()];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut back))
+            .await
+            .expect("the echo came back")
+            .unwrap();
+        assert_eq!(back, plain);
+    }
+    assert!(h.revocations().await.is_empty());
+}
+
 /// Drives `conn`'s handshake over `stream` (its first flight already sent), then a GET.
 async fn finish_and_get(conn: &mut rustls::ClientConnection, stream: &mut TcpStream) -> String {
     use std::io::{Read, Write};
