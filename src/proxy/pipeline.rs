@@ -250,10 +250,8 @@ impl Proxy {
             policies(&admitted.snapshot, &admitted.chain).map(|(_, p)| p),
             &target.host,
         );
-        let checked =
-            self.config
-                .guard
-                .check(&resolved, exception, self.config.mode == Mode::Enforce);
+        // Absolute: report mode relaxes host policy, never the guard.
+        let checked = self.config.guard.check(&resolved, exception);
         let blocked = checked.blocked.first().map(|b| {
             Refusal::new(
                 Code::AddressNotAllowed,
@@ -267,10 +265,6 @@ impl Proxy {
                 Code::DnsFailed,
                 format!("{} has no addresses", target.host),
             )),
-            (false, Some(refusal)) if self.config.mode == Mode::Report => {
-                self.policy_failure(ex, refusal)?;
-                Ok(checked.dialable)
-            }
             (false, _) => Ok(checked.dialable),
         }
     }

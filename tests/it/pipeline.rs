@@ -362,6 +362,38 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
 }
 
 #[tokio::test]
+async fn report_mode_relaxes_host_policy_but_never_the_guard() {
+    let h = Harness::new();
+    let lease = h.lease(&["*"], &[]);
+    let narrow = h.lease(&["allowed.test"], &[]);
+    let mut config = h.config(&[
+        ("allowed.test", "93.184.216.34"),
+        ("elsewhere.test", "93.184.216.35"),
+        ("metadata.test", "169.254.169.254"),
+        ("private.test", "10.1.2.3"),
+    ]);
+    config.guard.allow_private.clear();
+    config.mode = leasegate::proxy::Mode::Report;
+    let dialer = Arc::new(RecordingDialer::default());
+    let proxy = offline_proxy(&h, config, dialer.clone()).await;
+    let mut guarded: Vec<String> = GUARDED.iter().map(|a| format!("{a}:443")).collect();
+    guarded.extend(["metadata.test:80".into(), "private.test:443".into()]);
+    for authority in &guarded {
+        let outcome = connect_on_port(&proxy, &lease, authority).await;
+        assert_eq!(outcome, Err(Code::AddressNotAllowed), "{authority}");
+        let dialled = std::mem::take(&mut *dialer.dialled.lock().unwrap());
+        assert_eq!(dialled, Vec::<SocketAddr>::new(), "{authority} dialled");
+    }
+    // Host policy is what report mode relaxes: a host the lease does not list is dialled.
+    let outcome = connect_on_port(&proxy, &narrow, "elsewhere.test:443").await;
+    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+    assert_eq!(
+        *dialer.dialled.lock().unwrap(),
+        ["93.184.216.35:443".parse::<SocketAddr>().unwrap()]
+    );
+}
+
+#[tokio::test]
 async fn the_per_lease_connection_limit_refuses_before_any_dial() {
     let h = Harness::new();
     let lease = h.lease(&["*"], &[]);
