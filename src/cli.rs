@@ -343,7 +343,8 @@ pub struct ServeArgs {
     /// Client connections open at once, in total (beyond: 429 too-many-connections).
     #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
-    /// Client connections open at once from one source IP address (beyond: 429).
+    /// Client connections open at once from one source IP address that are not yet tied to
+    /// a lease (beyond: 429); an identified connection counts against its lease's limit only.
     #[arg(
         long,
         env = "LEASEGATE_MAX_CONNECTIONS_PER_CLIENT",

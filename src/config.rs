@@ -70,8 +70,10 @@ pub struct ProxyConfig {
     /// Client connections at once, in total and per lease (`too-many-connections`).
     pub max_connections: usize,
     pub max_connections_per_lease: usize,
-    /// Client connections at once from one source IP, counted at accept, before any byte is
-    /// parsed (so one client cannot hold every slot of `max_connections`).
+    /// Client connections at once from one source IP not yet tied to a lease: counted at
+    /// accept, before any byte is parsed (so one client cannot hold every slot of
+    /// `max_connections`), until the connection is identified; then its lease's budget
+    /// (`max_connections_per_lease`) counts it instead.
     pub max_connections_per_client: usize,
     /// How long the metric series of a closed lease stay visible.
     pub series_grace: Duration,
