@@ -415,6 +415,13 @@ pub struct PolicyArgs {
     /// Time allowed for one name resolution.
     #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub dns_timeout: std::time::Duration,
+    /// Ports a CONNECT tunnel may reach, e.g. `443,8443,9000-9100` (others:
+    /// port-not-allowed, in every mode).
+    #[arg(long, env = "LEASEGATE_CONNECT_PORTS", default_value = "443")]
+    pub connect_ports: crate::policy::Ports,
+    /// Ports a forwarded request (or WebSocket upgrade) may reach, e.g. `80,8080`.
+    #[arg(long, env = "LEASEGATE_FORWARD_PORTS", default_value = "80")]
+    pub forward_ports: crate::policy::Ports,
 }
 
 #[derive(Debug, Args)]
