@@ -178,6 +178,9 @@ fn main() {
                     allow_private: vec!["127.0.0.1/32".parse().unwrap()],
                     ..Default::default()
                 },
+                // The origin listens on a random port.
+                connect_ports: leasegate::policy::Ports::all(),
+                forward_ports: leasegate::policy::Ports::all(),
                 ..ProxyConfig::default()
             },
             admin: None,

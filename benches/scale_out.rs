@@ -319,6 +319,9 @@ async fn request_path(nats: &Nats, key: &Key) {
             allow_private: vec!["127.0.0.1/32".parse().unwrap()],
             ..Default::default()
         },
+        // The origin listens on a random port.
+        connect_ports: leasegate::policy::Ports::all(),
+        forward_ports: leasegate::policy::Ports::all(),
         ..ProxyConfig::default()
     };
     let config = |journal: JournalLocation| ServeConfig {

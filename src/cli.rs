@@ -343,7 +343,8 @@ pub struct ServeArgs {
     /// Client connections open at once, in total (beyond: 429 too-many-connections).
     #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
-    /// Client connections open at once from one source IP address (beyond: 429).
+    /// Client connections open at once from one source IP address that are not yet tied to
+    /// a lease (beyond: 429); an identified connection counts against its lease's limit only.
     #[arg(
         long,
         env = "LEASEGATE_MAX_CONNECTIONS_PER_CLIENT",
@@ -414,6 +415,13 @@ pub struct PolicyArgs {
     /// Time allowed for one name resolution.
     #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub dns_timeout: std::time::Duration,
+    /// Ports a CONNECT tunnel may reach, e.g. `443,8443,9000-9100` (others:
+    /// port-not-allowed, in every mode).
+    #[arg(long, env = "LEASEGATE_CONNECT_PORTS", default_value = "443")]
+    pub connect_ports: crate::policy::Ports,
+    /// Ports a forwarded request (or WebSocket upgrade) may reach, e.g. `80,8080`.
+    #[arg(long, env = "LEASEGATE_FORWARD_PORTS", default_value = "80")]
+    pub forward_ports: crate::policy::Ports,
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@
 use crate::cli;
 use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
-use crate::policy::Guard;
+use crate::policy::{Guard, Ports};
 use crate::proxy::upstream::Resolver;
 use crate::registry::store::NatsOptions;
 use crate::registry::{JournalLocation, StoreOptions};
@@ -70,8 +70,10 @@ pub struct ProxyConfig {
     /// Client connections at once, in total and per lease (`too-many-connections`).
     pub max_connections: usize,
     pub max_connections_per_lease: usize,
-    /// Client connections at once from one source IP, counted at accept, before any byte is
-    /// parsed (so one client cannot hold every slot of `max_connections`).
+    /// Client connections at once from one source IP not yet tied to a lease: counted at
+    /// accept, before any byte is parsed (so one client cannot hold every slot of
+    /// `max_connections`), until the connection is identified; then its lease's budget
+    /// (`max_connections_per_lease`) counts it instead.
     pub max_connections_per_client: usize,
     /// How long the metric series of a closed lease stay visible.
     pub series_grace: Duration,
@@ -82,6 +84,10 @@ pub struct ProxyConfig {
     /// A CONNECT tunnel whose first client bytes are not a ClientHello naming a host
     /// (`--require-sni`) is closed as `tls-unverifiable`.
     pub require_sni: bool,
+    /// Ports a CONNECT tunnel may reach (`--connect-ports`, 443) and a forwarded request
+    /// (`--forward-ports`, 80); others are `port-not-allowed`, in every mode.
+    pub connect_ports: Ports,
+    pub forward_ports: Ports,
     pub dns_timeout: Duration,
     pub connect_timeout: Duration,
     /// A forwarded request's upstream must send its response head within this
@@ -108,6 +114,8 @@ impl Default for ProxyConfig {
             series_max_leases: crate::telemetry::metrics::MAX_LEASES,
             max_header_bytes: 64 * 1024,
             require_sni: false,
+            connect_ports: Ports::only(443),
+            forward_ports: Ports::only(80),
             dns_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
             upstream_response_timeout: Duration::from_secs(60),
@@ -194,6 +202,8 @@ impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
                 ..Resolver::system()
             },
             dns_timeout: args.dns_timeout,
+            connect_ports: args.connect_ports.clone(),
+            forward_ports: args.forward_ports.clone(),
             ..ProxyConfig::default()
         })
     }
@@ -426,6 +436,52 @@ mod tests {
         ));
         let token = serve_config(&["--credentials", "token"]).unwrap();
         assert_eq!(token.proxy.credentials, Credentials::Token);
+    }
+
+    #[test]
+    fn port_lists_default_to_443_and_80_and_a_bad_one_says_why() {
+        let config = serve_config(&[]).unwrap();
+        assert_eq!(config.proxy.connect_ports, Ports::only(443));
+        assert_eq!(config.proxy.forward_ports, Ports::only(80));
+        assert_eq!(ProxyConfig::default().connect_ports, Ports::only(443));
+        assert_eq!(ProxyConfig::default().forward_ports, Ports::only(80));
+        let wide = serve_config(&[
+            "--connect-ports",
+            "443,8443,9000-9100",
+            "--forward-ports",
+            "80,8080",
+        ])
+        .unwrap();
+        assert_eq!(wide.proxy.connect_ports.to_string(), "443,8443,9000-9100");
+        assert_eq!(wide.proxy.forward_ports.to_string(), "80,8080");
+        for (flag, bad, why) in [
+            ("--connect-ports", "0", "not a port (1-65535)"),
+            ("--connect-ports", "443,", "not a port (1-65535)"),
+            ("--forward-ports", "http", "not a port (1-65535)"),
+            (
+                "--forward-ports",
+                "9100-9000",
+                "from its lower port to its higher one",
+            ),
+            ("--connect-ports", "", "no ports"),
+        ] {
+            let error = cli::Cli::try_parse_from([
+                "leasegate",
+                "serve",
+                "--journal",
+                "j.jsonl",
+                "--key-file",
+                "k.key",
+                flag,
+                bad,
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains(flag) && error.contains(why),
+                "{bad:?}: {error}"
+            );
+        }
     }
 
     #[test]

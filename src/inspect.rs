@@ -265,6 +265,13 @@ pub struct Explanation {
 /// proxy's own pipeline ([`Proxy::decide`]) with `config`'s guard, exceptions and resolver,
 /// as if the request arrived on the lease's own port. Names are resolved only with
 /// `config.resolve_names`; nothing is dialled and nothing is written.
+/// Whether `check`'s target is a URL a client fetches through the proxy as a forwarded
+/// request (`http://`, `ws://`) rather than through a CONNECT tunnel.
+fn is_forwarded(target: &str) -> bool {
+    target.contains("://")
+        && url::Url::parse(target).is_ok_and(|url| matches!(url.scheme(), "http" | "ws"))
+}
+
 /// `check`'s target as the authority a CONNECT would name: `HOST[:PORT]` as given, or a URL's
 /// host and port (its scheme's default when it has none: 80 for `http://`, 443 for `https://`).
 pub fn target_authority(target: &str) -> Result<String, String> {
@@ -302,13 +309,13 @@ pub async fn check(
     ));
     let proxy = Proxy::new(config, registry, telemetry.clone());
     let conn = ClientConn::detached(&proxy, Some(lease_id));
-    let mut ex = Exchange::new(
-        telemetry,
-        Kind::Connect,
-        http::Method::CONNECT,
-        conn.client,
-        conn.listener,
-    );
+    // What a client sends for it: a forwarded GET for an `http://` (or `ws://`) URL, judged
+    // against `--forward-ports`; a CONNECT for anything else.
+    let (kind, method) = match is_forwarded(target) {
+        true => (Kind::Http, http::Method::GET),
+        false => (Kind::Connect, http::Method::CONNECT),
+    };
+    let mut ex = Exchange::new(telemetry, kind, method, conn.client, conn.listener);
     let authority = match target_authority(target) {
         Ok(authority) => authority,
         Err(why) => {

@@ -55,7 +55,9 @@ for i in 0 1; do
   issued=$("${BINS[$i]}" issue --journal "$dir/journal.jsonl" --key-file "$dir/lease.key" \
     --allow-host origin.test --ttl 4h --name ab)
   AUTH+=("Basic $(printf 'agent:%s' "${issued%%$'\n'*}" | base64 -w0)")
-  RUST_LOG=warn "${BINS[$i]}" serve --listen 127.0.0.1:${PORTS[$i]} --admin 127.0.0.1:${ADMINS[$i]} \
+  # The origin's ports, opened through the environment (a binary without the flags ignores it).
+  RUST_LOG=warn LEASEGATE_CONNECT_PORTS=$ORIGIN-$((ORIGIN + 1)) LEASEGATE_FORWARD_PORTS=$ORIGIN \
+    "${BINS[$i]}" serve --listen 127.0.0.1:${PORTS[$i]} --admin 127.0.0.1:${ADMINS[$i]} \
     --journal "$dir/journal.jsonl" --key-file "$dir/lease.key" \
     --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 \
     --max-connections 100000 --max-connections-per-lease 100000 \

@@ -53,7 +53,9 @@ wait_http "http://127.0.0.1:$ORIGIN/small"
 issued=$("$BIN" issue --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
   --allow-host origin.test --ttl 4h --name cost)
 AUTH="Basic $(printf 'agent:%s' "${issued%%$'\n'*}" | base64 -w0)"
-RUST_LOG=warn "$BIN" serve --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
+# The origin's ports are no defaults (443, 80): open them to tunnels and forwarded requests.
+RUST_LOG=warn LEASEGATE_CONNECT_PORTS=$ORIGIN-$((ORIGIN + 1)) LEASEGATE_FORWARD_PORTS=$ORIGIN \
+  "$BIN" serve --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
   --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
   --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 \
   --max-connections 100000 --max-connections-per-lease 100000 \

@@ -275,7 +275,9 @@ set_pass() {
 start_leasegate() {
   # Connection limits are raised for the idle-tunnel test (defaults: 10,000 total, 1,000 per lease).
   on "$PASS_SET"
-  RUST_LOG=warn "${ON[@]}" "$LG" serve --worker-threads "$PASS_N" --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
+  # The origin's ports are no defaults (443, 80): open them to tunnels and forwarded requests.
+  RUST_LOG=warn LEASEGATE_CONNECT_PORTS=$ORIGIN_HTTP,$ORIGIN_HTTPS LEASEGATE_FORWARD_PORTS=$ORIGIN_HTTP \
+    "${ON[@]}" "$LG" serve --worker-threads "$PASS_N" --listen 127.0.0.1:$LG_PORT --admin 127.0.0.1:$LG_ADMIN \
     --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
     --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 --lease-ports $LEASE_PORTS \
     --egress-log "$TMP/leasegate-egress.jsonl" --drain-timeout 2s \

@@ -2,12 +2,32 @@
 //! never on how they arrive (all at once, one byte a call, or in uneven chunks); it holds at
 //! most `MAX_HANDSHAKE` handshake bytes; a hello is reported only once every record carrying
 //! it is in, and never from a truncated stream; and the SNI it reports is the name an upstream
-//! reads (rustls agrees), spelled as the host the policy judges.
+//! reads (rustls agrees), spelled as the host the policy judges. The tunnel's TLS-or-not
+//! classification calls TLS every opening a TLS stack reads as a record, whatever its content
+//! type, never changes its mind as bytes arrive, and a record of another type before the
+//! ClientHello, whatever follows it, is refused.
 
 use leasegate::policy::target::{parse_host, TargetHost};
-use leasegate::proxy::hello::{Probe, Reassembler, Unverifiable, MAX_HANDSHAKE, MAX_RAW};
+use leasegate::proxy::hello::{
+    opening, Opening, Probe, Reassembler, Unverifiable, MAX_HANDSHAKE, MAX_RAW,
+};
 
 pub fn check(data: &[u8]) {
+    check_opening(data);
+    // Every record type but handshake, in front of these bytes: never a hello.
+    for kind in [20, 21, 23, 24] {
+        for version in [[3, 3], [3, 1], [0, 0], [0x0f, 0xff]] {
+            let mut prefixed = vec![kind, version[0], version[1], 0, 2, 1, 90];
+            prefixed.extend_from_slice(data);
+            assert_eq!(opening(&prefixed), Opening::Tls, "{prefixed:?}");
+            assert_eq!(
+                probe_split(&prefixed, &vec![1; prefixed.len().min(16)]),
+                Probe::Unverifiable(Unverifiable::NotHandshake(kind)),
+                "a type {kind} record first"
+            );
+        }
+    }
+
     let whole = probe_split(data, &[data.len()]);
     let bytewise = probe_split(data, &vec![1; data.len()]);
     assert_eq!(bytewise, whole, "one byte a call");
@@ -34,6 +54,40 @@ pub fn check(data: &[u8]) {
             );
         }
         (Probe::Unverifiable(_), _) => {}
+    }
+}
+
+/// The opening is decided from a prefix and kept as the bytes grow, and agrees with the
+/// record model: a record header (any content type) that a TLS stack would read is TLS; a
+/// hello is only ever found behind a TLS opening.
+fn check_opening(data: &[u8]) {
+    let whole = opening(data);
+    let mut decided = None;
+    for end in 0..=data.len().min(8) {
+        match (opening(&data[..end]), decided) {
+            (Opening::NeedMore, None) => {}
+            (Opening::NeedMore, Some(was)) => panic!("{was:?} at a shorter prefix, then undecided"),
+            (now, None) => decided = Some(now),
+            (now, Some(was)) => assert_eq!(now, was, "changed at {end} bytes"),
+        }
+    }
+    assert_eq!(decided.unwrap_or(Opening::NeedMore), whole);
+    let reads_as_record = match data {
+        [22, ..] => Some(true),
+        [20..=24, major, ..] => Some(*major < 0x10),
+        [20..=24] | [] => None,
+        _ => Some(false),
+    };
+    match (reads_as_record, whole) {
+        (None, Opening::NeedMore) | (Some(true), Opening::Tls) | (Some(false), Opening::NotTls) => {
+        }
+        (model, whole) => panic!("the model says {model:?}, opening {whole:?}"),
+    }
+    if whole != Opening::Tls {
+        assert!(
+            !matches!(probe_split(data, &[data.len()]), Probe::Hello(_)),
+            "a hello behind an opening called {whole:?}"
+        );
     }
 }
 

@@ -1,8 +1,9 @@
 //! The address guard (SSRF and DNS rebinding): which resolved addresses may be dialled.
 //!
 //! Invariant: an [`UpstreamAddr`] can only be built here, by [`Guard::check`], so nothing can
-//! dial an address the guard has not seen; and no exception or mode ever yields a socket
-//! address leasegate itself listens on.
+//! dial an address the guard has not seen; the guard is the same in every mode (report mode
+//! relaxes host policy only); and no exception ever yields a socket address leasegate itself
+//! listens on.
 
 use super::target::TargetHost;
 use super::verdict::HostPolicy;
@@ -179,7 +180,7 @@ pub struct Blocked {
 pub struct Checked {
     /// Addresses that may be dialled, in resolver order.
     pub dialable: Vec<UpstreamAddr>,
-    /// Addresses refused (in report mode, guarded ones are also dialable: only loops are not).
+    /// Addresses refused, and why.
     pub blocked: Vec<Blocked>,
 }
 
@@ -223,14 +224,8 @@ impl Guard {
                 .any(|(own, ports)| ports.contains(&addr.port()) && same_host(*own))
     }
 
-    /// Sorts resolved addresses into dialable and blocked. With `enforce` false (report
-    /// mode), guarded addresses are reported but stay dialable; loops never are.
-    pub fn check(
-        &self,
-        resolved: &[SocketAddr],
-        exception: Option<Exception>,
-        enforce: bool,
-    ) -> Checked {
+    /// Sorts resolved addresses into dialable and blocked, in every mode alike.
+    pub fn check(&self, resolved: &[SocketAddr], exception: Option<Exception>) -> Checked {
         let mut out = Checked::default();
         for &addr in resolved {
             if self.is_loop(addr) {
@@ -240,12 +235,9 @@ impl Guard {
                 });
                 continue;
             }
-            let why = self.why_blocked(addr.ip(), exception);
-            if let Some(why) = why {
-                out.blocked.push(Blocked { addr, why });
-            }
-            if why.is_none() || !enforce {
-                out.dialable.push(UpstreamAddr(addr));
+            match self.why_blocked(addr.ip(), exception) {
+                Some(why) => out.blocked.push(Blocked { addr, why }),
+                None => out.dialable.push(UpstreamAddr(addr)),
             }
         }
         out
@@ -341,7 +333,7 @@ mod tests {
             addr("10.9.1.1:80"),
             addr("10.8.1.1:80"),
         ];
-        let checked = guard.check(&candidates, Some(Exception::Ip(ip("127.0.0.1"))), true);
+        let checked = guard.check(&candidates, Some(Exception::Ip(ip("127.0.0.1"))));
         let dialable: Vec<_> = checked.dialable.iter().map(|a| a.socket_addr()).collect();
         assert_eq!(dialable, [addr("127.0.0.1:8080"), addr("10.9.1.1:80")]);
         assert_eq!(checked.blocked.len(), 2);
@@ -349,7 +341,6 @@ mod tests {
         let localhost = guard.check(
             &[addr("127.0.0.5:80"), addr("[::1]:80"), addr("10.0.0.1:80")],
             Some(Exception::Localhost),
-            true,
         );
         assert_eq!(localhost.dialable.len(), 2);
 
@@ -362,11 +353,7 @@ mod tests {
             "[::ffff:127.0.0.1]:3128",
             "127.0.0.1:40005",
         ] {
-            let checked = everything.check(
-                &[addr(looping)],
-                Some(Exception::Ip(ip("127.0.0.1"))),
-                false,
-            );
+            let checked = everything.check(&[addr(looping)], Some(Exception::Ip(ip("127.0.0.1"))));
             assert!(checked.dialable.is_empty(), "{looping}");
         }
         let wildcard = Guard {
@@ -378,10 +365,15 @@ mod tests {
     }
 
     #[test]
-    fn report_mode_keeps_guarded_addresses_dialable_but_reported() {
+    fn guarded_addresses_are_never_dialable() {
         let guard = Guard::default();
-        let checked = guard.check(&[addr("169.254.169.254:80")], None, false);
-        assert_eq!(checked.dialable.len(), 1);
+        let checked = guard.check(
+            &[addr("169.254.169.254:80"), addr("93.184.216.34:80")],
+            None,
+        );
+        let dialable: Vec<_> = checked.dialable.iter().map(|a| a.socket_addr()).collect();
+        assert_eq!(dialable, [addr("93.184.216.34:80")]);
+        assert_eq!(checked.blocked.len(), 1);
         assert_eq!(checked.blocked[0].why, "Link Local (cloud metadata)");
     }
 
@@ -493,7 +485,7 @@ mod tests {
             allow_private: vec!["10.0.0.0/8".parse().unwrap()],
             ..guard.clone()
         };
-        let checked = exempt.check(&[addr("10.1.2.3:3129")], None, false);
+        let checked = exempt.check(&[addr("10.1.2.3:3129")], None);
         assert!(checked.dialable.is_empty());
         // A listener on one address is not reachable through another.
         let specific = Guard {

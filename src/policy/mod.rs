@@ -1,9 +1,11 @@
-//! Policy: target normalisation, host patterns, verdicts, the address guard and refusal codes.
+//! Policy: target normalisation, host patterns, verdicts, port lists, the address guard and
+//! refusal codes.
 //!
 //! Invariant: pure. Data and `now` come in as arguments; nothing here does I/O.
 
 pub mod guard;
 pub mod pattern;
+pub mod ports;
 pub mod refusal;
 pub mod target;
 pub mod verdict;
@@ -13,6 +15,7 @@ mod tests;
 
 pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
+pub use ports::Ports;
 pub use refusal::{Code, Refusal};
 pub use target::{Target, TargetHost};
 pub use verdict::{HostPolicy, HostVerdict};

@@ -27,6 +27,7 @@ pub enum Code {
     TlsUnverifiable,
     HostMismatch,
     MethodNotAllowed,
+    PortNotAllowed,
     TooManyConnections,
     DnsFailed,
     UpstreamUnreachable,
@@ -34,7 +35,7 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 21] = [
+    pub const ALL: [Code; 22] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -52,6 +53,7 @@ impl Code {
         Code::TlsUnverifiable,
         Code::HostMismatch,
         Code::MethodNotAllowed,
+        Code::PortNotAllowed,
         Code::TooManyConnections,
         Code::DnsFailed,
         Code::UpstreamUnreachable,
@@ -77,6 +79,7 @@ impl Code {
             Code::TlsUnverifiable => "tls-unverifiable",
             Code::HostMismatch => "host-mismatch",
             Code::MethodNotAllowed => "method-not-allowed",
+            Code::PortNotAllowed => "port-not-allowed",
             Code::TooManyConnections => "too-many-connections",
             Code::DnsFailed => "dns-failed",
             Code::UpstreamUnreachable => "upstream-unreachable",
@@ -99,7 +102,8 @@ impl Code {
             | Code::HostNotAllowed
             | Code::AddressNotAllowed
             | Code::SniMismatch
-            | Code::TlsUnverifiable => StatusCode::FORBIDDEN,
+            | Code::TlsUnverifiable
+            | Code::PortNotAllowed => StatusCode::FORBIDDEN,
             Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
@@ -109,7 +113,8 @@ impl Code {
     }
 
     /// A policy check: refused in enforce mode (and revoking by default), reported only in
-    /// report mode.
+    /// report mode. `port-not-allowed` is none: the operator's port lists bound every lease
+    /// alike, in every mode, and a lease is not revoked for asking.
     pub fn is_policy(self) -> bool {
         matches!(
             self,
@@ -168,5 +173,25 @@ pub fn host_refusal<'a>(
                 by.lease_id
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Code;
+
+    /// The egress log's schema names exactly the codes there are.
+    #[test]
+    fn the_egress_schema_lists_every_code() {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../schemas/egress-event.schema.json")).unwrap();
+        let listed: Vec<&str> = schema["properties"]["code"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|code| code.as_str())
+            .collect();
+        let codes: Vec<&str> = Code::ALL.iter().map(|code| code.as_str()).collect();
+        assert_eq!(listed, codes);
     }
 }

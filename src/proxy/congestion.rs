@@ -138,7 +138,7 @@ mod tests {
             ..Default::default()
         };
         let addr = guard
-            .check(&[listener.local_addr().unwrap()], None, true)
+            .check(&[listener.local_addr().unwrap()], None)
             .dialable[0];
         let stream = TcpDialer.connect(addr).await.unwrap();
         let want = if paces(&default) {

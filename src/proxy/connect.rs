@@ -4,13 +4,14 @@
 //!
 //! Invariant: the upstream is dialled before the client hears 200 (so refusals are 403 and
 //! dial failures 502); the client's first bytes reach the upstream untouched, and only once
-//! judged: a first byte of 0x16 must lead to a complete ClientHello (`tls-unverifiable`
-//! otherwise) whose SNI the lease may reach (`sni-mismatch` otherwise); under
-//! `--require-sni` anything but such a ClientHello is `tls-unverifiable`.
+//! judged: first bytes that open a TLS record of any content type ([`hello::opening`]) must
+//! be a complete ClientHello, with no other record before it (`tls-unverifiable` otherwise),
+//! whose SNI the lease may reach (`sni-mismatch` otherwise); under `--require-sni` anything
+//! but such a ClientHello is `tls-unverifiable`.
 
 use super::body::RelayEnd;
 use super::exchange::Exchange;
-use super::hello::{self, Probe, Reassembler, Unverifiable};
+use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Decision;
 use super::{empty, Body, ClientConn, Proxy};
 use crate::policy::refusal::{Code, Refusal};
@@ -152,7 +153,7 @@ async fn tunnel(
 enum FirstBytes {
     /// A complete ClientHello, and its SNI if it has one.
     Hello(Option<String>),
-    /// The first byte is not a TLS handshake record's.
+    /// The first bytes open no TLS record.
     NotTls,
     /// The upstream spoke before the client sent anything (SMTP, SSH and the like).
     ServerFirst,
@@ -164,8 +165,9 @@ enum FirstBytes {
     ClientGone,
 }
 
-/// Reads the client's first bytes into `buf`. Nothing is forwarded meanwhile: a first byte of
-/// 0x16 commits the client to a whole ClientHello within the header-read timeout.
+/// Reads the client's first bytes into `buf`. Nothing is forwarded meanwhile: bytes that may
+/// open a TLS record commit the client to telling (and then to a whole ClientHello) within the
+/// header-read timeout.
 async fn look_at_first_bytes<S: AsyncRead + Unpin>(
     proxy: &Proxy,
     client: &mut S,
@@ -191,10 +193,19 @@ async fn look_at_first_bytes<S: AsyncRead + Unpin>(
             };
         }
     }
-    if buf[0] != hello::HANDSHAKE {
-        return FirstBytes::NotTls;
-    }
-    tokio::time::timeout(config.header_read_timeout, read_client_hello(client, buf))
+    let judged = async {
+        loop {
+            match hello::opening(buf) {
+                Opening::NotTls => return FirstBytes::NotTls,
+                Opening::Tls => return read_client_hello(client, buf).await,
+                Opening::NeedMore => match client.read_buf(buf).await {
+                    Ok(0) | Err(_) => return FirstBytes::ClientGone,
+                    Ok(_) => {}
+                },
+            }
+        }
+    };
+    tokio::time::timeout(config.header_read_timeout, judged)
         .await
         .unwrap_or(FirstBytes::Unverifiable(Unverifiable::Timeout))
 }

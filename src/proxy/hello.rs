@@ -6,7 +6,10 @@
 //! `server_name` extension exactly as sent — an SNI that is present but unreadable is
 //! [`Unverifiable`], never "no SNI". The caller's bytes are only read, never rewritten; the
 //! outcome depends on the bytes alone, never on how reads split them; at most
-//! [`MAX_HANDSHAKE`] handshake bytes are held. `fuzz/checks/hello.rs` checks all of this.
+//! [`MAX_HANDSHAKE`] handshake bytes are held. [`opening`] calls TLS every first bytes a
+//! server's TLS stack would read as a record, of any content type, so that a record before
+//! the ClientHello can never make a tunnel pass as plain. `fuzz/checks/hello.rs` checks all
+//! of this.
 
 /// The largest ClientHello handshake message (its 4-byte header included) we reassemble.
 pub const MAX_HANDSHAKE: usize = 64 * 1024;
@@ -16,8 +19,15 @@ pub const MAX_HANDSHAKE: usize = 64 * 1024;
 /// also what bounds a client that sends only those.
 pub const MAX_RAW: usize = 6 * MAX_HANDSHAKE;
 
-/// TLS record content type `handshake`, and the first byte of a tunnel that speaks TLS.
+/// TLS record content type `handshake`: the record a ClientHello comes in.
 pub const HANDSHAKE: u8 = 22;
+/// The TLS record content types (RFC 8446 §5.1, RFC 6520): change_cipher_spec (20), alert
+/// (21), handshake (22), application_data (23), heartbeat (24).
+pub const CONTENT_TYPES: std::ops::RangeInclusive<u8> = 20..=24;
+/// Record versions below `0x1000` (a first byte below this) are read on a first record: Go's
+/// TLS stack takes any of them ("first record does not look like a TLS handshake" only from
+/// 0x1000 up), then drops a warning alert and reads the ClientHello after it.
+pub const READ_VERSION_MAJOR_BELOW: u8 = 0x10;
 const CLIENT_HELLO: u8 = 1;
 /// RFC 8446 §5.1: a plaintext record carries at most 2^14 bytes.
 const MAX_FRAGMENT: usize = 16 * 1024;
@@ -48,6 +58,35 @@ pub enum Unverifiable {
     ServerFirst,
     #[error("the ClientHello names no host (--require-sni)")]
     NoSni,
+}
+
+/// What a tunnel's first client bytes open with, as far as TLS goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// Too few bytes to tell (none, or one of [`CONTENT_TYPES`] without the next).
+    NeedMore,
+    /// A TLS record header: the client owes a ClientHello first, read by a [`Reassembler`]
+    /// (which refuses a record of any other content type before it).
+    Tls,
+    /// Bytes no TLS stack reads as a record.
+    NotTls,
+}
+
+/// Classifies a tunnel's first client bytes (a prefix that grows; the answer, once it is not
+/// [`Opening::NeedMore`], never changes as bytes are added).
+///
+/// `0x16` is TLS whatever follows (the Reassembler then checks the record header); any other
+/// content type is TLS when the version's first byte is one a TLS stack reads on a first
+/// record (below [`READ_VERSION_MAJOR_BELOW`]: every `0x03xx`, and what Go also takes).
+pub fn opening(first: &[u8]) -> Opening {
+    match first {
+        [] => Opening::NeedMore,
+        [HANDSHAKE, ..] => Opening::Tls,
+        [kind, ..] if !CONTENT_TYPES.contains(kind) => Opening::NotTls,
+        [_] => Opening::NeedMore,
+        [_, major, ..] if *major < READ_VERSION_MAJOR_BELOW => Opening::Tls,
+        _ => Opening::NotTls,
+    }
 }
 
 /// What the bytes seen so far are.
@@ -358,6 +397,41 @@ mod tests {
         // Endless zero-length records.
         let empties: Vec<u8> = [22, 3, 1, 0, 0].repeat(MAX_RAW / 5 + 1);
         assert_eq!(unverifiable(&empties), Unverifiable::TooManyRecords);
+    }
+
+    #[test]
+    fn a_record_of_any_type_opens_tls_and_only_a_handshake_may_come_first() {
+        let hello = client_hello("denied.test", vec![]);
+        // A warning alert first: Go's TLS stack drops it and reads the hello after it.
+        for (kind, version) in [
+            (21, [3, 3]),
+            (21, [0, 0]),
+            (20, [3, 1]),
+            (23, [3, 3]),
+            (24, [3, 0]),
+        ] {
+            let mut raw = vec![kind, version[0], version[1], 0, 2, 1, 90];
+            raw.extend_from_slice(&hello);
+            assert_eq!(opening(&raw[..1]), Opening::NeedMore, "{kind}");
+            assert_eq!(opening(&raw), Opening::Tls, "{kind} {version:?}");
+            assert_eq!(
+                probe_growing(&raw),
+                Probe::Unverifiable(Unverifiable::NotHandshake(kind))
+            );
+        }
+        assert_eq!(opening(&hello), Opening::Tls);
+        assert_eq!(opening(&[22]), Opening::Tls);
+        assert_eq!(opening(&[]), Opening::NeedMore);
+        // Plain protocols stay plain, even one whose first byte is a content type.
+        for plain in [
+            &b"SSH-2.0-OpenSSH_9.6\r\n"[..],
+            b"GET / HTTP/1.1\r\n",
+            b"\x00\x00\x00\x08\x04\xd2\x16\x2f",
+            b"\x15A line",
+            b"\x17\x10",
+        ] {
+            assert_eq!(opening(plain), Opening::NotTls, "{plain:?}");
+        }
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! each request to CONNECT or forwarding.
 //!
 //! Invariant: every accepted connection holds one slot of its source IP
-//! (`max_connections_per_client`, taken first, before a byte is read) and one
-//! `max_connections` permit for as long as it (or a tunnel it became) lives, is counted once
-//! against each lease it is tied to, and closes when any of those leases closes.
+//! (`max_connections_per_client`, taken first, before a byte is read) until it is first tied
+//! to a lease, and one `max_connections` permit for as long as it (or a tunnel it became)
+//! lives; it is counted once against each lease it is tied to, and closes when any of those
+//! leases closes. So the per-address budget bounds what no lease answers for yet, and an
+//! identified connection counts against its lease's budget only (every sidecar agent is
+//! 127.0.0.1: one lease's tunnels must not lock the others out).
 
 use super::state::Proxy;
 use super::workers::Placed;
@@ -38,8 +41,9 @@ pub struct ClientConn {
     /// This connection's place under `max_connections`, held as long as the connection (or
     /// the tunnel it became) lives; `None` for `check`'s connection, which is not a socket.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// Its place under `max_connections_per_client`, held as long as the permit.
-    _slot: Option<ClientSlot>,
+    /// Its place under `max_connections_per_client`, held until the connection is first tied
+    /// to a lease ([`ClientConn::link`] gives it back).
+    slot: Mutex<Option<ClientSlot>>,
     /// Its place on the connection worker it lives on, held as long as the permit.
     _placed: Option<Placed>,
 }
@@ -106,7 +110,7 @@ impl ClientConn {
             linked: Mutex::new(HashMap::new()),
             telemetry: proxy.telemetry.clone(),
             _permit: Some(permit),
-            _slot: Some(slot),
+            slot: Mutex::new(Some(slot)),
             _placed: placed,
         }
     }
@@ -123,13 +127,14 @@ impl ClientConn {
             linked: Mutex::new(HashMap::new()),
             telemetry: proxy.telemetry.clone(),
             _permit: None,
-            _slot: None,
+            slot: Mutex::new(None),
             _placed: None,
         }
     }
 
     /// Ties this connection to a lease: counted against the lease's connection limit, and
-    /// closed when the lease's token fires.
+    /// closed when the lease's token fires. The first tie gives back the connection's
+    /// per-address slot: from then on the lease answers for it.
     pub fn link(
         &self,
         proxy: &Proxy,
@@ -157,6 +162,8 @@ impl ClientConn {
             ));
         }
         linked.insert(lease_id.to_owned(), token.clone());
+        drop(linked);
+        drop(self.slot.lock().unwrap_or_else(|e| e.into_inner()).take());
         let (watched, closer) = (token.clone(), self.closer.clone());
         tokio::spawn(async move {
             tokio::select! {

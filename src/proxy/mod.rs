@@ -2,7 +2,7 @@
 //! requests, and what moves the bytes.
 //!
 //! Invariant: every CONNECT and forwarded request is decided by [`pipeline`]'s one `decide`
-//! (identify → chain → target → verdict → resolve and guard), then dialled, then relayed; every
+//! (identify → chain → target → verdict and port → resolve and guard), then dialled, then relayed; every
 //! exchange writes exactly one egress line. See `pipeline` for how refusals are answered.
 
 pub mod body;

@@ -3,7 +3,7 @@
 //! that turns a refusal into the client's answer.
 //!
 //! Invariant: phases 1–5 run in order, once, here only: identify the lease → its chain opens
-//! now → normalise the target → host verdict → resolve and guard. A refusal found before the
+//! now → normalise the target → host verdict, then the port → resolve and guard. A refusal found before the
 //! client heard anything is answered through [`Proxy::refuse`]; one found after the tunnel's
 //! 200 (the SNI check) cannot change the status any more, so it is recorded through
 //! [`Proxy::record_refusal`] and the tunnel is closed. Either way a revoking code revokes.
@@ -107,6 +107,7 @@ impl Proxy {
         }
         let target = self.target(headers, authority, default_port, ex)?;
         self.judge_host(&admitted, &target, ex)?;
+        self.check_port(&target, ex.kind)?;
         let addrs = self.resolve_and_guard(&admitted, &target, ex).await?;
         Ok(Decision {
             lease_id: admitted.lease_id,
@@ -205,6 +206,30 @@ impl Proxy {
         }
     }
 
+    /// Phase 4, after the host verdict (so a denied host still revokes): the port is one the
+    /// operator opened to this kind of request. No policy check: report mode does not relax
+    /// it, and it never revokes.
+    fn check_port(&self, target: &Target, kind: Kind) -> Result<(), Refusal> {
+        let (ports, flag, what) = match kind {
+            Kind::Connect => (&self.config.connect_ports, "--connect-ports", "tunnels"),
+            Kind::Http => (
+                &self.config.forward_ports,
+                "--forward-ports",
+                "forwarded requests",
+            ),
+        };
+        if ports.contains(target.port) {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            Code::PortNotAllowed,
+            format!(
+                "port {} is not open to {what} ({flag} {ports})",
+                target.port
+            ),
+        ))
+    }
+
     /// Phase 5: resolve once, drop guarded addresses; what survives may be dialled.
     async fn resolve_and_guard(
         &self,
@@ -250,10 +275,8 @@ impl Proxy {
             policies(&admitted.snapshot, &admitted.chain).map(|(_, p)| p),
             &target.host,
         );
-        let checked =
-            self.config
-                .guard
-                .check(&resolved, exception, self.config.mode == Mode::Enforce);
+        // Absolute: report mode relaxes host policy, never the guard.
+        let checked = self.config.guard.check(&resolved, exception);
         let blocked = checked.blocked.first().map(|b| {
             Refusal::new(
                 Code::AddressNotAllowed,
@@ -267,10 +290,6 @@ impl Proxy {
                 Code::DnsFailed,
                 format!("{} has no addresses", target.host),
             )),
-            (false, Some(refusal)) if self.config.mode == Mode::Report => {
-                self.policy_failure(ex, refusal)?;
-                Ok(checked.dialable)
-            }
             (false, _) => Ok(checked.dialable),
         }
     }

@@ -389,7 +389,7 @@ mod tests {
         };
         let addr = PoolKey {
             lease_id: "lease-a".into(),
-            addr: guard.check(&[at], None, true).dialable[0],
+            addr: guard.check(&[at], None).dialable[0],
             worker: None,
         };
         let (client, accepted) = tokio::join!(TcpStream::connect(at), listener.accept());

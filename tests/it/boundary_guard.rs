@@ -1,9 +1,11 @@
 //! Closing the boundary (issue 10): deny entries that are IP literals, malformed patterns,
 //! the upstream pool across leases, and a wildcard listener's own interface addresses.
 
-use crate::harness::{curl, eventually, http_origin, proxy_url, raw, Harness};
+use crate::harness::{
+    admin_text, curl, eventually, http_origin, open_tunnel, proxy_url, raw, status_of, Harness,
+};
 use crate::support::{granted_line, key, lease, leasegate_sync as run};
-use leasegate::proxy::OnRefusal;
+use leasegate::proxy::{OnRefusal, ProxyConfig};
 use leasegate::server::Server;
 use std::net::IpAddr;
 use std::path::Path;
@@ -264,4 +266,78 @@ fn verify_and_leases_flag_a_signed_lease_whose_pattern_is_malformed() {
         "{table}"
     );
     assert!(table.contains("! not a host pattern"), "{table}");
+}
+
+/// Tunnels reach 443 and forwarded requests 80 unless the operator widens the lists; a port
+/// outside them is `port-not-allowed`, which revokes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_outside_the_lists_are_refused_without_revoking() {
+    let origin = http_origin().await;
+    let port = origin.addr.port();
+    let get = |lease: &str| {
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\n\
+             X-Lease-Id: {lease}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    config.connect_ports = ProxyConfig::default().connect_ports;
+    config.forward_ports = ProxyConfig::default().forward_ports;
+    let server = h.start(config.clone()).await;
+    let requests = [
+        format!("CONNECT origin.test:22 HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n"),
+        format!("CONNECT origin.test:{port} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n"),
+        get(&lease),
+        // A WebSocket upgrade is a forwarded request.
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\n\
+             X-Lease-Id: {lease}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        ),
+    ];
+    for (i, request) in requests.iter().enumerate() {
+        let answer = raw(server.addr, request.as_bytes()).await;
+        if i == 0 {
+            assert!(
+                answer.contains("port 22 is not open to tunnels (--connect-ports 443)"),
+                "{answer}"
+            );
+        }
+        assert_eq!(status_of(&answer), 403, "{request}: {answer}");
+        assert!(
+            answer.contains("x-leasegate-refusal: port-not-allowed"),
+            "{answer}"
+        );
+    }
+    let lines = h.egress_lines(requests.len()).await;
+    for line in &lines {
+        assert_eq!(line["code"], "port-not-allowed", "{line}");
+        assert_eq!(line["verdict"], "refuse", "{line}");
+        assert!(line["revoked"].is_null(), "{line}");
+        assert!(
+            leasegate::contract::schema::Schema::EgressEvent.is_valid(line),
+            "{line}"
+        );
+    }
+    assert!(h.revocations().await.is_empty(), "nothing revoked");
+    assert_eq!(
+        origin.connections.load(Ordering::SeqCst),
+        0,
+        "nothing dialled"
+    );
+    let (_, metrics) = admin_text(&server, "/metrics").await;
+    assert!(metrics.contains("code=\"port-not-allowed\""), "{metrics}");
+
+    // Widened, the same lease reaches the origin's port both ways.
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    config.connect_ports = format!("443,{port}").parse().unwrap();
+    config.forward_ports = format!("80,{}-{port}", port - 1).parse().unwrap();
+    let server = h.start(config).await;
+    drop(open_tunnel(server.addr, &format!("origin.test:{port}"), Some(&lease)).await);
+    let answer = raw(server.addr, get(&lease).as_bytes()).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert!(h.revocations().await.is_empty());
 }

@@ -321,6 +321,63 @@ async fn one_client_cannot_take_every_connection_slot() {
     );
 }
 
+/// Every sidecar agent connects from 127.0.0.1: a connection tied to a lease counts against
+/// that lease's budget only, so one lease's idle tunnels beyond the per-address limit leave
+/// another lease served; connections no lease answers for yet stay limited per address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_lease_holding_tunnels_on_loopback_locks_no_other_lease_out() {
+    // An origin that holds every connection open and says nothing.
+    let origin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin_port = origin.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = origin.accept().await {
+            held.push(stream);
+        }
+    });
+    let h = Harness::new();
+    let a = h.lease(&["origin.test"], &[]);
+    let b = h.lease(&["origin.test"], &[]);
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    assert_eq!(config.max_connections_per_client, 256, "the default");
+    // Longer than the test: silent connections stay until it ends.
+    config.header_read_timeout = Duration::from_secs(120);
+    let server = h.start(config).await;
+    let target = format!("origin.test:{origin_port}");
+    let mut tunnels = Vec::with_capacity(300);
+    for _ in 0..300 {
+        tunnels.push(crate::harness::open_tunnel(server.addr, &target, Some(&a)).await);
+    }
+    let answer = exchange(
+        TcpStream::connect(server.addr).await.unwrap(),
+        &format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {b}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "lease B: {answer}");
+
+    // 256 connections that never send a head fill 127.0.0.1's budget: the next is refused.
+    let mut silent = Vec::with_capacity(256);
+    for _ in 0..256 {
+        silent.push(TcpStream::connect(server.addr).await.unwrap());
+    }
+    let refused = crate::harness::eventually(Duration::from_secs(10), || async {
+        let answer = crate::harness::raw(
+            server.addr,
+            format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {b}\r\n\r\n").as_bytes(),
+        )
+        .await;
+        (status_of(&answer) == 429).then_some(answer)
+    })
+    .await
+    .expect("a connection beyond 256 unidentified ones is refused");
+    assert!(
+        refused.contains("x-leasegate-refusal: too-many-connections"),
+        "{refused}"
+    );
+    assert!(refused.contains("256 open from 127.0.0.1"), "{refused}");
+    drop((tunnels, silent));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keep_alive_connection_closes_after_the_header_timeout() {
     let h = Harness::new();

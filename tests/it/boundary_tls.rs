@@ -77,8 +77,8 @@ async fn hellos_the_old_probe_gave_up_on_are_checked_and_close_the_tunnel() {
     let (secure, _) = https_origin("secure.test", dir.path()).await;
     let target = format!("secure.test:{}", secure.addr.port());
     let denied = first_flight(&mut tls_client("denied.test", None, vec![]));
-    let mut empty_first = vec![22, 3, 1, 0, 0];
-    empty_first.extend_from_slice(&denied);
+    let before = |record: &[u8]| [record, &denied[..]].concat();
+    let empty_first = before(&[22, 3, 1, 0, 0]);
     // 80 ALPN names of 250 bytes: a ~20 KB hello, beyond one record.
     let big = first_flight(&mut tls_client(
         "denied.test",
@@ -104,6 +104,33 @@ async fn hellos_the_old_probe_gave_up_on_are_checked_and_close_the_tunnel() {
             alert_between,
             "tls-unverifiable",
         ),
+        // A record of another type first: Go's TLS stack drops a warning alert and reads
+        // the hello after it, so these passed as not-TLS.
+        (
+            "a warning alert first",
+            before(&[0x15, 3, 3, 0, 2, 1, 0]),
+            "tls-unverifiable",
+        ),
+        (
+            "an alert with version 0x0000 first",
+            before(&[0x15, 0, 0, 0, 2, 1, 90]),
+            "tls-unverifiable",
+        ),
+        (
+            "a change_cipher_spec first",
+            before(&[0x14, 3, 3, 0, 1, 1]),
+            "tls-unverifiable",
+        ),
+        (
+            "application data first",
+            before(&[0x17, 3, 3, 0, 3, 1, 2, 3]),
+            "tls-unverifiable",
+        ),
+        (
+            "a heartbeat first",
+            before(&[0x18, 3, 3, 0, 3, 1, 0, 0]),
+            "tls-unverifiable",
+        ),
         // A record header, then silence past the header-read timeout.
         (
             "a hello that never completes",
@@ -122,6 +149,41 @@ async fn hellos_the_old_probe_gave_up_on_are_checked_and_close_the_tunnel() {
         assert!(back.is_empty(), "{what}: the origin answered: {back:?}");
         assert_closed_with(&h, &server, &lease, &target, code).await;
     }
+}
+
+/// Plain protocols, one whose first byte is a TLS content type included, still pass a tunnel
+/// (a record of another type before a ClientHello does not: see the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_bytes_pass_even_when_they_start_with_a_content_type_byte() {
+    // An echo origin: plain bytes come back as sent.
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo_port = echo.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut read, mut write) = stream.split();
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+            });
+        }
+    });
+    let h = Harness::new();
+    let lease = h.lease(&["echo.test"], &[]);
+    let server = h.start(h.config(&[("echo.test", "127.0.0.1")])).await;
+    for plain in [
+        &b"SSH-2.0-OpenSSH_9.6\r\n"[..],
+        b"\x15A plain protocol line\r\n",
+        b"\x00\x00\x00\x08\x04\xd2\x16\x2f",
+    ] {
+        let mut stream = tunnel(server.addr, &format!("echo.test:{echo_port}"), &lease).await;
+        stream.write_all(plain).await.unwrap();
+        let mut back = vec![0u8; plain.len()];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut back))
+            .await
+            .expect("the echo came back")
+            .unwrap();
+        assert_eq!(back, plain);
+    }
+    assert!(h.revocations().await.is_empty());
 }
 
 /// Drives `conn`'s handshake over `stream` (its first flight already sent), then a GET.

@@ -9,6 +9,7 @@ use hyper_util::rt::TokioIo;
 use leasegate::config::ServeConfig;
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::issue::{self, IssueRequest};
+use leasegate::policy::Ports;
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{BoxError, ProxyConfig};
 use leasegate::registry::{JournalLocation, StoreOptions};
@@ -335,7 +336,8 @@ impl Harness {
     }
 
     /// The proxy config every test starts from: loopback origins reachable via 127.0.0.1
-    /// only, names resolved from `resolve`, never by the system.
+    /// only, names resolved from `resolve`, never by the system, every port open (origins
+    /// listen on random ports; tests of the port lists narrow them).
     pub fn config(&self, resolve: &[(&str, &str)]) -> ProxyConfig {
         let mut resolver = Resolver::default();
         for (name, ip) in resolve {
@@ -351,6 +353,8 @@ impl Harness {
                 allow_private: vec!["127.0.0.1/32".parse().unwrap()],
                 ..Default::default()
             },
+            connect_ports: Ports::all(),
+            forward_ports: Ports::all(),
             ..ProxyConfig::default()
         }
     }

@@ -569,6 +569,9 @@ async fn sigterm_drains_and_exits_zero_and_logs_keep_secrets_out() {
             "denied.test=127.0.0.1",
             "--allow-private",
             "127.0.0.1/32",
+            // The origin listens on a random port.
+            "--forward-ports",
+            "1-65535",
         ])
         .env("RUST_LOG", "trace")
         .stdout(std::process::Stdio::piped())

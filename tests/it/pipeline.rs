@@ -3,7 +3,7 @@
 
 use crate::harness::{http_origin, raw, status_of, Harness};
 use http::{HeaderMap, HeaderValue};
-use leasegate::config::{OnRefusal, ProxyConfig};
+use leasegate::config::{Mode, OnRefusal, ProxyConfig};
 use leasegate::contract::Timestamp;
 use leasegate::inspect;
 use leasegate::policy::{Code, UpstreamAddr};
@@ -359,6 +359,114 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
         *dialer.dialled.lock().unwrap(),
         ["93.184.216.34:443".parse::<SocketAddr>().unwrap()]
     );
+}
+
+#[tokio::test]
+async fn report_mode_relaxes_host_policy_but_never_the_guard() {
+    let h = Harness::new();
+    let lease = h.lease(&["*"], &[]);
+    let narrow = h.lease(&["allowed.test"], &[]);
+    let mut config = h.config(&[
+        ("allowed.test", "93.184.216.34"),
+        ("elsewhere.test", "93.184.216.35"),
+        ("metadata.test", "169.254.169.254"),
+        ("private.test", "10.1.2.3"),
+    ]);
+    config.guard.allow_private.clear();
+    config.mode = leasegate::proxy::Mode::Report;
+    let dialer = Arc::new(RecordingDialer::default());
+    let proxy = offline_proxy(&h, config, dialer.clone()).await;
+    let mut guarded: Vec<String> = GUARDED.iter().map(|a| format!("{a}:443")).collect();
+    guarded.extend(["metadata.test:80".into(), "private.test:443".into()]);
+    for authority in &guarded {
+        let outcome = connect_on_port(&proxy, &lease, authority).await;
+        assert_eq!(outcome, Err(Code::AddressNotAllowed), "{authority}");
+        let dialled = std::mem::take(&mut *dialer.dialled.lock().unwrap());
+        assert_eq!(dialled, Vec::<SocketAddr>::new(), "{authority} dialled");
+    }
+    // Host policy is what report mode relaxes: a host the lease does not list is dialled.
+    let outcome = connect_on_port(&proxy, &narrow, "elsewhere.test:443").await;
+    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+    assert_eq!(
+        *dialer.dialled.lock().unwrap(),
+        ["93.184.216.35:443".parse::<SocketAddr>().unwrap()]
+    );
+}
+
+#[tokio::test]
+async fn ports_outside_the_lists_are_refused_before_any_dial_in_every_mode() {
+    let h = Harness::new();
+    let lease = h.lease(&["*"], &["denied.test"]);
+    let mut config = h.config(&[
+        ("allowed.test", "93.184.216.34"),
+        ("denied.test", "93.184.216.35"),
+    ]);
+    // The defaults: tunnels to 443, forwarded requests to 80.
+    config.connect_ports = ProxyConfig::default().connect_ports;
+    config.forward_ports = ProxyConfig::default().forward_ports;
+    for mode in [Mode::Enforce, Mode::Report] {
+        config.mode = mode;
+        let dialer = Arc::new(RecordingDialer::default());
+        let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
+        for (kind, method, authority) in [
+            (Kind::Connect, "CONNECT", "allowed.test:22"),
+            (Kind::Connect, "CONNECT", "allowed.test:80"),
+            (Kind::Connect, "CONNECT", "93.184.216.34:8443"),
+            (Kind::Http, "GET", "allowed.test:8080"),
+            (Kind::Http, "GET", "allowed.test:443"),
+        ] {
+            let outcome = ask(&proxy, Some(&lease), &[], kind, method, authority).await;
+            assert_eq!(outcome, Err(Code::PortNotAllowed), "{mode:?} {authority}");
+            assert!(dialer.dialled.lock().unwrap().is_empty(), "{authority}");
+        }
+        let said = refusal_detail(&proxy, &lease, "allowed.test:22").await;
+        assert_eq!(said, "port 22 is not open to tunnels (--connect-ports 443)");
+        // The host verdict comes first: a denied host on any port is host-denied.
+        if mode == Mode::Enforce {
+            let outcome = connect_on_port(&proxy, &lease, "denied.test:22").await;
+            assert_eq!(outcome, Err(Code::HostDenied));
+        }
+        // The defaults themselves are dialled (the recording dialer connects nowhere).
+        let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
+        assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+        let outcome = ask(&proxy, Some(&lease), &[], Kind::Http, "GET", "allowed.test").await;
+        assert_eq!(outcome, Err(Code::UpstreamUnreachable));
+        assert_eq!(
+            std::mem::take(&mut *dialer.dialled.lock().unwrap()),
+            [
+                "93.184.216.34:443".parse::<SocketAddr>().unwrap(),
+                "93.184.216.34:80".parse().unwrap()
+            ]
+        );
+    }
+
+    // `check` asks an http:// URL as a forwarded request and anything else as a CONNECT.
+    config.mode = Mode::Enforce;
+    config.resolve_names = false;
+    let keyring = {
+        let serve = h.serve_config(config.clone(), None);
+        serve.keyring
+    };
+    for (target, want) in [
+        ("allowed.test", None),
+        ("https://allowed.test/x", None),
+        ("http://allowed.test/x", None),
+        ("allowed.test:80", Some(Code::PortNotAllowed)),
+        ("http://allowed.test:8080/", Some(Code::PortNotAllowed)),
+        ("https://allowed.test:8443/", Some(Code::PortNotAllowed)),
+    ] {
+        let explained = inspect::check(
+            &leasegate::registry::JournalLocation::File(h.journal.clone()),
+            &Default::default(),
+            keyring.clone(),
+            config.clone(),
+            &lease,
+            target,
+        )
+        .await
+        .unwrap();
+        assert_eq!(explained.refusal.map(|r| r.code), want, "{target}");
+    }
 }
 
 #[tokio::test]

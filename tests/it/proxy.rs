@@ -7,6 +7,7 @@ use crate::harness::{
 use leasegate::contract::Timestamp;
 use leasegate::proxy::Mode;
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -895,6 +896,47 @@ async fn report_mode_lets_policy_refusals_through_and_logs_them() {
     assert_eq!(line["verdict"], "report");
     assert_eq!(line["code"], "host-not-allowed");
     assert!(h.revocations().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_mode_refuses_a_guarded_address_without_revoking() {
+    let h = Harness::new();
+    // An origin on a loopback address the harness does not exempt: report mode dialled it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((_stream, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let lease = h.lease(&["*"], &[]);
+    let mut config = h.config(&[("inside.test", "127.0.0.2")]);
+    config.mode = Mode::Report;
+    let server = h.start(config).await;
+    for target in [format!("inside.test:{port}"), format!("127.0.0.2:{port}")] {
+        let answer = raw(
+            server.addr,
+            format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert_eq!(status_of(&answer), 403, "{target}: {answer}");
+        assert!(
+            answer.contains("x-leasegate-refusal: address-not-allowed"),
+            "{target}: {answer}"
+        );
+    }
+    for line in h.egress_lines(2).await {
+        assert_eq!(line["verdict"], "refuse", "{line}");
+        assert_eq!(line["code"], "address-not-allowed", "{line}");
+        assert!(line["dialed"].is_null(), "{line}");
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(
+        h.revocations().await.is_empty(),
+        "report mode revokes nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

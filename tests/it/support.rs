@@ -89,10 +89,16 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_leasegate")
 }
 
-/// The one way tests run the built binary: `args`, with RUST_LOG cleared.
+/// The one way tests run the built binary: `args`, with RUST_LOG cleared and every port open
+/// to tunnels and forwarded requests (origins listen on random ports; a test of the port
+/// defaults removes `LEASEGATE_CONNECT_PORTS` and `LEASEGATE_FORWARD_PORTS`).
 pub fn leasegate_command(args: &[&str]) -> std::process::Command {
     let mut command = std::process::Command::new(bin());
-    command.args(args).env_remove("RUST_LOG");
+    command
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("LEASEGATE_CONNECT_PORTS", "1-65535")
+        .env("LEASEGATE_FORWARD_PORTS", "1-65535");
     command
 }
 

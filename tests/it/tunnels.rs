@@ -27,8 +27,8 @@ impl Noise {
     }
 }
 
-/// Client → origin seed: its first byte is no TLS handshake byte (0x16), so the tunnel's
-/// first-bytes check passes it through as not-TLS.
+/// Client → origin seed: its first bytes open no TLS record, so the tunnel's first-bytes
+/// check passes them through as not-TLS.
 const UP_SEED: u64 = 0x5eed_0001;
 const DOWN_SEED: u64 = 0x5eed_0002;
 const CHUNK: usize = 64 * 1024;
@@ -92,9 +92,13 @@ async fn noise_origin(total: usize) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_bytes_cross_a_tunnel_exact_both_ways_with_half_close_and_exact_counts() {
     const TOTAL: usize = 64 * 1024 * 1024;
-    let mut first = [0u8; 1];
+    let mut first = [0u8; 8];
     Noise(UP_SEED).fill(&mut first);
-    assert_ne!(first[0], 0x16, "the seed must not look like TLS");
+    assert_eq!(
+        leasegate::proxy::hello::opening(&first),
+        leasegate::proxy::hello::Opening::NotTls,
+        "the seed must not look like TLS"
+    );
     let h = Harness::new();
     let origin = noise_origin(TOTAL).await;
     let lease = h.lease(&["origin.test"], &[]);

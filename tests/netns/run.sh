@@ -217,7 +217,7 @@ LEASE=$(sed -n 1p "$DIR/issue.out")
     --journal "$DIR/journal.jsonl" --key-file "$DIR/key" \
     --egress-log "$DIR/egress.jsonl" \
     --resolve origin.test=10.203.2.2 --resolve denied.test=10.203.2.2 \
-    --allow-private 10.203.2.0/24 \
+    --allow-private 10.203.2.0/24 --forward-ports 8080 \
     >"$DIR/serve.log" 2>&1 &
 serve_pid=$!
 pids+=("$serve_pid")
