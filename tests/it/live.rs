@@ -286,13 +286,15 @@ async fn per_lease_ports_need_no_credentials_and_answer_as_their_lease_once_clos
     );
 
     revoke_cli(&h, &lease).await;
-    // The closed lease's port lingers, answering as that lease.
-    let refused = eventually(Duration::from_secs(2), || async {
-        let out = curl(&["-x", &plain, &url], &[]).await;
-        (out.status == 403).then_some(out)
+    let closed = eventually(Duration::from_secs(2), || async {
+        let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+        view["port"].is_null().then_some(())
     })
-    .await
-    .expect("the closed lease's port answers 403");
+    .await;
+    assert!(closed.is_some(), "the revoked lease still shows its port");
+    // The closed lease's port lingers, answering as that lease.
+    let refused = curl(&["-x", &plain, &url], &[]).await;
+    assert_eq!(refused.status, 403, "{refused:?}");
     assert_eq!(
         refused.header("x-leasegate-refusal").as_deref(),
         Some("lease-revoked")
