@@ -333,7 +333,8 @@ pub struct ServeArgs {
     /// Admin API address (`off` to disable).
     #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
     pub admin: String,
-    /// Give every open lease its own port from this range, e.g. 40000-40999.
+    /// Give every lease its own port from this range for its whole life, e.g. 40000-40999
+    /// (the assignments are kept in `<data-dir>/lease-ports`).
     #[arg(long, env = "LEASEGATE_LEASE_PORTS", value_parser = parse_port_range)]
     pub lease_ports: Option<std::ops::RangeInclusive<u16>>,
     /// Address the per-lease ports bind: only where the agents are (anything that reaches a

@@ -19,6 +19,20 @@ async fn ports_of(server: &Server, leases: &[&str]) -> Vec<u16> {
     .unwrap_or_else(|| panic!("not every lease of {leases:?} got a port"))
 }
 
+/// Asserts that `lease` is told it has no port on `server` (and has none).
+async fn assert_without_port(server: &Server, lease: &str) {
+    let ports = server.ports.clone().unwrap();
+    let warned = eventually(Duration::from_secs(5), || async {
+        ports.is_warned(lease).then_some(())
+    })
+    .await;
+    assert!(
+        warned.is_some(),
+        "lease {lease} was not told it has no port"
+    );
+    assert_eq!(ports.port_of(lease), None);
+}
+
 fn revoke(h: &Harness, lease: &str) {
     assert!(issue::revoke(&h.journal, &h.key, lease, "test", Timestamp::now()).unwrap());
 }
@@ -194,29 +208,12 @@ async fn a_closed_lease_port_answers_as_that_lease_and_goes_to_no_other() {
     assert_eq!(line["code"], "lease-revoked");
 
     let second = h.lease(&["origin.test"], &[]);
-    let warned = eventually(Duration::from_secs(5), || async {
-        ports.is_warned(&second).then_some(())
-    })
-    .await;
-    assert!(
-        warned.is_some(),
-        "the later lease was not told it has no port"
-    );
-    assert_eq!(ports.port_of(&second), None);
+    assert_without_port(&server, &second).await;
     server.shutdown().await;
 
     // Nor after a restart, when nothing in memory remembers the closed lease's port.
     let server = h.start_with_ports(config(), Some(range)).await;
-    let ports = server.ports.clone().unwrap();
-    let warned = eventually(Duration::from_secs(5), || async {
-        ports.is_warned(&second).then_some(())
-    })
-    .await;
-    assert!(
-        warned.is_some(),
-        "after a restart the later lease has a port"
-    );
-    assert_eq!(ports.port_of(&second), None);
+    assert_without_port(&server, &second).await;
     let out = curl(&["-x", &plain, &url], &[]).await;
     assert_ne!(out.status, 200, "the closed lease's port served: {out:?}");
     let lines = h.egress_lines(2).await;
