@@ -258,11 +258,15 @@ impl LeasePorts {
             .filter(|(id, held)| self.has_ended(ledger, id, *held, now))
             .map(|(id, _)| id.to_owned())
             .collect();
+        // Ports whose listener is told to stop now: its socket closes in a moment, so another
+        // lease binds it on a later pass (not reported as held by another process).
+        let mut closing: HashSet<u16> = HashSet::new();
         for lease_id in &ended {
             assigned.release(lease_id);
             unbound.remove(lease_id);
             if let Some(gone) = listening.remove(lease_id) {
                 gone.stop.cancel();
+                closing.insert(gone.port);
             }
         }
 
@@ -341,6 +345,10 @@ impl LeasePorts {
         }
 
         for (lease_id, port) in to_open {
+            if closing.contains(&port) {
+                due.at_instant(instant + MIN_GAP);
+                continue;
+            }
             if let Some(tried) = unbound.get(lease_id) {
                 if tried.elapsed() < RETRY_BIND {
                     due.at_instant(*tried + RETRY_BIND);
