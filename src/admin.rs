@@ -11,14 +11,14 @@
 //! lease id or token) is shown only to a caller that presented the configured token: with no
 //! token configured nobody is authenticated, so nobody gets one.
 
-use crate::config::Credentials;
+use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
-use crate::contract::{token, Event, Timestamp};
+use crate::contract::{token, Event, Lease, Timestamp};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
 use crate::registry::revocation::RevocationError;
-use crate::registry::{InvalidReason, RevokeError, Status};
+use crate::registry::{InvalidReason, RevokeError, Snapshot, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
 use crate::telemetry::refusals;
@@ -459,6 +459,12 @@ async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Respons
     }
 }
 
+/// The proxy token of `lease`, minted with its key (`None` without the key).
+fn minted(snapshot: &Snapshot, lease: &Lease) -> Option<String> {
+    let key = snapshot.ledger.keyring()?.get(&lease.key_fingerprint)?;
+    Some(token::mint(key, &lease.id))
+}
+
 /// One lease as the admin API shows it, with its counters (and its top hosts if `top` > 0).
 /// `with_credentials`: the caller is authenticated, so `proxy_url` may carry the lease's
 /// credential (its id, or its token in token mode); otherwise it carries none.
@@ -476,15 +482,21 @@ pub fn lease_view(
     let credential = match credentials {
         _ if !with_credentials => None,
         Credentials::Id => Some(id.to_owned()),
-        Credentials::Token => snapshot
-            .ledger
-            .keyring()
-            .and_then(|ring| ring.get(&lease.key_fingerprint))
-            .map(|key| token::mint(key, id)),
+        Credentials::Token => minted(&snapshot, lease),
     };
+    let port_credentials = state.proxy.config.lease_port_credentials;
     let proxy_url = match (port, &state.ports, credential) {
-        // A lease's own port needs no credential.
-        (Some(port), Some(ports), _) => format!("http://{}", SocketAddr::new(ports.bind, port)),
+        // A lease's own port needs no credential, unless --lease-port-credentials token.
+        (Some(port), Some(ports), _) if port_credentials == LeasePortCredentials::None => {
+            format!("http://{}", SocketAddr::new(ports.bind, port))
+        }
+        (Some(port), Some(ports), _) => {
+            let addr = SocketAddr::new(ports.bind, port);
+            match with_credentials.then(|| minted(&snapshot, lease)).flatten() {
+                Some(token) => format!("http://agent:{token}@{addr}"),
+                None => format!("http://{addr}"),
+            }
+        }
         (_, _, Some(credential)) => format!("http://agent:{credential}@{}", state.proxy_addr),
         (_, _, None) => format!("http://{}", state.proxy_addr),
     };
@@ -511,6 +523,10 @@ pub fn lease_view(
         "credentials": match credentials {
             Credentials::Id => "id",
             Credentials::Token => "token",
+        },
+        "lease_port_credentials": match port_credentials {
+            LeasePortCredentials::None => "none",
+            LeasePortCredentials::Token => "token",
         },
         "counters": {
             "requests": counters.total_requests(),

@@ -216,6 +216,14 @@ pub enum CredentialsArg {
     Token,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeasePortCredentialsArg {
+    /// The port is the credential: whatever reaches it spends its lease.
+    None,
+    /// The lease's token (`<lease-id>.<tag>`) is required on its port too.
+    Token,
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lease the agent runs under.
@@ -325,12 +333,23 @@ pub struct ServeArgs {
     /// Admin API address (`off` to disable).
     #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
     pub admin: String,
-    /// Give every open lease its own port from this range, e.g. 40000-40999.
+    /// Give every lease its own port from this range for its whole life, e.g. 40000-40999
+    /// (the assignments are kept in `<data-dir>/lease-ports`).
     #[arg(long, env = "LEASEGATE_LEASE_PORTS", value_parser = parse_port_range)]
     pub lease_ports: Option<std::ops::RangeInclusive<u16>>,
-    /// Address the per-lease ports bind.
+    /// Address the per-lease ports bind: only where the agents are (anything that reaches a
+    /// lease port spends its lease).
     #[arg(long, env = "LEASEGATE_LEASE_PORT_BIND", default_value = "127.0.0.1")]
     pub lease_port_bind: std::net::IpAddr,
+    /// What a connection on a lease's own port must carry: nothing, or the lease's token (for
+    /// hosts where other processes can reach the ports).
+    #[arg(
+        long,
+        env = "LEASEGATE_LEASE_PORT_CREDENTIALS",
+        value_enum,
+        default_value = "none"
+    )]
+    pub lease_port_credentials: LeasePortCredentialsArg,
     /// Close a tunnel after this long without a byte either way.
     #[arg(long, env = "LEASEGATE_TUNNEL_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
     pub tunnel_idle_timeout: std::time::Duration,
@@ -573,7 +592,8 @@ pub struct StoreArgs {
     /// state stays enforced).
     #[arg(long, env = "LEASEGATE_STORE_STALE_AFTER", default_value = "5s", value_parser = humantime::parse_duration)]
     pub store_stale_after: std::time::Duration,
-    /// Local state: a stream journal's queue of pending revocations.
+    /// Local state: a stream journal's queue of pending revocations, the per-lease port
+    /// assignments (`lease-ports`).
     #[arg(long, env = "LEASEGATE_DATA_DIR", default_value = ".leasegate")]
     pub data_dir: PathBuf,
 }

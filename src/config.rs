@@ -48,6 +48,16 @@ pub enum Credentials {
     Token,
 }
 
+/// `--lease-port-credentials`: what a connection on a lease's own port must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeasePortCredentials {
+    /// Nothing: the port names the lease, and whatever reaches it spends the lease.
+    #[default]
+    None,
+    /// The lease's token, as `--credentials token` requires on the shared listener.
+    Token,
+}
+
 /// What the proxy needs to decide and connect, validated.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -60,6 +70,8 @@ pub struct ProxyConfig {
     pub resolve_names: bool,
     /// What a credential must prove (`--credentials`).
     pub credentials: Credentials,
+    /// What a connection on a lease port must carry (`--lease-port-credentials`).
+    pub lease_port_credentials: LeasePortCredentials,
     /// Time to send a request head: the first one, and each next one on an idle keep-alive
     /// connection (hyper restarts the timer whenever it waits for a head).
     pub header_read_timeout: Duration,
@@ -104,6 +116,7 @@ impl Default for ProxyConfig {
             resolver: Resolver::system(),
             resolve_names: true,
             credentials: Credentials::Id,
+            lease_port_credentials: LeasePortCredentials::None,
             header_read_timeout: Duration::from_secs(5),
             tunnel_idle_timeout: Duration::from_secs(3600),
             workers: 0,
@@ -239,6 +252,10 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             credentials: match args.credentials {
                 cli::CredentialsArg::Id => Credentials::Id,
                 cli::CredentialsArg::Token => Credentials::Token,
+            },
+            lease_port_credentials: match args.lease_port_credentials {
+                cli::LeasePortCredentialsArg::None => LeasePortCredentials::None,
+                cli::LeasePortCredentialsArg::Token => LeasePortCredentials::Token,
             },
             header_read_timeout: args.header_read_timeout,
             tunnel_idle_timeout: args.tunnel_idle_timeout,
@@ -436,6 +453,15 @@ mod tests {
         ));
         let token = serve_config(&["--credentials", "token"]).unwrap();
         assert_eq!(token.proxy.credentials, Credentials::Token);
+        assert_eq!(
+            config.proxy.lease_port_credentials,
+            LeasePortCredentials::None
+        );
+        let on_ports = serve_config(&["--lease-port-credentials", "token"]).unwrap();
+        assert_eq!(
+            on_ports.proxy.lease_port_credentials,
+            LeasePortCredentials::Token
+        );
     }
 
     #[test]

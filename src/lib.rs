@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod contract;
 pub mod dev;
+pub mod durable;
 pub mod health;
 pub mod inspect;
 pub mod issue;

@@ -54,7 +54,8 @@ pub enum RunError {
     #[error("cannot start {0}: {1}")]
     Spawn(String, std::io::Error),
     #[error(
-        "the proxy needs the token of lease {0} (--credentials token): give --key-file, or \
+        "the proxy needs the token of lease {0} (--credentials token, or a lease port with \
+         --lease-port-credentials token): give --key-file, or \
          --admin-token-file so that the admin API hands it out"
     )]
     NoToken(String),
@@ -183,7 +184,8 @@ pub async fn lookup(
 /// The proxy URL for a lease: its own port if it has one, else `proxy` (or the admin's
 /// proxy URL) carrying the lease's credential as the password: `token` if given, else the
 /// one the admin API put in its URL (only for an authenticated caller), else the lease id —
-/// unless the admin API says the proxy wants tokens.
+/// unless the admin API says the proxy wants tokens. A lease port that wants the token
+/// (`--lease-port-credentials token`) gets it the same way.
 pub fn proxy_url(
     view: &Value,
     lease: &str,
@@ -191,10 +193,16 @@ pub fn proxy_url(
     token: Option<&str>,
 ) -> Result<String, RunError> {
     let admin_url = view["proxy_url"].as_str().unwrap_or_default().to_owned();
-    if !view["port"].is_null() {
+    let on_port = !view["port"].is_null();
+    if on_port && view["lease_port_credentials"] != "token" {
         return Ok(admin_url);
     }
-    let base = proxy.unwrap_or(&admin_url);
+    // A lease port that wants the token is the base whatever `proxy` says.
+    let base = if on_port {
+        &admin_url
+    } else {
+        proxy.unwrap_or(&admin_url)
+    };
     let mut url =
         url::Url::parse(base).map_err(|e| RunError::Url(base.to_owned(), e.to_string()))?;
     let handed_out = url::Url::parse(&admin_url)
@@ -203,7 +211,7 @@ pub fn proxy_url(
     let credential = match (token, handed_out) {
         (Some(token), _) => token.to_owned(),
         (None, Some(credential)) => credential,
-        (None, None) if view["credentials"] == "token" => {
+        (None, None) if on_port || view["credentials"] == "token" => {
             return Err(RunError::NoToken(lease.to_owned()))
         }
         (None, None) => lease.to_owned(),
@@ -301,5 +309,41 @@ async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
             signal.recv().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LEASE: &str = "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c";
+
+    #[test]
+    fn a_lease_port_carries_the_token_only_when_it_wants_one() {
+        let open = json!({"port": 40001, "proxy_url": "http://127.0.0.1:40001",
+            "credentials": "id", "lease_port_credentials": "none"});
+        assert_eq!(
+            proxy_url(&open, LEASE, Some("http://proxy:3128"), Some("t")).unwrap(),
+            "http://127.0.0.1:40001"
+        );
+        let wants = json!({"port": 40001, "proxy_url": "http://127.0.0.1:40001",
+            "credentials": "id", "lease_port_credentials": "token"});
+        assert_eq!(
+            proxy_url(&wants, LEASE, Some("http://proxy:3128"), Some("tok")).unwrap(),
+            "http://agent:tok@127.0.0.1:40001",
+            "the port, not --proxy, with the token"
+        );
+        assert!(matches!(
+            proxy_url(&wants, LEASE, None, None),
+            Err(RunError::NoToken(_))
+        ));
+        let handed_out = json!({"port": 40001,
+            "proxy_url": "http://agent:handed@127.0.0.1:40001",
+            "credentials": "id", "lease_port_credentials": "token"});
+        assert_eq!(
+            proxy_url(&handed_out, LEASE, None, None).unwrap(),
+            "http://agent:handed@127.0.0.1:40001"
+        );
     }
 }

@@ -40,6 +40,11 @@ pub enum StartError {
     Tls(String),
     #[error("starting the connection workers: {0}")]
     Workers(std::io::Error),
+    #[error("the lease port assignments under {data_dir} (--data-dir): {error}")]
+    LeasePorts {
+        data_dir: String,
+        error: std::io::Error,
+    },
 }
 
 /// How long a drain waits, after closing what was left, for the last exchanges to end.
@@ -184,6 +189,24 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
     }
 }
 
+/// The lease port range's assignments as an earlier run left them under `--data-dir`.
+async fn open_lease_ports(
+    range: std::ops::RangeInclusive<u16>,
+    ip: IpAddr,
+    store: &crate::registry::StoreOptions,
+) -> Result<LeasePorts, StartError> {
+    let (data_dir, retention) = (store.data_dir.clone(), store.closed_lease_retention);
+    let failed = |data_dir: &std::path::Path, error| StartError::LeasePorts {
+        data_dir: data_dir.display().to_string(),
+        error,
+    };
+    let dir = data_dir.clone();
+    tokio::task::spawn_blocking(move || LeasePorts::open(range, ip, &dir, retention))
+        .await
+        .map_err(|e| failed(&data_dir, std::io::Error::other(e)))?
+        .map_err(|e| failed(&data_dir, e))
+}
+
 /// The listeners of a server, bound before anything else happens (so `serve --dev` issues
 /// its demo lease only once the addresses are known to be free).
 pub struct Bound {
@@ -219,6 +242,12 @@ impl Server {
     pub async fn start_bound(config: ServeConfig, bound: Bound) -> Result<Server, StartError> {
         let registry =
             open_registry(&config.journal, config.keyring.clone(), &config.store, true).await?;
+        // Before anything is spawned: a data directory that cannot hold the assignments stops
+        // the start here.
+        let ports = match config.lease_ports.clone() {
+            Some((range, ip)) => Some(Arc::new(open_lease_ports(range, ip, &config.store).await?)),
+            None => None,
+        };
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,
@@ -290,9 +319,6 @@ impl Server {
             prune_every(proxy.config.series_grace),
             background.clone(),
         ));
-        let ports = config
-            .lease_ports
-            .map(|(range, ip)| Arc::new(LeasePorts::new(range, ip)));
         if let Some(ports) = &ports {
             tokio::spawn(ports.clone().run(proxy.clone(), accepting.clone()));
         }

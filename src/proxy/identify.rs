@@ -1,12 +1,14 @@
 //! Which lease a request belongs to: per-lease port, `Proxy-Authorization`, `X-Lease-Id`;
-//! and, with `--credentials token`, whether each credential carries the lease's token.
+//! and, with `--credentials token` (or `--lease-port-credentials token` on a lease port),
+//! whether each credential carries the lease's token.
 //!
 //! Invariant: two different lease ids in one request are a conflict, never a choice; a
-//! malformed credential is `lease-unknown`, no credential at all `lease-missing`. A tag that
-//! is present is always verified (in either mode); in token mode a bare lease id is
-//! `lease-missing` and a tag that does not verify under the lease's own key `lease-unknown`.
+//! malformed credential is `lease-unknown`, no credential at all `lease-missing` (on a lease
+//! port, only with `--lease-port-credentials token`). A tag that is present is always
+//! verified (in either mode); in token mode a bare lease id is `lease-missing` and a tag that
+//! does not verify under the lease's own key `lease-unknown`.
 
-use crate::config::Credentials;
+use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
 use crate::contract::{token, Key};
 use crate::policy::refusal::{Code, Refusal};
@@ -22,20 +24,44 @@ pub struct Identity {
     /// One entry per credential that named the lease: its token tag, `None` for a bare id.
     /// Empty when only the per-lease port names it.
     pub tags: Vec<Option<String>>,
+    /// Whether the connection arrived on the lease's own port.
+    pub on_port: bool,
 }
 
 /// Checks the tags of `identity` against the key its lease is signed with, looked up in
-/// `snapshot` (the lease's key fingerprint in the registry's keyring).
+/// `snapshot` (the lease's key fingerprint in the registry's keyring): `credentials` on the
+/// shared listener, `on_port` on a lease's own port.
 pub fn authenticate(
     identity: &Identity,
     credentials: Credentials,
+    on_port: LeasePortCredentials,
     snapshot: &Snapshot,
 ) -> Result<(), Refusal> {
     let key = snapshot
         .ledger
         .key_fingerprint(&identity.lease_id)
         .and_then(|fingerprint| snapshot.ledger.keyring()?.get(fingerprint));
-    check_tags(identity, credentials, key)
+    check_tags(identity, required(identity, credentials, on_port)?, key)
+}
+
+/// What the credentials of `identity` must prove where it arrived: on a lease port with
+/// `--lease-port-credentials token`, a token, and at least one credential.
+fn required(
+    identity: &Identity,
+    credentials: Credentials,
+    on_port: LeasePortCredentials,
+) -> Result<Credentials, Refusal> {
+    if !identity.on_port || on_port == LeasePortCredentials::None {
+        return Ok(credentials);
+    }
+    if identity.tags.is_empty() {
+        return Err(Refusal::new(
+            Code::LeaseMissing,
+            "this lease port requires the lease's token: put <lease-id>.<tag> in the proxy URL \
+             (`leasegate token`, or line 2 of `leasegate issue`)",
+        ));
+    }
+    Ok(Credentials::Token)
 }
 
 fn check_tags(
@@ -94,6 +120,7 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
             lease_id: id.to_owned(),
             label: None,
             tags: Vec::new(),
+            on_port: true,
         },
         None => credentials.next().ok_or_else(|| {
             Refusal::new(
@@ -172,6 +199,7 @@ fn checked(credential: &str, label: Option<String>) -> Result<Identity, Refusal>
         lease_id: id.to_owned(),
         label,
         tags: vec![tag.map(str::to_owned)],
+        on_port: false,
     })
 }
 
@@ -218,6 +246,7 @@ mod tests {
                 lease_id: A.into(),
                 label: Some("agent".into()),
                 tags: vec![None],
+                on_port: false,
             }
         );
         let as_user = identify(
@@ -326,6 +355,50 @@ mod tests {
             )),
             Code::LeaseUnknown
         );
+    }
+
+    #[test]
+    fn a_lease_port_asks_for_the_token_only_when_told_to() {
+        let key = Key::generate();
+        let token = token::mint(&key, A);
+        let check = |headers: &HeaderMap, on_port, credentials| {
+            let identity = identify(headers, Some(A))?;
+            check_tags(
+                &identity,
+                required(&identity, credentials, on_port)?,
+                Some(&key),
+            )
+        };
+        let nothing = HeaderMap::new();
+        let bare = headers(&[("x-lease-id", A.into())]);
+        let tokened = headers(&[("proxy-authorization", basic(&format!("agent:{token}")))]);
+        for credentials in [Credentials::Id, Credentials::Token] {
+            assert!(check(&nothing, LeasePortCredentials::None, credentials).is_ok());
+            let missing = check(&nothing, LeasePortCredentials::Token, credentials).unwrap_err();
+            assert_eq!(missing.code, Code::LeaseMissing);
+            assert!(
+                missing.detail.contains("lease port requires"),
+                "{}",
+                missing.detail
+            );
+            assert_eq!(
+                check(&bare, LeasePortCredentials::Token, credentials)
+                    .unwrap_err()
+                    .code,
+                Code::LeaseMissing,
+                "a bare id is not a token"
+            );
+            assert!(check(&tokened, LeasePortCredentials::Token, credentials).is_ok());
+        }
+        // On the shared listener the port setting changes nothing.
+        let shared = identify(&bare, None).unwrap();
+        assert_eq!(
+            required(&shared, Credentials::Id, LeasePortCredentials::Token).unwrap(),
+            Credentials::Id
+        );
+        // Another lease's token on the port is still a conflict, before any check.
+        let other = headers(&[("x-lease-id", token::mint(&key, B))]);
+        assert_eq!(code(identify(&other, Some(A))), Code::LeaseConflict);
     }
 
     #[test]

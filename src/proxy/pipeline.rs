@@ -131,7 +131,12 @@ impl Proxy {
         let snapshot = self.registry.snapshot();
         // Before the exchange names the lease: an unproven credential is not the lease's
         // traffic (no series, no revocation on its account).
-        identify::authenticate(&identity, self.config.credentials, &snapshot)?;
+        identify::authenticate(
+            &identity,
+            self.config.credentials,
+            self.config.lease_port_credentials,
+            &snapshot,
+        )?;
         ex.lease_id = Some(identity.lease_id.clone());
         ex.label = identity.label;
         ex.lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();

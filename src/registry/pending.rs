@@ -11,10 +11,10 @@
 //! error is returned for the caller to log: it is still appended once the store is back, but a
 //! restart before then would not know it.
 
+use crate::durable;
 use serde_json::Value;
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -160,7 +160,7 @@ impl Pending {
     fn push_locked(inner: &Inner, state: &mut State, line: Vec<u8>) -> io::Result<()> {
         state.queued.push_back(line.clone());
         match &inner.path {
-            Some(path) => append_line(path, line),
+            Some(path) => durable::append_lines(path, [line.as_slice()]),
             None => Ok(()),
         }
     }
@@ -208,46 +208,11 @@ impl Pending {
         let removed = before - state.queued.len();
         if removed > 0 {
             if let Some(path) = &self.inner.path {
-                rewrite(path, &state.queued)?;
+                durable::rewrite(path, state.queued.iter().map(Vec::as_slice))?;
             }
         }
         Ok(removed)
     }
-}
-
-/// Appends one line and fsyncs it.
-fn append_line(path: &Path, mut line: Vec<u8>) -> io::Result<()> {
-    line.push(b'\n');
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
-    file.write_all(&line)?;
-    file.sync_data()
-}
-
-/// Replaces the file by one holding `lines` (removes it when empty), atomically: a complete
-/// temporary file, fsynced, renamed over it, and the directory fsynced.
-fn rewrite(path: &Path, lines: &VecDeque<Vec<u8>>) -> io::Result<()> {
-    if lines.is_empty() {
-        match std::fs::remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    } else {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let mut file = File::create(&tmp)?;
-        for line in lines {
-            file.write_all(line)?;
-            file.write_all(b"\n")?;
-        }
-        file.sync_data()?;
-        std::fs::rename(&tmp, path)?;
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

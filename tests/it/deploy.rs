@@ -281,3 +281,43 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn compose_binds_lease_ports_only_where_the_agents_are() {
+    let compose: Yaml = serde_yaml_ng::from_str(COMPOSE).expect("compose.yaml parses");
+    let leasegate = &compose["services"]["leasegate"];
+    let bind: std::net::IpAddr = leasegate["environment"]["LEASEGATE_LEASE_PORT_BIND"]
+        .as_str()
+        .expect("the lease port bind is set")
+        .parse()
+        .expect("an address");
+    assert!(
+        !bind.is_unspecified() && !bind.is_loopback(),
+        "{bind}: every network, or no other container"
+    );
+    // The bind is leasegate's own fixed address on `agents`, inside that network's subnet.
+    let on_agents = leasegate["networks"]["agents"]["ipv4_address"].as_str();
+    assert_eq!(on_agents, Some(bind.to_string().as_str()));
+    let agents = &compose["networks"]["agents"];
+    assert_eq!(agents["internal"].as_bool(), Some(true));
+    let subnet: ipnet::IpNet = agents["ipam"]["config"][0]["subnet"]
+        .as_str()
+        .expect("a fixed subnet")
+        .parse()
+        .unwrap();
+    assert!(subnet.contains(&bind), "{bind} outside {subnet}");
+    // Nothing is published beyond the host's loopback, lease ports least of all.
+    for published in leasegate["ports"].as_sequence().expect("ports") {
+        let published = published.as_str().unwrap();
+        assert!(published.starts_with("127.0.0.1:"), "{published}");
+    }
+    // Its assignments live on the journal's volume.
+    assert_eq!(
+        leasegate["environment"]["LEASEGATE_DATA_DIR"].as_str(),
+        Some("/var/lib/leasegate")
+    );
+    let volumes = leasegate["volumes"].as_sequence().unwrap();
+    assert!(volumes
+        .iter()
+        .any(|v| v.as_str() == Some("journal:/var/lib/leasegate")));
+}

@@ -385,7 +385,12 @@ impl Harness {
         ServeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             journal: JournalLocation::File(self.journal.clone()),
-            store: StoreOptions::default(),
+            // Local state (lease port assignments) in this harness's directory, never in the
+            // working directory shared by every test.
+            store: StoreOptions {
+                data_dir: self.dir.path().join("data"),
+                ..StoreOptions::default()
+            },
             keyring,
             egress: Some(Destination::File(self.egress.clone())),
             egress_stream: None,

@@ -241,7 +241,7 @@ async fn a_rotated_journal_is_read_from_its_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
+async fn per_lease_ports_need_no_credentials_and_answer_as_their_lease_once_closed() {
     let h = Harness::new();
     let origin = http_origin().await;
     let lease = h.lease(&["origin.test"], &[]);
@@ -287,14 +287,19 @@ async fn per_lease_ports_need_no_credentials_and_close_with_the_lease() {
 
     revoke_cli(&h, &lease).await;
     let closed = eventually(Duration::from_secs(2), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-            .then_some(())
+        let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+        view["port"].is_null().then_some(())
     })
     .await;
-    assert!(closed.is_some(), "the lease's port stayed open");
-    // A lease issued now gets another port: a freed one rests for 60 s.
+    assert!(closed.is_some(), "the revoked lease still shows its port");
+    // The closed lease's port lingers, answering as that lease.
+    let refused = curl(&["-x", &plain, &url], &[]).await;
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert_eq!(
+        refused.header("x-leasegate-refusal").as_deref(),
+        Some("lease-revoked")
+    );
+    // A lease issued now gets another port: the closed lease's is held within retention.
     let newer = issue_cli(&h, "origin.test", &[]).await;
     let new_port = eventually(Duration::from_secs(5), || port_of(newer.clone()))
         .await

@@ -15,6 +15,7 @@ mod deploy;
 mod fold;
 mod fuzz_corpus;
 mod harness;
+mod lease_ports;
 mod live;
 mod nats_support;
 mod operate;

@@ -103,9 +103,11 @@ pub fn leasegate_command(args: &[&str]) -> std::process::Command {
 }
 
 /// `serve` on `journal` under `key` with per-lease ports in `range` (no admin listener, any
-/// proxy port), its stderr piped for the test to read.
+/// proxy port; its data directory beside the journal), its stderr piped for the test to read.
 pub fn serve_lease_ports(journal: &str, key: &str, range: &str) -> std::process::Child {
-    serve_piped(journal, key, &["--lease-ports", range])
+    let data = std::path::Path::new(journal).with_file_name("data");
+    let data = data.to_str().unwrap();
+    serve_piped(journal, key, &["--lease-ports", range, "--data-dir", data])
 }
 
 /// `serve` on `journal` under `key` with `more` flags (no admin listener, any proxy port), its

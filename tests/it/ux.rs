@@ -654,8 +654,8 @@ fn a_lease_port_held_elsewhere_is_reported_as_such_without_colour() {
     let warning = seen.last().unwrap();
     assert!(
         warning.ends_with(&format!(
-            " WARN leasegate::proxy::lease_ports: no free lease port in {range}: port {port} held \
-             by another process: this lease is reachable by credentials only lease={lease}"
+            " WARN leasegate::proxy::lease_ports: its lease port {port} is held by another \
+             process: this lease is reachable by credentials only lease={lease}"
         )),
         "{text}"
     );
