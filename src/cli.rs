@@ -325,6 +325,15 @@ pub struct ServeArgs {
     /// Admin API address (`off` to disable).
     #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
     pub admin: String,
+    /// A name the admin API also answers to in `Host` (repeatable), beyond `localhost` and
+    /// its own address (any IP address for a wildcard bind), e.g. the name a reverse proxy or
+    /// a Service gives it.
+    #[arg(
+        long = "admin-host",
+        env = "LEASEGATE_ADMIN_HOST",
+        value_delimiter = ','
+    )]
+    pub admin_hosts: Vec<String>,
     /// Give every open lease its own port from this range, e.g. 40000-40999.
     #[arg(long, env = "LEASEGATE_LEASE_PORTS", value_parser = parse_port_range)]
     pub lease_ports: Option<std::ops::RangeInclusive<u16>>,

@@ -667,7 +667,7 @@ async fn a_refusal_while_the_journal_is_unwritable_revokes_and_queues_its_record
     let (_, metrics) = {
         let answer = raw(
             server.admin_addr.unwrap(),
-            b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         )
         .await;
         (0, answer)

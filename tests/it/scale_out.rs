@@ -125,8 +125,19 @@ pub(crate) async fn admin_revoke(server: &Server, lease: &str) {
         "http://{}/leases/{lease}/revoke",
         server.admin_addr.unwrap()
     );
-    let out =
-        crate::harness::curl(&["-X", "POST", "-d", r#"{"reason":"operator"}"#, &url], &[]).await;
+    let out = crate::harness::curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"reason":"operator"}"#,
+            &url,
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", out.body_text());
 }
 
