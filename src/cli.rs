@@ -93,10 +93,38 @@ pub struct SuggestArgs {
     /// Only this lease.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: Option<String>,
-    /// One list for every lease whose clients sent this label (the user part of the proxy
-    /// credentials, e.g. `agent` in `http://agent:<lease>@proxy`), instead of one per lease.
-    #[arg(long, env = "LEASEGATE_AGENT")]
+    /// One list for every lease whose manifest names this agent (`agent.name`, signed), read
+    /// from the journal: needs --journal and --key-file.
+    #[arg(
+        long,
+        env = "LEASEGATE_AGENT",
+        requires = "journal",
+        conflicts_with = "label"
+    )]
     pub agent: Option<String>,
+    /// One list for every line whose client sent this label (the user part of the proxy
+    /// credentials, e.g. `agent` in `http://agent:<lease>@proxy`): any lease may send any
+    /// label, so the leases that contributed are named, and with --journal a label spanning
+    /// leases of different manifest agents is warned about.
+    #[arg(long, env = "LEASEGATE_LABEL")]
+    pub label: Option<String>,
+    /// The lease journal, for the manifest agent of each lease (--agent; --label warns from
+    /// it): a file or `nats://HOST:PORT[,...]/STREAM`.
+    #[arg(long, env = "LEASEGATE_JOURNAL", requires = "key_files")]
+    pub journal: Option<JournalLocation>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Keys the journal's leases are signed with (repeatable).
+    #[arg(
+        long = "key-file",
+        env = "LEASEGATE_KEY_FILE",
+        value_delimiter = ',',
+        requires = "journal"
+    )]
+    pub key_files: Vec<PathBuf>,
+    /// Accept leases signed with the published test key.
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
     /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
     #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
     pub since: Option<std::time::Duration>,

@@ -372,12 +372,37 @@ fn suggest(args: cli::SuggestArgs) -> Result<()> {
         let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
         Timestamp::now().saturating_add_millis(-ms)
     });
+    // The manifest agent of every lease the journal holds, signatures verified.
+    let agents = match args.journal {
+        Some(journal) => {
+            let ledger = cli::LedgerArgs {
+                journal,
+                store: args.store,
+                key_files: args.key_files,
+                allow_test_key: args.allow_test_key,
+                require_record_signatures: false,
+            };
+            require_journal(&ledger.journal)?;
+            let ledger = load_ledger(&ledger)?;
+            let agents = ledger
+                .leases()
+                .map(|l| (l.id.clone(), l.agent_name.clone()));
+            Some(agents.collect())
+        }
+        None => None,
+    };
+    let grouping = match (args.agent, args.label) {
+        (Some(agent), _) => suggest::Grouping::Agent(agent),
+        (None, Some(label)) => suggest::Grouping::Label(label),
+        (None, None) => suggest::Grouping::ByLease,
+    };
     let mut tally = suggest::Tally::new(
         usage::Filter {
             lease: args.lease,
             since,
         },
-        args.agent,
+        grouping,
+        agents,
     );
     let name = args.from.display().to_string();
     match name.as_str() {
@@ -396,6 +421,9 @@ fn suggest(args: cli::SuggestArgs) -> Result<()> {
         );
     }
     let suggestions = tally.finish(args.collapse.map(|n| n as usize));
+    for warning in suggestions.iter().filter_map(|s| s.warning.as_deref()) {
+        eprintln!("leasegate suggest: warning: {warning}");
+    }
     if suggestions.is_empty() {
         eprintln!("leasegate suggest: no line of {name} reached a host; nothing to suggest");
     }
