@@ -605,6 +605,11 @@ pub struct StoreArgs {
     /// Local state: a stream journal's queue of pending revocations.
     #[arg(long, env = "LEASEGATE_DATA_DIR", default_value = ".leasegate")]
     pub data_dir: PathBuf,
+    /// The longest journal line (or stream message) read, in bytes: a longer one is skipped
+    /// unread and counted (`too-long`). The default is above the largest real grant (a lease
+    /// of 500,000 hosts is 21 MB).
+    #[arg(long, env = "LEASEGATE_MAX_JOURNAL_LINE", default_value_t = crate::registry::journal::MAX_LINE as u64, value_parser = clap::value_parser!(u64).range(1024..))]
+    pub max_journal_line: u64,
 }
 
 /// A journal and the keys its leases are signed with (`leases`, `check`).

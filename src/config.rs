@@ -215,6 +215,7 @@ impl From<&cli::StoreArgs> for StoreOptions {
             },
             data_dir: args.data_dir.clone(),
             closed_lease_retention: None,
+            max_line: usize::try_from(args.max_journal_line).unwrap_or(usize::MAX),
         }
     }
 }
@@ -432,6 +433,21 @@ mod tests {
         for addr in ["127.0.0.1:3129", "[::1]:3129", "off"] {
             assert!(serve_config(&["--admin", addr]).is_ok(), "{addr}");
         }
+    }
+
+    #[test]
+    fn the_journal_line_cap_defaults_above_the_largest_grant() {
+        let config = serve_config(&[]).unwrap();
+        assert_eq!(config.store.max_line, 32 << 20);
+        let lowered = serve_config(&["--max-journal-line", "65536"]).unwrap();
+        assert_eq!(lowered.store.max_line, 65536);
+        assert_eq!(
+            lowered.store.ledger(Keyring::new(false)).max_line(),
+            65536,
+            "the fold skips what the store skips"
+        );
+        let cli = cli::Cli::try_parse_from(["leasegate", "serve", "--max-journal-line", "100"]);
+        assert!(cli.is_err(), "below 1024 bytes nothing real fits");
     }
 
     #[test]

@@ -261,26 +261,7 @@ async fn collapse_never_widens_to_a_public_suffix() {
 
 /// Issues a lease for `agent` (its manifest's `agent.name`) into the harness journal; its id.
 async fn issue_for(h: &Harness, agent: &str) -> String {
-    let out = leasegate(&[
-        "issue",
-        "--journal",
-        h.journal.to_str().unwrap(),
-        "--key-file",
-        h.key_path.to_str().unwrap(),
-        "--allow-host",
-        "*",
-        "--name",
-        agent,
-        "--print",
-        "id",
-    ])
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    crate::live::issue_cli(h, "*", &["--name", agent]).await
 }
 
 /// `--agent` is the agent a lease's signed manifest names, not the label its client sends: a
