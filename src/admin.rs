@@ -13,7 +13,7 @@
 //! lease id or token) is shown only to a caller that presented the configured token: with no
 //! token configured nobody is authenticated, so nobody gets one.
 
-mod origin;
+pub mod origin;
 
 pub use origin::AdminHosts;
 

@@ -138,16 +138,16 @@ pub fn check_write(method: &Method, headers: &HeaderMap) -> Result<(), Refused> 
             format!("{method} needs Content-Type: application/json"),
         ));
     }
-    let fetch_site = headers
-        .get("sec-fetch-site")
-        .map(|v| v.to_str().unwrap_or(""));
-    if let Some(site) = fetch_site.filter(|s| !matches!(*s, "same-origin" | "none")) {
-        return Err(Refused::new(
-            StatusCode::FORBIDDEN,
-            format!("{method} from another site (Sec-Fetch-Site: {site}) is refused"),
-        ));
+    for site in headers.get_all("sec-fetch-site") {
+        let site = site.to_str().unwrap_or("");
+        if !matches!(site, "same-origin" | "none") {
+            return Err(Refused::new(
+                StatusCode::FORBIDDEN,
+                format!("{method} from another site (Sec-Fetch-Site: {site}) is refused"),
+            ));
+        }
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    for origin in headers.get_all(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
         if !host.is_some_and(|host| is_same_origin(origin, host)) {
@@ -280,6 +280,17 @@ mod tests {
                 check_write(&post, &headers(&[host, json, ("sec-fetch-site", site)])).unwrap_err();
             assert_eq!(refused.status, StatusCode::FORBIDDEN, "{site}");
         }
+        let twice = [
+            host,
+            json,
+            ("sec-fetch-site", "same-origin"),
+            ("sec-fetch-site", "cross-site"),
+        ];
+        assert_eq!(
+            check_write(&post, &headers(&twice)).unwrap_err().status,
+            StatusCode::FORBIDDEN,
+            "every value counts"
+        );
         for site in ["same-origin", "none"] {
             assert_eq!(
                 check_write(&post, &headers(&[host, json, ("sec-fetch-site", site)])),
