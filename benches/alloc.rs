@@ -184,6 +184,7 @@ fn main() {
                 ..ProxyConfig::default()
             },
             admin: None,
+            admin_hosts: Vec::new(),
             lease_ports: None,
             tls: None,
             admin_token: None,

@@ -79,7 +79,14 @@ fn main() {
     }
     let (old_fold, old_leases) = fold_seconds(&path, &key);
     let started = Instant::now();
-    let done = compact_file(&path, keyring(&key), DEFAULT_RETENTION, now).unwrap();
+    let done = compact_file(
+        &path,
+        keyring(&key),
+        DEFAULT_RETENTION,
+        now,
+        leasegate::registry::journal::MAX_LINE,
+    )
+    .unwrap();
     let took = started.elapsed().as_secs_f64();
     let (new_fold, new_leases) = fold_seconds(&path, &key);
     let s = &done.selection;

@@ -336,6 +336,7 @@ async fn request_path(nats: &Nats, key: &Key) {
         egress_stream: None,
         proxy: proxy.clone(),
         admin: None,
+        admin_hosts: Vec::new(),
         lease_ports: None,
         tls: None,
         admin_token: None,

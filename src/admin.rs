@@ -5,11 +5,17 @@
 //! the next page), so no answer grows with the number of leases; `GET /refusals` is bounded by
 //! its ring.
 //!
-//! Invariant: with a token configured, nothing but `/healthz` and the page at `/` answers
+//! Invariant: nothing answers a request whose `Host` does not name the admin API, and nothing
+//! changes state on a request that is not JSON from the admin API's own origin
+//! ([`origin`]); with a token configured, nothing but `/healthz` and the page at `/` answers
 //! without it (the page holds no data: every call it makes carries the token); every answer
 //! but `/metrics` and `/` is JSON, errors included. A credential (a `proxy_url` carrying a
 //! lease id or token) is shown only to a caller that presented the configured token: with no
 //! token configured nobody is authenticated, so nobody gets one.
+
+pub mod origin;
+
+pub use origin::AdminHosts;
 
 use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
@@ -43,6 +49,8 @@ pub struct AdminState {
     pub proxy_addr: SocketAddr,
     /// Bearer token for every route but `/healthz`.
     pub token: Option<String>,
+    /// The `Host` values requests may carry (DNS rebinding names another).
+    pub hosts: AdminHosts,
     /// Set once the journal is loaded and every listener is bound; cleared by a drain.
     pub ready: AtomicBool,
 }
@@ -110,6 +118,9 @@ fn is_authenticated(state: &AdminState, req: &Request<Incoming>) -> bool {
 }
 
 async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
+    if let Err(refused) = state.hosts.check(req.uri(), req.headers()) {
+        return error(refused.status, refused.message);
+    }
     let path = req.uri().path().trim_end_matches('/').to_owned();
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let is_public = segments == ["healthz"] || segments.is_empty();
@@ -123,6 +134,9 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             header::HeaderValue::from_static("Bearer"),
         );
         return response;
+    }
+    if let Err(refused) = origin::check_write(req.method(), req.headers()) {
+        return error(refused.status, refused.message);
     }
     if let ["leases", id, ..] = segments.as_slice() {
         if !is_lease_id(id) {

@@ -395,11 +395,13 @@ struct Mirrored {
 /// Follows the file at `path` (which may not exist yet) and publishes each line the stream
 /// lacks, until `shutdown` resolves (a line cut off mid-publish is settled by the next start).
 /// While the stream is unreachable it retries the same line with backoff, never skipping or
-/// reordering one; it gives up only on credentials it cannot read.
+/// reordering one; it gives up only on credentials it cannot read. A line longer than
+/// `max_line` is skipped unheld, as `serve` skips it.
 pub async fn mirror(
     path: &Path,
     location: &NatsLocation,
     options: &NatsOptions,
+    max_line: usize,
     shutdown: impl Future<Output = ()>,
     mut report: impl FnMut(MirrorEvent),
 ) -> Result<(), BridgeError> {
@@ -419,7 +421,7 @@ pub async fn mirror(
             mirrored: Mirrored::default(),
             line: 0,
         };
-        let store = FileStore::new(path.to_path_buf(), false);
+        let store = FileStore::limited(path.to_path_buf(), false, max_line);
         let mut caught_up = false;
         let mut unreadable = false;
         loop {

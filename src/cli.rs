@@ -93,10 +93,38 @@ pub struct SuggestArgs {
     /// Only this lease.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: Option<String>,
-    /// One list for every lease whose clients sent this label (the user part of the proxy
-    /// credentials, e.g. `agent` in `http://agent:<lease>@proxy`), instead of one per lease.
-    #[arg(long, env = "LEASEGATE_AGENT")]
+    /// One list for every lease whose manifest names this agent (`agent.name`, signed), read
+    /// from the journal: needs --journal and --key-file.
+    #[arg(
+        long,
+        env = "LEASEGATE_AGENT",
+        requires = "journal",
+        conflicts_with = "label"
+    )]
     pub agent: Option<String>,
+    /// One list for every line whose client sent this label (the user part of the proxy
+    /// credentials, e.g. `agent` in `http://agent:<lease>@proxy`): any lease may send any
+    /// label, so the leases that contributed are named, and with --journal a label spanning
+    /// leases of different manifest agents is warned about.
+    #[arg(long, env = "LEASEGATE_LABEL")]
+    pub label: Option<String>,
+    /// The lease journal, for the manifest agent of each lease (--agent; --label warns from
+    /// it): a file or `nats://HOST:PORT[,...]/STREAM`.
+    #[arg(long, env = "LEASEGATE_JOURNAL", requires = "key_files")]
+    pub journal: Option<JournalLocation>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Keys the journal's leases are signed with (repeatable).
+    #[arg(
+        long = "key-file",
+        env = "LEASEGATE_KEY_FILE",
+        value_delimiter = ',',
+        requires = "journal"
+    )]
+    pub key_files: Vec<PathBuf>,
+    /// Accept leases signed with the published test key.
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
     /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
     #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
     pub since: Option<std::time::Duration>,
@@ -333,6 +361,15 @@ pub struct ServeArgs {
     /// Admin API address (`off` to disable).
     #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
     pub admin: String,
+    /// A name the admin API also answers to in `Host` (repeatable), beyond `localhost` and
+    /// its own address (any IP address for a wildcard bind), e.g. the name a reverse proxy or
+    /// a Service gives it.
+    #[arg(
+        long = "admin-host",
+        env = "LEASEGATE_ADMIN_HOST",
+        value_delimiter = ','
+    )]
+    pub admin_hosts: Vec<String>,
     /// Give every lease its own port from this range for its whole life, e.g. 40000-40999
     /// (the assignments are kept in `<data-dir>/lease-ports`).
     #[arg(long, env = "LEASEGATE_LEASE_PORTS", value_parser = parse_port_range)]
@@ -596,6 +633,11 @@ pub struct StoreArgs {
     /// assignments (`lease-ports`).
     #[arg(long, env = "LEASEGATE_DATA_DIR", default_value = ".leasegate")]
     pub data_dir: PathBuf,
+    /// The longest journal line (or stream message) read, in bytes: a longer one is skipped
+    /// unread and counted (`too-long`). The default is above the largest real grant (a lease
+    /// of 500,000 hosts is 21 MB).
+    #[arg(long, env = "LEASEGATE_MAX_JOURNAL_LINE", default_value_t = crate::registry::journal::MAX_LINE as u64, value_parser = clap::value_parser!(u64).range(1024..))]
+    pub max_journal_line: u64,
 }
 
 /// A journal and the keys its leases are signed with (`leases`, `check`).

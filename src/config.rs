@@ -152,6 +152,9 @@ pub struct ServeConfig {
     pub proxy: ProxyConfig,
     /// The admin API listener; `None`: no admin API.
     pub admin: Option<SocketAddr>,
+    /// `--admin-host`: names the admin API answers to in `Host`, beyond `localhost` and its
+    /// own address.
+    pub admin_hosts: Vec<String>,
     /// Per-lease ports: the range and the address they bind.
     pub lease_ports: Option<(RangeInclusive<u16>, IpAddr)>,
     /// Certificate chain and key (PEM) for a TLS proxy listener.
@@ -176,6 +179,8 @@ pub enum ConfigError {
     Keys(#[from] KeyError),
     #[error("--admin {0:?}: expected ADDR:PORT or `off`")]
     Admin(String),
+    #[error("--admin-host {0:?}: expected a host name or an IP address, without a port")]
+    AdminHost(String),
     #[error(
         "--admin {0} is reachable beyond loopback but has no --admin-token-file: anyone who \
          reaches it could list leases and revoke them. Give it a token, bind 127.0.0.1, or \
@@ -233,6 +238,7 @@ impl From<&cli::StoreArgs> for StoreOptions {
             },
             data_dir: args.data_dir.clone(),
             closed_lease_retention: None,
+            max_line: usize::try_from(args.max_journal_line).unwrap_or(usize::MAX),
         }
     }
 }
@@ -292,6 +298,11 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             ),
         };
         let admin_token = Some(admin_token).filter(|t| !t.is_empty());
+        let admin_hosts = args
+            .admin_hosts
+            .iter()
+            .map(|name| parse_admin_host(name))
+            .collect::<Result<Vec<_>, _>>()?;
         // Fail closed: an admin API others can reach lists every lease and revokes any of
         // them, so beyond loopback it needs a token unless the operator says otherwise.
         if let Some(addr) = admin {
@@ -336,6 +347,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             egress_stream,
             proxy,
             admin,
+            admin_hosts,
             lease_ports: args.lease_ports.map(|range| (range, args.lease_port_bind)),
             tls: args.tls_cert.zip(args.tls_key),
             admin_token,
@@ -354,6 +366,20 @@ pub fn default_egress_log(journal: &JournalLocation, store: &StoreOptions) -> Pa
             .map(|dir| dir.join("egress.jsonl"))
             .unwrap_or_else(|| PathBuf::from("egress.jsonl")),
         JournalLocation::Nats(_) => store.data_dir.join("egress.jsonl"),
+    }
+}
+
+/// `--admin-host`: a host name (letters, digits, `-`, `.`) or an IP address (IPv6 with or
+/// without brackets); no port, no wildcard.
+fn parse_admin_host(text: &str) -> Result<String, ConfigError> {
+    let bare = text.trim_start_matches('[').trim_end_matches(']');
+    let is_name = !bare.is_empty()
+        && bare
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    match is_name || bare.parse::<IpAddr>().is_ok() {
+        true => Ok(bare.to_owned()),
+        false => Err(ConfigError::AdminHost(text.to_owned())),
     }
 }
 
@@ -433,6 +459,43 @@ mod tests {
         }
         for addr in ["127.0.0.1:3129", "[::1]:3129", "off"] {
             assert!(serve_config(&["--admin", addr]).is_ok(), "{addr}");
+        }
+    }
+
+    #[test]
+    fn the_journal_line_cap_defaults_above_the_largest_grant() {
+        let config = serve_config(&[]).unwrap();
+        assert_eq!(config.store.max_line, 32 << 20);
+        let lowered = serve_config(&["--max-journal-line", "65536"]).unwrap();
+        assert_eq!(lowered.store.max_line, 65536);
+        assert_eq!(
+            lowered.store.ledger(Keyring::new(false)).max_line(),
+            65536,
+            "the fold skips what the store skips"
+        );
+        let cli = cli::Cli::try_parse_from(["leasegate", "serve", "--max-journal-line", "100"]);
+        assert!(cli.is_err(), "below 1024 bytes nothing real fits");
+    }
+
+    #[test]
+    fn admin_hosts_are_names_or_addresses_without_a_port() {
+        assert!(serve_config(&[]).unwrap().admin_hosts.is_empty());
+        let config = serve_config(&[
+            "--admin-host",
+            "admin.corp",
+            "--admin-host",
+            "[fd00::1],10.0.0.1",
+        ])
+        .unwrap();
+        assert_eq!(config.admin_hosts, ["admin.corp", "fd00::1", "10.0.0.1"]);
+        for bad in ["admin.corp:3129", "*.corp", "", "a b", "user@host"] {
+            assert!(
+                matches!(
+                    serve_config(&["--admin-host", bad]),
+                    Err(ConfigError::AdminHost(_))
+                ),
+                "{bad}"
+            );
         }
     }
 

@@ -29,13 +29,19 @@ pub struct Problem {
 }
 
 /// Verifies a lease document or a journal. `keyring` `None` checks schema and rules only.
-pub fn verify(text: &[u8], keyring: Option<&Keyring>, now: Timestamp) -> Vec<Problem> {
+/// `max_line`: a journal line longer than this is a problem (`too-long`), as `serve` skips it.
+pub fn verify(
+    text: &[u8],
+    keyring: Option<&Keyring>,
+    now: Timestamp,
+    max_line: usize,
+) -> Vec<Problem> {
     let single: Option<Value> = serde_json::from_slice(text).ok();
     match single {
         Some(value) if value.get("manifest").is_some() && value.get("event").is_none() => {
             verify_lease(value, keyring, now)
         }
-        _ => verify_journal(text, keyring),
+        _ => verify_journal(text, keyring, max_line),
     }
 }
 
@@ -102,11 +108,12 @@ fn malformed_reason(lease_id: &str, list: &str, bad: &MalformedPattern) -> Strin
     )
 }
 
-fn verify_journal(text: &[u8], keyring: Option<&Keyring>) -> Vec<Problem> {
+fn verify_journal(text: &[u8], keyring: Option<&Keyring>, max_line: usize) -> Vec<Problem> {
     let mut ledger = match keyring {
         Some(k) => Ledger::new(k.clone()),
         None => Ledger::unverified(),
-    };
+    }
+    .limiting_lines(max_line);
     let mut problems: Vec<Problem> = journal::fold_bytes(&mut ledger, text)
         .into_iter()
         .map(|p| Problem {

@@ -225,7 +225,8 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
     if let Err(e) = read {
         return usage_error(anyhow!("cannot read {name}: {e}"));
     }
-    let problems = inspect::verify(&text, keyring.as_ref(), now);
+    let max_line = StoreOptions::from(&args.store).max_line;
+    let problems = inspect::verify(&text, keyring.as_ref(), now, max_line);
     for p in &problems {
         println!("{name}: {}: {}", p.place, p.reason);
     }
@@ -247,11 +248,8 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
 fn load_ledger(args: &cli::LedgerArgs) -> Result<Ledger> {
     let keyring = Keyring::load(&args.key_files, args.allow_test_key)?
         .requiring_record_signatures(args.require_record_signatures);
-    let (ledger, _) = block_on(open::fold(
-        &args.journal,
-        Ledger::new(keyring),
-        &StoreOptions::from(&args.store),
-    ))?;
+    let options = StoreOptions::from(&args.store);
+    let (ledger, _) = block_on(open::fold(&args.journal, options.ledger(keyring), &options))?;
     Ok(ledger)
 }
 
@@ -372,12 +370,37 @@ fn suggest(args: cli::SuggestArgs) -> Result<()> {
         let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
         Timestamp::now().saturating_add_millis(-ms)
     });
+    // The manifest agent of every lease the journal holds, signatures verified.
+    let agents = match args.journal {
+        Some(journal) => {
+            let ledger = cli::LedgerArgs {
+                journal,
+                store: args.store,
+                key_files: args.key_files,
+                allow_test_key: args.allow_test_key,
+                require_record_signatures: false,
+            };
+            require_journal(&ledger.journal)?;
+            let ledger = load_ledger(&ledger)?;
+            let agents = ledger
+                .leases()
+                .map(|l| (l.id.clone(), l.agent_name.clone()));
+            Some(agents.collect())
+        }
+        None => None,
+    };
+    let grouping = match (args.agent, args.label) {
+        (Some(agent), _) => suggest::Grouping::Agent(agent),
+        (None, Some(label)) => suggest::Grouping::Label(label),
+        (None, None) => suggest::Grouping::ByLease,
+    };
     let mut tally = suggest::Tally::new(
         usage::Filter {
             lease: args.lease,
             since,
         },
-        args.agent,
+        grouping,
+        agents,
     );
     let name = args.from.display().to_string();
     match name.as_str() {
@@ -396,6 +419,9 @@ fn suggest(args: cli::SuggestArgs) -> Result<()> {
         );
     }
     let suggestions = tally.finish(args.collapse.map(|n| n as usize));
+    for warning in suggestions.iter().filter_map(|s| s.warning.as_deref()) {
+        eprintln!("leasegate suggest: warning: {warning}");
+    }
     if suggestions.is_empty() {
         eprintln!("leasegate suggest: no line of {name} reached a host; nothing to suggest");
     }
@@ -445,12 +471,13 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
             Ok(())
         }
         cli::JournalCommand::Mirror(args) => {
-            let options = StoreOptions::from(&args.store).nats;
+            let options = StoreOptions::from(&args.store);
             let file = args.file.display().to_string();
             block_on(bridge::mirror(
                 &args.file,
                 &args.to,
-                &options,
+                &options.nats,
+                options.max_line,
                 shutdown_signal(),
                 |event| match event {
                     MirrorEvent::CaughtUp {
@@ -482,16 +509,17 @@ fn compact(args: cli::CompactArgs) -> Result<()> {
     require_journal(&args.ledger.journal)?;
     let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?;
     let retention = args.retention;
+    let options = StoreOptions::from(&args.ledger.store);
     let path = match &args.ledger.journal {
         JournalLocation::File(path) => path,
         JournalLocation::Nats(location) => {
-            let options = StoreOptions::from(&args.ledger.store).nats;
             let done = block_on(compact::compact_stream(
                 location,
-                &options,
+                &options.nats,
                 keyring,
                 retention,
                 Timestamp::now(),
+                options.max_line,
             ))?;
             let (s, marker) = (&done.selection, &done.marker);
             report_skipped(s);
@@ -508,7 +536,7 @@ fn compact(args: cli::CompactArgs) -> Result<()> {
             return Ok(());
         }
     };
-    let done = compact::compact_file(path, keyring, retention, Timestamp::now())?;
+    let done = compact::compact_file(path, keyring, retention, Timestamp::now(), options.max_line)?;
     let (s, swapped) = (&done.selection, &done.swapped);
     report_skipped(s);
     if swapped.torn_bytes > 0 {

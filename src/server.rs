@@ -8,7 +8,7 @@
 //! `/readyz` is 200 only between "journal loaded and every listener bound" and the start of a
 //! drain.
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminHosts, AdminState};
 use crate::config::ServeConfig;
 use crate::contract::Timestamp;
 use crate::policy::guard::LocalAddrs;
@@ -360,6 +360,7 @@ impl Server {
                     ports: ports.clone(),
                     proxy_addr: addr,
                     token: config.admin_token,
+                    hosts: AdminHosts::new(admin_addr, &config.admin_hosts),
                     ready: Default::default(),
                 });
                 tokio::spawn(admin::serve(

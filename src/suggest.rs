@@ -1,15 +1,18 @@
 //! `leasegate suggest`: the smallest allow list that covers the hosts each lease (or one
-//! agent label) reached, read from egress lines (typically recorded with `serve --mode report`).
+//! agent, or one credentials label) reached, read from egress lines (typically recorded with
+//! `serve --mode report`).
 //!
 //! Invariant: every host a counted line reached is matched by its group's suggestion, or is
 //! named as unlisted when no host pattern can spell it (an IPv6 literal); an entry `*.d` is
 //! only made for a domain `d` that is not a public suffix (Public Suffix List, compiled in)
-//! and under which at least `collapse` sibling names were reached; nothing else widens.
+//! and under which at least `collapse` sibling names were reached; nothing else widens. An
+//! agent group holds only leases whose signed manifest names that agent (never a label a
+//! client chose); a label group names every lease that contributed to it.
 
 use crate::policy::pattern::HostPattern;
 use crate::usage::Filter;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -27,42 +30,77 @@ const NOT_REACHED: &[&str] = &[
     "upstream-timeout",
 ];
 
-/// What a group of lines is: one lease, or every lease one agent label used.
+/// What a group of lines is: one lease, the leases of one manifest agent, or the lines of one
+/// credentials label.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Group {
     Lease(String),
+    /// Leases whose manifest `agent.name` (signed, in the journal) is this.
     Agent(String),
+    /// Lines whose client sent this label (the user part of the proxy credentials): any lease
+    /// may choose any label.
+    Label(String),
 }
 
 impl std::fmt::Display for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Group::Lease(id) => write!(f, "lease {id}"),
-            Group::Agent(label) => write!(f, "agent {label}"),
+            Group::Agent(name) => write!(f, "agent {name}"),
+            Group::Label(label) => write!(f, "label {label}"),
         }
     }
+}
+
+/// How lines are grouped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Grouping {
+    /// One group per lease.
+    #[default]
+    ByLease,
+    /// One group: the leases whose manifest names this agent (the journal's `agents`).
+    Agent(String),
+    /// One group: the lines with this credentials label, whatever their lease.
+    Label(String),
 }
 
 /// Counts reached hosts as lines come in.
 #[derive(Debug, Default)]
 pub struct Tally {
     filter: Filter,
-    /// `Some`: only lines with this label, all in one group.
-    agent: Option<String>,
-    groups: BTreeMap<Group, BTreeMap<String, u64>>,
+    grouping: Grouping,
+    /// The manifest agent of each lease the journal holds, when one was read: selects an
+    /// agent's leases, and says which agents a label spans.
+    agents: Option<HashMap<String, String>>,
+    groups: BTreeMap<Group, Counted>,
     /// Lines that are not egress lines.
     pub unreadable: u64,
     /// Lines that passed the filter but reached nothing (refused, unidentified, failed).
     pub not_reached: u64,
 }
 
+/// What one group's lines reached.
+#[derive(Debug, Default)]
+struct Counted {
+    /// Host → calls.
+    hosts: BTreeMap<String, u64>,
+    /// The leases whose lines were counted.
+    leases: BTreeSet<String>,
+}
+
 impl Tally {
-    /// `agent`: group by this label (the user part of the proxy credentials) instead of by lease.
-    pub fn new(filter: Filter, agent: Option<String>) -> Tally {
+    /// `agents`: lease id → manifest `agent.name`, from the journal (needed by
+    /// [`Grouping::Agent`]: without it no lease is the agent's).
+    pub fn new(
+        filter: Filter,
+        grouping: Grouping,
+        agents: Option<HashMap<String, String>>,
+    ) -> Tally {
         Tally {
             filter,
-            agent,
+            grouping,
+            agents,
             ..Tally::default()
         }
     }
@@ -72,14 +110,18 @@ impl Tally {
         let Some((_, line)) = self.filter.take(line, &mut self.unreadable) else {
             return;
         };
-        let group = match (&self.agent, line.label, line.lease_id) {
-            (Some(agent), Some(label), _) if *agent == label => Group::Agent(label),
-            (Some(_), _, _) => return,
-            (None, _, Some(id)) => Group::Lease(id),
-            (None, _, None) => {
+        let agent_of = |id: &str| self.agents.as_ref().and_then(|a| a.get(id));
+        let group = match (&self.grouping, line.label, line.lease_id.as_deref()) {
+            (Grouping::ByLease, _, Some(id)) => Group::Lease(id.to_owned()),
+            (Grouping::Agent(name), _, Some(id)) if agent_of(id) == Some(name) => {
+                Group::Agent(name.clone())
+            }
+            (Grouping::Label(wanted), Some(label), _) if *wanted == label => Group::Label(label),
+            (Grouping::ByLease, _, None) => {
                 self.not_reached += 1;
                 return;
             }
+            _ => return,
         };
         let reached = matches!(line.verdict.as_str(), "allow" | "report")
             && line
@@ -88,12 +130,9 @@ impl Tally {
                 .is_none_or(|code| !NOT_REACHED.contains(&code));
         match line.host {
             Some(host) if reached => {
-                *self
-                    .groups
-                    .entry(group)
-                    .or_default()
-                    .entry(host)
-                    .or_default() += 1
+                let counted = self.groups.entry(group).or_default();
+                *counted.hosts.entry(host).or_default() += 1;
+                counted.leases.extend(line.lease_id);
             }
             _ => self.not_reached += 1,
         }
@@ -102,20 +141,65 @@ impl Tally {
     /// One suggestion per group, most calls first (ties by group). `collapse`: how many sibling
     /// names under one domain make `*.domain` (`None`: never).
     pub fn finish(self, collapse: Option<usize>) -> Vec<Suggestion> {
+        let agents = self.agents;
         let mut out: Vec<Suggestion> = self
             .groups
             .into_iter()
-            .map(|(group, hosts)| suggest(group, &hosts, collapse))
+            .map(|(group, counted)| {
+                let warning = match (&group, &agents) {
+                    (Group::Label(label), Some(agents)) => {
+                        spanned_agents(label, &counted.leases, agents)
+                    }
+                    _ => None,
+                };
+                Suggestion {
+                    leases: counted.leases.into_iter().collect(),
+                    warning,
+                    ..suggest(group, &counted.hosts, collapse)
+                }
+            })
             .collect();
         out.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.group.cmp(&b.group)));
         out
     }
 }
 
+/// A warning when the leases that sent `label` do not all have one manifest agent (a lease
+/// the journal does not hold counts as an agent of its own, "not in the journal").
+fn spanned_agents(
+    label: &str,
+    leases: &BTreeSet<String>,
+    agents: &HashMap<String, String>,
+) -> Option<String> {
+    let mut by_agent: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for lease in leases {
+        let agent = match agents.get(lease) {
+            Some(name) => format!("agent {name:?}"),
+            None => "not in the journal".to_owned(),
+        };
+        by_agent.entry(agent).or_default().push(lease);
+    }
+    if by_agent.len() < 2 {
+        return None;
+    }
+    let parts: Vec<String> = by_agent
+        .iter()
+        .map(|(agent, leases)| format!("{agent}: {}", leases.join(", ")))
+        .collect();
+    Some(format!(
+        "label {label:?} spans leases of different manifest agents ({}); any lease may send any label",
+        parts.join("; ")
+    ))
+}
+
 /// One group's allow list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Suggestion {
     pub group: Group,
+    /// The leases whose lines were counted, in id order.
+    pub leases: Vec<String>,
+    /// Said when a label group spans leases of different manifest agents.
+    pub warning: Option<String>,
     /// Counted calls, listed or not.
     pub calls: u64,
     /// Most calls first, ties by pattern.
@@ -230,6 +314,8 @@ pub fn suggest(group: Group, hosts: &BTreeMap<String, u64>, collapse: Option<usi
     unlisted.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.host.cmp(&b.host)));
     Suggestion {
         group,
+        leases: Vec::new(),
+        warning: None,
         calls,
         entries,
         unlisted,
@@ -270,6 +356,12 @@ pub fn render_flags(suggestions: &[Suggestion]) -> String {
             s.entries.len(),
             if s.entries.len() == 1 { "y" } else { "ies" }
         );
+        if !matches!(s.group, Group::Lease(_)) {
+            let _ = writeln!(out, "# leases: {}", s.leases.join(", "));
+        }
+        if let Some(warning) = &s.warning {
+            let _ = writeln!(out, "# warning: {warning}");
+        }
         let width = s
             .entries
             .iter()
@@ -313,6 +405,9 @@ pub fn render_json(suggestions: &[Suggestion]) -> String {
     struct Line<'a> {
         lease_id: Option<&'a str>,
         agent: Option<&'a str>,
+        label: Option<&'a str>,
+        leases: &'a [String],
+        warning: Option<&'a str>,
         calls: u64,
         allow: Allow<'a>,
         entries: &'a [Entry],
@@ -324,13 +419,17 @@ pub fn render_json(suggestions: &[Suggestion]) -> String {
     }
     let mut out = String::new();
     for s in suggestions {
-        let (lease_id, agent) = match &s.group {
-            Group::Lease(id) => (Some(id.as_str()), None),
-            Group::Agent(label) => (None, Some(label.as_str())),
+        let (lease_id, agent, label) = match &s.group {
+            Group::Lease(id) => (Some(id.as_str()), None, None),
+            Group::Agent(name) => (None, Some(name.as_str()), None),
+            Group::Label(label) => (None, None, Some(label.as_str())),
         };
         let line = Line {
             lease_id,
             agent,
+            label,
+            leases: &s.leases,
+            warning: s.warning.as_deref(),
             calls: s.calls,
             allow: Allow {
                 hosts: s.entries.iter().map(|e| e.pattern.as_str()).collect(),
@@ -380,8 +479,8 @@ mod tests {
         .to_string()
     }
 
-    fn tally(lines: &[String], agent: Option<&str>, collapse: Option<usize>) -> Vec<Suggestion> {
-        let mut t = Tally::new(Filter::default(), agent.map(str::to_owned));
+    fn tally(lines: &[String], grouping: Grouping, collapse: Option<usize>) -> Vec<Suggestion> {
+        let mut t = Tally::new(Filter::default(), grouping, None);
         for l in lines {
             t.add(l.as_bytes());
         }
@@ -413,7 +512,7 @@ mod tests {
             "not json".to_owned(),
             String::new(),
         ];
-        let mut t = Tally::new(Filter::default(), None);
+        let mut t = Tally::new(Filter::default(), Grouping::ByLease, None);
         for l in &lines {
             t.add(l.as_bytes());
         }
@@ -430,18 +529,82 @@ mod tests {
         assert_eq!(patterns(&out[1]), [("c.test", 1)]);
     }
 
+    const C: &str = "00000003-0000-4000-8000-000000000000";
+
+    /// A journal's manifest agents: A and B are the crawler's, C is another agent's.
+    fn agents() -> HashMap<String, String> {
+        [(A, "crawler"), (B, "crawler"), (C, "evil")]
+            .into_iter()
+            .map(|(id, name)| (id.to_owned(), name.to_owned()))
+            .collect()
+    }
+
     #[test]
-    fn an_agent_label_groups_across_leases_and_selects() {
+    fn a_label_groups_across_leases_and_names_them() {
         let lines = vec![
             line(Some(A), Some("crawler"), "a.test", "allow"),
             line(Some(B), Some("crawler"), "b.test", "allow"),
             line(Some(B), Some("other"), "c.test", "allow"),
             line(Some(B), None, "d.test", "allow"),
         ];
-        let out = tally(&lines, Some("crawler"), None);
+        let out = tally(&lines, Grouping::Label("crawler".into()), None);
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].group, Group::Agent("crawler".into()));
+        assert_eq!(out[0].group, Group::Label("crawler".into()));
         assert_eq!(patterns(&out[0]), [("a.test", 1), ("b.test", 1)]);
+        assert_eq!(out[0].leases, [A, B]);
+        assert_eq!(out[0].warning, None);
+    }
+
+    #[test]
+    fn an_agent_is_the_manifests_not_the_label_a_client_sent() {
+        // C's manifest names "evil", but its client sends the label "crawler".
+        let lines = vec![
+            line(Some(A), Some("crawler"), "a.test", "allow"),
+            line(Some(B), Some("anything"), "b.test", "allow"),
+            line(Some(C), Some("crawler"), "evil.test", "allow"),
+        ];
+        let run = |grouping: Grouping| {
+            let mut t = Tally::new(Filter::default(), grouping, Some(agents()));
+            for l in &lines {
+                t.add(l.as_bytes());
+            }
+            t.finish(None)
+        };
+        let crawler = run(Grouping::Agent("crawler".into()));
+        assert_eq!(crawler.len(), 1);
+        assert_eq!(crawler[0].group, Group::Agent("crawler".into()));
+        assert_eq!(patterns(&crawler[0]), [("a.test", 1), ("b.test", 1)]);
+        assert_eq!(crawler[0].leases, [A, B]);
+        assert!(run(Grouping::Agent("nobody".into())).is_empty());
+        // Without a journal no lease is an agent's.
+        let mut blind = Tally::new(Filter::default(), Grouping::Agent("crawler".into()), None);
+        for l in &lines {
+            blind.add(l.as_bytes());
+        }
+        assert!(blind.finish(None).is_empty());
+
+        // The label spans two manifest agents: said, with the leases of each.
+        let label = run(Grouping::Label("crawler".into()));
+        assert_eq!(label[0].leases, [A, C]);
+        assert_eq!(
+            label[0].warning.as_deref(),
+            Some(format!(
+                "label \"crawler\" spans leases of different manifest agents (agent \"crawler\": {A}; \
+                 agent \"evil\": {C}); any lease may send any label"
+            ))
+            .as_deref()
+        );
+        let flags = render_flags(&label);
+        assert!(flags.contains(&format!("# leases: {A}, {C}\n")), "{flags}");
+        assert!(
+            flags.contains("# warning: label \"crawler\" spans"),
+            "{flags}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&render_json(&label)).unwrap();
+        assert_eq!(json["label"], "crawler");
+        assert_eq!(json["agent"], serde_json::Value::Null);
+        assert_eq!(json["leases"], serde_json::json!([A, C]));
+        assert_eq!(json["warning"], label[0].warning.as_deref().unwrap());
     }
 
     #[test]
@@ -454,7 +617,7 @@ mod tests {
             late,
         ];
         let run = |filter: Filter| {
-            let mut t = Tally::new(filter, None);
+            let mut t = Tally::new(filter, Grouping::ByLease, None);
             for l in &lines {
                 t.add(l.as_bytes());
             }
@@ -579,7 +742,7 @@ mod tests {
             line(Some(A), None, "::1", "allow"),
             line(Some(B), None, "c.test", "allow"),
         ];
-        let out = render_flags(&tally(&lines, None, Some(2)));
+        let out = render_flags(&tally(&lines, Grouping::ByLease, Some(2)));
         assert_eq!(
             out,
             format!(
@@ -603,11 +766,11 @@ mod tests {
             line(Some(A), None, "a.x.test", "allow"),
             line(Some(A), None, "b.x.test", "allow"),
         ];
-        let out = render_json(&tally(&lines, None, Some(2)));
+        let out = render_json(&tally(&lines, Grouping::ByLease, Some(2)));
         assert_eq!(
             out,
             format!(
-                "{{\"lease_id\":\"{A}\",\"agent\":null,\"calls\":2,\"allow\":{{\"hosts\":[\"*.x.test\"]}},\
+                "{{\"lease_id\":\"{A}\",\"agent\":null,\"label\":null,\"leases\":[\"{A}\"],\"warning\":null,\"calls\":2,\"allow\":{{\"hosts\":[\"*.x.test\"]}},\
                  \"entries\":[{{\"pattern\":\"*.x.test\",\"calls\":2,\"hosts\":[\"a.x.test\",\"b.x.test\"]}}],\
                  \"unlisted\":[]}}\n"
             )

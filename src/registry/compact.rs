@@ -44,7 +44,7 @@ pub struct Selection {
     /// Records that change no status (refused, narrowed, heartbeat, attached).
     pub notes_dropped: usize,
     /// Lines the fold skips, by reason, indexed as [`InvalidReason::ALL`].
-    pub invalid: [usize; 5],
+    pub invalid: [usize; InvalidReason::ALL.len()],
 }
 
 /// What one lease has in the journal.
@@ -58,14 +58,17 @@ struct Lines {
 
 /// Chooses the lines of `lines` (complete lines, without newline) to keep at `now`. The fold
 /// never requires record signatures here: an unsigned closing record is kept, and a journal
-/// folded with them required skips it, as it did before.
+/// folded with them required skips it, as it did before. A line longer than `max_line` is
+/// dropped, as the fold skips it.
 pub fn select<'a>(
     lines: impl IntoIterator<Item = &'a [u8]>,
     keyring: Keyring,
     now: Timestamp,
     retention: Duration,
+    max_line: usize,
 ) -> Selection {
-    let mut ledger = Ledger::new(keyring.requiring_record_signatures(false));
+    let mut ledger =
+        Ledger::new(keyring.requiring_record_signatures(false)).limiting_lines(max_line);
     let mut selection = Selection::default();
     let mut by_lease: HashMap<String, Lines> = HashMap::new();
     for (i, line) in lines.into_iter().enumerate() {
@@ -162,6 +165,7 @@ pub fn compact_file(
     keyring: Keyring,
     retention: Duration,
     now: Timestamp,
+    max_line: usize,
 ) -> Result<Compacted, CompactError> {
     let shown = || path.display().to_string();
     let read = swap::read(path).map_err(|cause| match cause.kind() {
@@ -173,7 +177,7 @@ pub fn compact_file(
     })?;
     let (lines, _) = split_lines(&read.bytes);
     let lines: Vec<&[u8]> = lines.collect();
-    let selection = select(lines.iter().copied(), keyring, now, retention);
+    let selection = select(lines.iter().copied(), keyring, now, retention, max_line);
     let kept = selection.kept.iter().map(|&i| lines[i]);
     let swapped =
         swap::swap_in(path, &read, kept, &now.to_string()).map_err(|cause| CompactError::Swap {
@@ -201,6 +205,7 @@ pub async fn compact_stream(
     keyring: Keyring,
     retention: Duration,
     now: Timestamp,
+    max_line: usize,
 ) -> Result<Snapshotted, CompactError> {
     let key = keyring.keys().next().cloned().ok_or(CompactError::NoKey)?;
     let journal = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
@@ -213,7 +218,7 @@ pub async fn compact_stream(
         })?;
     let covers = messages.last().map_or(0, |(sequence, _)| *sequence);
     let lines: Vec<&[u8]> = messages.iter().map(|(_, line)| &line[..]).collect();
-    let selection = select(lines.iter().copied(), keyring, now, retention);
+    let selection = select(lines.iter().copied(), keyring, now, retention, max_line);
     let kept = selection.kept.iter().map(|&i| lines[i]);
     let marker = snapshot::publish(&journal, options, covers, kept, &key).await?;
     Ok(Snapshotted {

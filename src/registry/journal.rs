@@ -15,6 +15,10 @@ use std::io;
 use std::path::Path;
 use std::time::Instant;
 
+/// The longest journal line read by default (`--max-journal-line`): above the largest real
+/// grant (a lease of 500,000 hosts is 21 MB), so only a line no issuer writes is skipped.
+pub const MAX_LINE: usize = 32 << 20;
+
 /// Splits journal bytes into complete lines (without their newline) and the unterminated
 /// rest (empty if the bytes end in a newline).
 pub fn split_lines(bytes: &[u8]) -> (impl Iterator<Item = &[u8]>, &[u8]) {
@@ -79,17 +83,22 @@ pub fn apply_lines<'a>(
 ) -> Vec<LineProblem> {
     let keyring = ledger.keyring().cloned();
     let keyring = keyring.as_ref();
+    let max_line = ledger.max_line();
     let mut lines = lines
         .enumerate()
         .filter(|(_, raw)| !raw.iter().all(u8::is_ascii_whitespace))
         .map(|(i, raw)| (i + 1, raw));
     let mut problems = Vec::new();
-    let mut current = prepare_round(keyring, &lines.by_ref().take(ROUND).collect::<Vec<_>>());
+    let mut current = prepare_round(
+        keyring,
+        max_line,
+        &lines.by_ref().take(ROUND).collect::<Vec<_>>(),
+    );
     while !current.is_empty() {
         let upcoming: Vec<(usize, &[u8])> = lines.by_ref().take(ROUND).collect();
         current = std::thread::scope(|scope| {
-            let next =
-                (!upcoming.is_empty()).then(|| scope.spawn(|| prepare_round(keyring, &upcoming)));
+            let next = (!upcoming.is_empty())
+                .then(|| scope.spawn(|| prepare_round(keyring, max_line, &upcoming)));
             for (line, prepared) in current {
                 if let Err(error) = ledger.apply_prepared(prepared) {
                     problems.push(LineProblem { line, error });
@@ -105,8 +114,13 @@ pub fn apply_lines<'a>(
 }
 
 /// Prepares numbered lines, split over the machine's cores when there are enough of them.
-fn prepare_round(keyring: Option<&Keyring>, lines: &[(usize, &[u8])]) -> Vec<(usize, Prepared)> {
-    let prepare = |(line, raw): &(usize, &[u8])| (*line, Prepared::line(keyring, raw));
+fn prepare_round(
+    keyring: Option<&Keyring>,
+    max_line: usize,
+    lines: &[(usize, &[u8])],
+) -> Vec<(usize, Prepared)> {
+    let prepare =
+        |(line, raw): &(usize, &[u8])| (*line, Prepared::line_at_most(keyring, raw, max_line));
     let workers = cores();
     if lines.len() < PARALLEL_FROM || workers < 2 {
         return lines.iter().map(prepare).collect();

@@ -122,6 +122,9 @@ pub enum LineError {
         lease: String,
         problem: SignatureProblem,
     },
+    /// Longer than `--max-journal-line`: skipped unread (a store never holds it whole).
+    #[error("line of {len} bytes or more is longer than --max-journal-line ({max} bytes)")]
+    TooLong { len: u64, max: usize },
 }
 
 /// Why a closing record's signature is not trusted.
@@ -146,15 +149,18 @@ pub enum InvalidReason {
     Rule,
     /// A closing record whose signature is bad, or missing where required.
     Signature,
+    /// Longer than `--max-journal-line`.
+    TooLong,
 }
 
 impl InvalidReason {
-    pub const ALL: [InvalidReason; 5] = [
+    pub const ALL: [InvalidReason; 6] = [
         InvalidReason::Parse,
         InvalidReason::Schema,
         InvalidReason::Lease,
         InvalidReason::Rule,
         InvalidReason::Signature,
+        InvalidReason::TooLong,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -164,6 +170,7 @@ impl InvalidReason {
             InvalidReason::Lease => "lease",
             InvalidReason::Rule => "rule",
             InvalidReason::Signature => "signature",
+            InvalidReason::TooLong => "too-long",
         }
     }
 }
@@ -176,6 +183,7 @@ impl LineError {
             LineError::Lease(_) => InvalidReason::Lease,
             LineError::Rule(_) => InvalidReason::Rule,
             LineError::Signature { .. } => InvalidReason::Signature,
+            LineError::TooLong { .. } => InvalidReason::TooLong,
         }
     }
 }
@@ -202,7 +210,7 @@ pub struct FoldStats {
     pub lines: u64,
     pub invalid_lines: u64,
     /// `invalid_lines` by reason, indexed as [`InvalidReason::ALL`].
-    pub invalid_by_reason: [u64; 5],
+    pub invalid_by_reason: [u64; InvalidReason::ALL.len()],
     pub rejected_grants: u64,
     pub duplicate_grants: u64,
     /// Applied lines per event, indexed as [`Event::ALL`].
@@ -242,6 +250,8 @@ pub struct Ledger {
     shared: SharedPolicies,
     /// How long a closed or expired lease is kept whole; `None`: forever.
     retention: Option<Duration>,
+    /// The longest line applied (`--max-journal-line`); a longer one is skipped as `too-long`.
+    max_line: usize,
     stats: FoldStats,
 }
 
@@ -266,6 +276,7 @@ impl Ledger {
             retired: RetiredMap::default(),
             shared: SharedPolicies::default(),
             retention: None,
+            max_line: super::journal::MAX_LINE,
             stats: FoldStats::default(),
         }
     }
@@ -275,6 +286,24 @@ impl Ledger {
     pub fn retaining_closed(mut self, retention: Duration) -> Ledger {
         self.retention = Some(retention);
         self
+    }
+
+    /// Skips lines longer than `max` bytes (counted as `too-long`) instead of the default
+    /// [`super::journal::MAX_LINE`].
+    pub fn limiting_lines(mut self, max: usize) -> Ledger {
+        self.max_line = max;
+        self
+    }
+
+    /// The longest line applied; a store following the journal skips longer ones unread.
+    pub fn max_line(&self) -> usize {
+        self.max_line
+    }
+
+    /// Counts `n` lines a store skipped unread as longer than [`Ledger::max_line`].
+    pub fn count_too_long(&mut self, n: u64) {
+        self.stats.lines += n;
+        self.count_skipped(InvalidReason::TooLong, n);
     }
 
     pub fn keyring(&self) -> Option<&Keyring> {
@@ -287,7 +316,11 @@ impl Ledger {
 
     /// Applies one journal line (without its newline). Invalid lines are counted.
     pub fn apply_line_bytes(&mut self, line: &[u8]) -> Result<Applied, LineError> {
-        self.apply_prepared(Prepared::line(self.keyring.as_ref(), line))
+        self.apply_prepared(Prepared::line_at_most(
+            self.keyring.as_ref(),
+            line,
+            self.max_line,
+        ))
     }
 
     /// Applies one line prepared (under this ledger's keyring) by [`Prepared::line`]. Invalid
@@ -309,10 +342,13 @@ impl Ledger {
     }
 
     fn count_invalid(&mut self, error: &LineError) {
-        self.stats.invalid_lines += 1;
-        let reason = error.reason();
+        self.count_skipped(error.reason(), 1);
+    }
+
+    fn count_skipped(&mut self, reason: InvalidReason, n: u64) {
+        self.stats.invalid_lines += n;
         if let Some(i) = InvalidReason::ALL.iter().position(|r| *r == reason) {
-            self.stats.invalid_by_reason[i] += 1;
+            self.stats.invalid_by_reason[i] += n;
         }
     }
 

@@ -147,7 +147,8 @@ impl Registry {
         let pending = tokio::task::spawn_blocking(move || Pending::open(queue))
             .await
             .map_err(std::io::Error::other)??;
-        Registry::open_with(Box::new(FileStore::new(path, fsync)), ledger, pending).await
+        let store = FileStore::limited(path, fsync, ledger.max_line());
+        Registry::open_with(Box::new(store), ledger, pending).await
     }
 
     /// Follows `store`: folds what it holds now. Revocations it does not take wait in memory.
@@ -171,7 +172,8 @@ impl Registry {
             let batch = store.read_new().await?;
             let mut problems =
                 journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
-            lines_read.count(batch.restarted, batch.lines.len(), &mut problems);
+            ledger.count_too_long(batch.too_long);
+            lines_read.count(batch.restarted, batch.len(), &mut problems);
             journal::warn_skipped_gated(&mut skipping, &problems, Instant::now());
             skipped += problems.len();
             if !pending.is_empty() {
@@ -447,16 +449,17 @@ impl Registry {
         if batch.restarted && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
-        let mut problems = match batch.lines.is_empty() {
-            true => Vec::new(),
-            false => self.publish(|next| {
+        let mut problems = match batch.len() {
+            0 => Vec::new(),
+            _ => self.publish(|next| {
+                next.ledger.count_too_long(batch.too_long);
                 journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice))
             }),
         };
         self.lines_read
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .count(batch.restarted, batch.lines.len(), &mut problems);
+            .count(batch.restarted, batch.len(), &mut problems);
         journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
         if batch.lines.is_empty() {
             return Ok((0, batch.position));

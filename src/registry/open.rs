@@ -25,6 +25,9 @@ pub struct StoreOptions {
     /// `--closed-lease-retention` (`serve`): a lease closed or expired longer ago than this is
     /// retired (see [`super::Retired`]); `None`: every lease is kept whole.
     pub closed_lease_retention: Option<Duration>,
+    /// `--max-journal-line`: a longer line is skipped (`too-long`) by the fold, and by a store
+    /// following the journal without ever holding it.
+    pub max_line: usize,
 }
 
 impl Default for StoreOptions {
@@ -33,6 +36,7 @@ impl Default for StoreOptions {
             nats: NatsOptions::default(),
             data_dir: PathBuf::from(".leasegate"),
             closed_lease_retention: None,
+            max_line: journal::MAX_LINE,
         }
     }
 }
@@ -40,7 +44,7 @@ impl Default for StoreOptions {
 impl StoreOptions {
     /// The empty ledger a fold under these options starts from.
     pub fn ledger(&self, keyring: Keyring) -> Ledger {
-        let ledger = Ledger::new(keyring);
+        let ledger = Ledger::new(keyring).limiting_lines(self.max_line);
         match self.closed_lease_retention {
             Some(retention) => ledger.retaining_closed(retention),
             None => ledger,
@@ -92,7 +96,7 @@ pub async fn open_registry(
             .await
             .map_err(OpenError::io(location)),
         JournalLocation::Nats(nats) => {
-            let store = NatsStore::open(nats, &options.nats, &keyring).await?;
+            let store = NatsStore::open(nats, &options.nats, &keyring, options.max_line).await?;
             let pending = match durable {
                 true => {
                     let dir = options.data_dir.clone();

@@ -61,6 +61,20 @@ pub(super) enum RecordSignature {
 }
 
 impl Prepared {
+    /// [`Prepared::line`], unless the line is longer than `max` bytes: then it is not read.
+    pub fn line_at_most(keyring: Option<&Keyring>, line: &[u8], max: usize) -> Prepared {
+        if line.len() > max {
+            return Prepared {
+                is_grant: false,
+                step: Err(LineError::TooLong {
+                    len: line.len() as u64,
+                    max,
+                }),
+            };
+        }
+        Prepared::line(keyring, line)
+    }
+
     /// Parses and checks one journal line (without its newline).
     pub fn line(keyring: Option<&Keyring>, line: &[u8]) -> Prepared {
         let value = std::str::from_utf8(line)

@@ -48,13 +48,28 @@ pub struct Batch {
     pub restarted: bool,
     /// Complete lines, without their newline, in append order.
     pub lines: Vec<Vec<u8>>,
+    /// Lines longer than the store's `--max-journal-line`, skipped without being held (not in
+    /// `lines`).
+    pub too_long: u64,
     /// Just after the last line handed out so far (this batch's, or an earlier one's).
     pub position: Position,
 }
 
+impl Batch {
+    /// Lines read: handed out, and skipped as too long.
+    pub fn len(&self) -> usize {
+        self.lines.len() + self.too_long as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Where journal lines live. Implementations: the file (now), NATS JetStream (later).
 pub trait Store: Send + Sync + 'static {
-    /// Complete lines appended since the last call; a partial last line waits for its end.
+    /// Complete lines appended since the last call; a partial last line waits for its end, and
+    /// a line longer than the store's cap is counted in [`Batch::too_long`], never held.
     /// Cancel-safe: if the future is dropped, the lines it had read come with the next call.
     fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>>;
 

@@ -122,7 +122,7 @@ async fn the_admin_api_shows_credentials_only_to_an_authenticated_caller() {
     let server = Server::start(serve).await.unwrap();
     let answer = exchange(
         TcpStream::connect(server.admin_addr.unwrap()).await.unwrap(),
-        &format!("GET /leases/{lease} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n"),
+        &format!("GET /leases/{lease} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n"),
     )
     .await;
     let view: serde_json::Value =

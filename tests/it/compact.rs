@@ -112,6 +112,7 @@ fn a_compacted_journal_folds_the_same_for_every_kept_lease() {
         ring(&k),
         noon(),
         DEFAULT_RETENTION,
+        leasegate::registry::journal::MAX_LINE,
     );
     let kept: Vec<&str> = selection.kept.iter().map(|&i| refs[i]).collect();
     assert_eq!(selection.duplicate_grants, 1);

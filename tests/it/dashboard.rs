@@ -2,7 +2,7 @@
 //! admin page at `/` in a real headless Chromium driven over W3C WebDriver.
 
 use crate::harness::{
-    admin_text, curl, eventually, http_origin, proxy_url, raw, status_of, Harness,
+    admin_get, admin_text, curl, eventually, http_origin, proxy_url, raw, status_of, Harness,
 };
 use base64::Engine;
 use bytes::Bytes;
@@ -334,7 +334,7 @@ async fn admin_with_token(server: &Server, method: &str, path: &str, token: &str
     let answer = raw(
         server.admin_addr.unwrap(),
         format!(
-            "{method} {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
         .as_bytes(),
     )
@@ -372,7 +372,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     // The page loads without the token; it is HTML that fetches nothing from elsewhere.
     let page = raw(
         admin,
-        b"GET / HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!(status_of(&page), 200, "{page}");
@@ -386,7 +386,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     assert!(!page.contains("src=\"http") && !page.contains("href=\"http"));
     let post = raw(
         admin,
-        b"POST / HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!(status_of(&post), 405, "{post}");
@@ -635,5 +635,208 @@ async fn the_dashboard_pages_through_leases_and_filters_them() {
         .await
         .expect("the revoked lease, alone");
     browser.quit().await;
+    server.shutdown().await;
+}
+
+/// Serves `page` (HTML) on every request, from `ip` on a port of its own: another origin, and
+/// another site, than an admin API on 127.0.0.1.
+async fn serve_page(ip: [u8; 4], page: String) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from((ip, 0)))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let page = page.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A page from another site tries what CSRF and a curious script would: a no-cors POST with a
+/// JSON-looking text body, a text/plain form POST spelling JSON, a CORS POST with a JSON body
+/// (which needs a preflight), and a read of `/leases`. Nothing is revoked and nothing is read;
+/// the dashboard on the admin API's own origin still revokes, with no token configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_from_another_site_cannot_revoke_or_read_leases() {
+    let h = Harness::new();
+    let by_fetch = h.lease(&["origin.test"], &[]);
+    let by_form = h.lease(&["origin.test"], &[]);
+    let by_cors = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[])).await;
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let page = format!(
+        r#"<!doctype html><title>elsewhere</title>
+<iframe name="sink"></iframe>
+<form id="csrf" method="POST" enctype="text/plain" target="sink" action="{admin}/leases/{by_form}/revoke">
+<input name='{{"reason":"csrf","x":"' value='"}}'></form>
+<script>
+window.results = {{}};
+const admin = "{admin}";
+fetch(admin + "/leases/{by_fetch}/revoke", {{method: "POST", mode: "no-cors", body: '{{"reason":"csrf"}}'}})
+  .then(() => results.no_cors = "done", () => results.no_cors = "done");
+fetch(admin + "/leases/{by_cors}/revoke", {{method: "POST", headers: {{"Content-Type": "application/json"}}, body: '{{"reason":"csrf"}}'}})
+  .then((r) => results.cors = "answered " + r.status, () => results.cors = "blocked");
+fetch(admin + "/leases").then((r) => r.text())
+  .then((t) => results.read = "read " + t, () => results.read = "blocked");
+const sink = document.querySelector("iframe");
+sink.addEventListener("load", () => {{ if (sink.contentDocument === null) results.form = "done"; }});
+document.getElementById("csrf").submit();
+</script>"#
+    );
+    let elsewhere = serve_page([127, 0, 0, 2], page).await;
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{elsewhere}/")).await;
+    let results = browser
+        .until(
+            Duration::from_secs(10),
+            "const r = window.results || {}; return r.no_cors && r.cors && r.read && r.form ? r : null;",
+        )
+        .await
+        .expect("the page's four attempts finish");
+    assert_eq!(results["cors"], "blocked", "{results}");
+    assert_eq!(results["read"], "blocked", "{results}");
+    for lease in [&by_fetch, &by_form, &by_cors] {
+        let (status, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+        assert_eq!(
+            (status, view["status"].as_str()),
+            (200, Some("open")),
+            "{results}"
+        );
+    }
+    assert!(h.revocations().await.is_empty());
+
+    // The admin API's own page, no token configured, still revokes.
+    browser.goto(&format!("{admin}/")).await;
+    let button = format!("button.revoke[data-lease-id='{by_fetch}']");
+    browser
+        .until(
+            Duration::from_secs(5),
+            &format!("return document.querySelector(\"{button}\") !== null;"),
+        )
+        .await
+        .expect("the dashboard lists the lease");
+    browser.click(&button).await;
+    browser.click(&button).await;
+    let row = format!("tr.lease[data-lease-id='{by_fetch}']");
+    browser
+        .until(
+            Duration::from_secs(5),
+            &format!("return document.querySelector(\"{row}\").dataset.status === 'revoked';"),
+        )
+        .await
+        .expect("the dashboard revokes");
+    let revocations = h.revocations().await;
+    assert_eq!(revocations.len(), 1, "{revocations:?}");
+    assert_eq!(revocations[0]["lease_id"], by_fetch.as_str());
+    browser.quit().await;
+    server.shutdown().await;
+}
+
+/// `method path` on the admin API with extra header lines: status, body, and the whole
+/// answer.
+async fn admin_raw(
+    server: &Server,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String, String) {
+    let answer = raw(
+        server.admin_addr.unwrap(),
+        format!(
+            "{method} {path} HTTP/1.1\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status_of(&answer), body, answer)
+}
+
+/// DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 reaches the admin
+/// API with `Host: evil.example:PORT`, and gets nothing. A write must be JSON from the admin
+/// API's own origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_answers_only_its_own_host_and_same_origin_json_writes() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[])).await;
+    let port = server.admin_addr.unwrap().port();
+    let evil = format!("Host: evil.example:{port}\r\n");
+    for path in ["/leases", &format!("/leases/{lease}"), "/metrics", "/"] {
+        let (status, body, _) = admin_raw(&server, "GET", path, &evil, "").await;
+        assert_eq!(status, 421, "{path}: {body}");
+        assert!(!body.contains(&lease), "{path}: {body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            error["error"].as_str().unwrap().contains("--admin-host"),
+            "{body}"
+        );
+    }
+    let revoke = format!("/leases/{lease}/revoke");
+    let json = "Content-Type: application/json\r\n";
+    let reason = r#"{"reason":"x"}"#;
+    let (status, _, _) =
+        admin_raw(&server, "POST", &revoke, &format!("{evil}{json}"), reason).await;
+    assert_eq!(status, 421);
+    let (status, _, _) = admin_raw(&server, "GET", "/leases", "", "").await;
+    assert_eq!(status, 400, "no Host");
+
+    // Its own names: localhost and its address, any port.
+    let own = format!("Host: 127.0.0.1:{port}\r\n");
+    for host in [own.as_str(), "Host: localhost\r\n", "Host: [::1]:1\r\n"] {
+        assert_eq!(
+            admin_raw(&server, "GET", "/leases", host, "").await.0,
+            200,
+            "{host}"
+        );
+    }
+
+    // Writes: not JSON, or from another origin or site, are refused.
+    let refused = [
+        ("Content-Type: text/plain\r\n".to_owned(), 415),
+        (String::new(), 415),
+        (format!("{json}Origin: http://127.0.0.2:{port}\r\n"), 403),
+        (format!("{json}Origin: null\r\n"), 403),
+        (format!("{json}Sec-Fetch-Site: same-site\r\n"), 403),
+        (format!("{json}Sec-Fetch-Site: cross-site\r\n"), 403),
+    ];
+    for (headers, expected) in &refused {
+        let (status, body, _) =
+            admin_raw(&server, "POST", &revoke, &format!("{own}{headers}"), reason).await;
+        assert_eq!(status, *expected, "{headers}: {body}");
+        assert!(serde_json::from_str::<Value>(&body).is_ok(), "{body}");
+    }
+    let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["status"], "open");
+    assert!(h.revocations().await.is_empty());
+    // From its own origin, it revokes; no CORS header is ever sent.
+    let same =
+        format!("{own}{json}Origin: http://127.0.0.1:{port}\r\nSec-Fetch-Site: same-origin\r\n");
+    let (status, _, answer) = admin_raw(&server, "POST", &revoke, &same, reason).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        !answer.to_lowercase().contains("access-control-allow"),
+        "{answer}"
+    );
+    assert_eq!(h.revocations().await.len(), 1);
     server.shutdown().await;
 }

@@ -335,6 +335,38 @@ fn bad_lines_are_skipped_and_counted() {
     ));
 }
 
+/// The fold of `leases`, `check`, `verify` and `journal compact` skips a line over
+/// `--max-journal-line` as the proxy does, so they agree on every lease.
+#[test]
+fn a_line_over_the_cap_is_skipped_and_counted_as_too_long() {
+    let grant = granted_line(&root(), AT);
+    let text = format!("{grant}\n");
+    let mut capped = ledger().limiting_lines(grant.len() - 1);
+    let problems = fold_bytes(&mut capped, text.as_bytes());
+    assert_eq!(problems.len(), 1);
+    assert!(
+        matches!(problems[0].error, LineError::TooLong { len, max } if len == grant.len() as u64 && max == grant.len() - 1),
+        "{}",
+        problems[0].error
+    );
+    assert_eq!(capped.status(&id(1), t(AT)), None);
+    let too_long = InvalidReason::ALL
+        .iter()
+        .position(|r| r.as_str() == "too-long")
+        .unwrap();
+    assert_eq!(capped.stats().invalid_by_reason[too_long], 1);
+    assert!(capped.apply_line_bytes(grant.as_bytes()).is_err());
+    // A store's skipped lines count the same way.
+    capped.count_too_long(2);
+    assert_eq!(capped.stats().invalid_by_reason[too_long], 4);
+    assert_eq!(capped.stats().invalid_lines, 4);
+
+    let mut exact = ledger().limiting_lines(grant.len());
+    assert!(fold_bytes(&mut exact, text.as_bytes()).is_empty());
+    assert_eq!(exact.status(&id(1), t(AT)), Some(Status::Open));
+    assert_eq!(ledger().max_line(), journal::MAX_LINE);
+}
+
 #[test]
 fn a_final_line_without_newline_is_read_and_a_torn_line_is_skipped() {
     let mut ledger = ledger();

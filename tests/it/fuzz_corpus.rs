@@ -1,6 +1,8 @@
 //! The fuzz targets' checks (`fuzz/checks/`) replayed over their committed seed corpora: a
 //! smoke run of `fuzz/` inside `cargo test`; `fuzz/run.sh SECONDS` explores beyond the seeds.
 
+#[path = "../../fuzz/checks/admin_origin.rs"]
+mod admin_origin;
 #[path = "../../fuzz/checks/canonical.rs"]
 mod canonical;
 #[path = "../../fuzz/checks/hello.rs"]
@@ -39,7 +41,8 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
 #[test]
 fn every_fuzz_check_holds_on_its_seed_corpus() {
     for (target, check, at_least) in [
-        ("canonical", canonical::check as fn(&[u8]), 20),
+        ("admin_origin", admin_origin::check as fn(&[u8]), 8),
+        ("canonical", canonical::check, 20),
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),
         ("journal_fold", journal_fold::check, 10),

@@ -396,6 +396,7 @@ impl Harness {
             egress_stream: None,
             proxy: config,
             admin: Some("127.0.0.1:0".parse().unwrap()),
+            admin_hosts: Vec::new(),
             lease_ports: ports.map(|range| (range, "127.0.0.1".parse().unwrap())),
             tls: None,
             admin_token: None,
@@ -614,7 +615,7 @@ pub async fn readyz_turns(server: &Server, status: u16, limit: Duration) -> Opti
 pub async fn admin_text(server: &Server, path: &str) -> (u16, String) {
     let answer = raw(
         server.admin_addr.unwrap(),
-        format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await;
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");

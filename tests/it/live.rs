@@ -672,7 +672,7 @@ async fn a_refusal_while_the_journal_is_unwritable_revokes_and_queues_its_record
     let (_, metrics) = {
         let answer = raw(
             server.admin_addr.unwrap(),
-            b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         )
         .await;
         (0, answer)
@@ -761,4 +761,65 @@ async fn a_restart_with_a_pending_revocation_keeps_the_lease_revoked() {
     let revocations = h.revocations().await;
     assert_eq!(revocations.len(), 1);
     assert_eq!(revocations[0]["reason"], "refused before the restart");
+}
+
+/// Anyone who can append to the journal (no key needed) can leave a huge last line without
+/// its newline. The proxy holds at most `--max-journal-line` of it, counts it once as
+/// `too-long`, gets ready and serves; an append after it starts on a new line and is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_torn_last_line_is_skipped_without_being_held_and_the_proxy_serves() {
+    const TORN: usize = 64 << 20;
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let before = h.lease(&["origin.test"], &[]);
+    let journal = h.journal.clone();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(journal)
+            .unwrap();
+        file.write_all(&vec![b'x'; TORN]).unwrap();
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    // A copy of the torn line per read made this 30 s and more (debug build); a bound far
+    // above what one pass takes.
+    let ready = started.elapsed();
+    assert!(ready < Duration::from_secs(20), "ready after {ready:?}");
+    assert!(readyz_turns(&server, 200, Duration::from_secs(5))
+        .await
+        .is_some());
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    assert_eq!(
+        curl(&["-x", &proxy_url(&server, &before), &url], &[])
+            .await
+            .status,
+        200
+    );
+    let too_long = |text: &str| {
+        crate::operate::sample(
+            text,
+            "leasegate_journal_invalid_lines_total{reason=\"too-long\"}",
+        )
+    };
+    let (_, metrics) = crate::harness::admin_text(&server, "/metrics").await;
+    assert_eq!(too_long(&metrics), Some(1.0), "{metrics}");
+
+    // An append after it: a newline first ends the torn line, then the grant is read.
+    let after = h.lease(&["origin.test"], &[]);
+    let proxy = proxy_url(&server, &after);
+    let served = eventually(Duration::from_secs(5), || async {
+        (curl(&["-x", &proxy, &url], &[]).await.status == 200).then_some(())
+    })
+    .await;
+    assert!(
+        served.is_some(),
+        "the lease granted after the torn line opens"
+    );
+    let (_, metrics) = crate::harness::admin_text(&server, "/metrics").await;
+    assert_eq!(too_long(&metrics), Some(1.0), "counted once: {metrics}");
+    server.shutdown().await;
 }

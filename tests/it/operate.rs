@@ -18,9 +18,14 @@ async fn admin(
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
+    // A write is JSON, as the admin API requires of one.
+    let json = match method {
+        "GET" => "",
+        _ => "Content-Type: application/json\r\n",
+    };
     let answer = raw(
         server.admin_addr.unwrap(),
-        format!("{method} {path} HTTP/1.1\r\nHost: admin\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
+        format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}{json}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
     )
     .await;
     (
@@ -496,7 +501,7 @@ async fn drain_finishes_requests_then_closes_tunnels() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let ready = raw(
         admin_addr,
-        b"GET /readyz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!(crate::harness::status_of(&ready), 503, "{ready}");

@@ -102,6 +102,58 @@ async fn a_grant_published_while_running_opens_on_every_replica() {
     assert_eq!(status, 200, "{ready}");
 }
 
+/// A stream message longer than `--max-journal-line` is skipped and counted (`too-long`),
+/// at start and while following; the messages around it are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_message_over_the_cap_is_skipped_and_counted() {
+    const CAP: usize = 4096;
+    let cluster = NatsCluster::start(1);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let first = h.lease(&["origin.test"], &[]);
+    publish_file(&stream, &h.journal).await;
+    let huge = vec![b'x'; CAP + 1];
+    stream
+        .publish(stream.subject(None), &huge, None)
+        .await
+        .unwrap();
+    let mut config = h.serve_config(h.config(&[]), None);
+    config.journal = JournalLocation::Nats(cluster.location("LG"));
+    config.store = StoreOptions {
+        data_dir: h.dir.path().join("data"),
+        max_line: CAP,
+        ..StoreOptions::default()
+    };
+    let server = Server::start(config).await.unwrap();
+    let too_long = || async {
+        let (_, text) = crate::harness::admin_text(&server, "/metrics").await;
+        crate::operate::sample(
+            &text,
+            "leasegate_journal_invalid_lines_total{reason=\"too-long\"}",
+        )
+    };
+    assert_eq!(too_long().await, Some(1.0));
+    let (_, view) = admin_get(&server, &format!("/leases/{first}")).await;
+    assert_eq!(view["status"], "open");
+
+    // While following: another one, then a grant after it.
+    stream
+        .publish(stream.subject(None), &huge, None)
+        .await
+        .unwrap();
+    std::fs::write(&h.journal, "").unwrap();
+    let second = h.lease(&["origin.test"], &[]);
+    publish_file(&stream, &h.journal).await;
+    let open = eventually(Duration::from_secs(5), || async {
+        let (_, view) = admin_get(&server, &format!("/leases/{second}")).await;
+        (view["status"] == "open").then_some(())
+    })
+    .await;
+    assert!(open.is_some(), "the grant after the long message opens");
+    assert_eq!(too_long().await, Some(2.0));
+    server.shutdown().await;
+}
+
 /// p50 and p99 of `samples`.
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
@@ -125,8 +177,19 @@ pub(crate) async fn admin_revoke(server: &Server, lease: &str) {
         "http://{}/leases/{lease}/revoke",
         server.admin_addr.unwrap()
     );
-    let out =
-        crate::harness::curl(&["-X", "POST", "-d", r#"{"reason":"operator"}"#, &url], &[]).await;
+    let out = crate::harness::curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"reason":"operator"}"#,
+            &url,
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", out.body_text());
 }
 

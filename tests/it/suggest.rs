@@ -107,8 +107,11 @@ async fn a_lease_issued_from_a_report_mode_recording_allows_what_was_recorded() 
         ""
     );
     assert_eq!(
-        suggest(&["--from", egress, "--agent", "agent"]).await,
-        flags.replace(&format!("lease {recorded}"), "agent agent")
+        suggest(&["--from", egress, "--label", "agent"]).await,
+        flags.replace(
+            &format!("lease {recorded}: 5 call(s), 4 entries\n"),
+            &format!("label agent: 5 call(s), 4 entries\n# leases: {recorded}\n")
+        )
     );
 
     // Issue a lease from the suggestion and enforce it.
@@ -183,8 +186,13 @@ async fn a_lease_issued_from_a_report_mode_recording_allows_what_was_recorded() 
 
 /// An egress line that reached `host` under `lease`.
 fn reached(lease: &str, host: &str) -> String {
+    reached_labelled(lease, "agent", host)
+}
+
+/// An egress line that reached `host` under `lease`, its client sending `label`.
+fn reached_labelled(lease: &str, label: &str, host: &str) -> String {
     serde_json::json!({
-        "time": "2026-01-01T10:00:00.000Z", "lease_id": lease, "label": "agent",
+        "time": "2026-01-01T10:00:00.000Z", "lease_id": lease, "label": label,
         "client": "127.0.0.1:5000", "listener": "127.0.0.1:3128", "kind": "connect",
         "method": "CONNECT", "host": host, "port": 443, "dialed": "192.0.2.1:443",
         "verdict": "report", "code": "host-not-allowed", "status": 200,
@@ -249,4 +257,95 @@ async fn collapse_never_widens_to_a_public_suffix() {
     );
     let out = leasegate(&["suggest", "--from", "-", "--collapse", "1"]).await;
     assert!(!out.status.success());
+}
+
+/// Issues a lease for `agent` (its manifest's `agent.name`) into the harness journal; its id.
+async fn issue_for(h: &Harness, agent: &str) -> String {
+    crate::live::issue_cli(h, "*", &["--name", agent]).await
+}
+
+/// `--agent` is the agent a lease's signed manifest names, not the label its client sends: a
+/// lease of "evil" sending the label "victim-agent" does not steer the victim's list. The
+/// label still groups, naming every lease it came from and warning that it spans two agents.
+#[tokio::test]
+async fn agent_is_the_manifests_and_a_label_names_its_leases() {
+    let h = Harness::new();
+    let victim = issue_for(&h, "victim-agent").await;
+    let evil = issue_for(&h, "evil").await;
+    let log = h.dir.path().join("recorded.jsonl");
+    let lines = [
+        reached_labelled(&victim, "victim-agent", "api.victim.test"),
+        reached_labelled(&evil, "victim-agent", "exfil.evil.test"),
+        reached_labelled(&evil, "evil", "more.evil.test"),
+    ];
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let log = log.to_str().unwrap();
+    let journal = [
+        "--journal",
+        h.journal.to_str().unwrap(),
+        "--key-file",
+        h.key_path.to_str().unwrap(),
+    ];
+
+    let mut args = vec!["--from", log, "--agent", "victim-agent"];
+    args.extend(journal);
+    assert_eq!(
+        suggest(&args).await,
+        format!(
+            "# agent victim-agent: 1 call(s), 1 entry\n\
+             # leases: {victim}\n\
+             # 1  api.victim.test\n\
+             --allow-host api.victim.test\n"
+        )
+    );
+    let mut args = vec!["--from", log, "--agent", "evil"];
+    args.extend(journal);
+    let evils = suggest(&args).await;
+    assert!(
+        evils.contains("exfil.evil.test") && evils.contains("more.evil.test"),
+        "{evils}"
+    );
+    // Without the journal there is no manifest to read: a usage error that says so.
+    let out = leasegate(&["suggest", "--from", log, "--agent", "victim-agent"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--journal"));
+
+    // The label: both leases contributed, and they are two manifest agents.
+    let (first, second) = match victim < evil {
+        true => (&victim, &evil),
+        false => (&evil, &victim),
+    };
+    let mut args = vec!["--from", log, "--label", "victim-agent"];
+    args.extend(journal);
+    let mut argv = vec!["suggest"];
+    argv.extend(&args);
+    let out = leasegate(&argv).await;
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.starts_with(&format!(
+            "# label victim-agent: 2 call(s), 2 entries\n# leases: {first}, {second}\n# warning: "
+        )),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warning = format!(
+        "label \"victim-agent\" spans leases of different manifest agents (agent \"evil\": {evil}; agent \"victim-agent\": {victim})"
+    );
+    assert!(stderr.contains(&warning), "{stderr}");
+    args.extend(["--format", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&suggest(&args).await).unwrap();
+    assert_eq!(json["label"], "victim-agent");
+    assert_eq!(json["leases"], serde_json::json!([first, second]));
+    assert!(
+        json["warning"].as_str().unwrap().starts_with(&warning),
+        "{json}"
+    );
+    // Without the journal the leases are named, and nothing can be said of their agents.
+    let bare = suggest(&["--from", log, "--label", "victim-agent"]).await;
+    assert!(
+        bare.contains(&format!("# leases: {first}, {second}\n")),
+        "{bare}"
+    );
+    assert!(!bare.contains("warning"), "{bare}");
 }

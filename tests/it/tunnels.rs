@@ -214,7 +214,7 @@ async fn revoking_the_lease_closes_a_busy_tunnel_at_once() {
     let mut read = busy_tunnel(server.addr, origin, &lease).await;
     let body = r#"{"reason":"operator"}"#;
     let revoke = format!(
-        "POST /leases/{lease}/revoke HTTP/1.1\r\nHost: admin\r\nContent-Type: application/json\r\n\
+        "POST /leases/{lease}/revoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );

@@ -92,7 +92,7 @@ fn file_lines(path: &std::path::Path) -> Vec<Value> {
 async fn metric(server: &Server, series: &str) -> Option<f64> {
     let answer = raw(
         server.admin_addr.unwrap(),
-        b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     )
     .await;
     answer

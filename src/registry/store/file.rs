@@ -1,7 +1,10 @@
 //! The journal as one file: followed by polling, appended to with O_APPEND.
 //!
-//! Invariant: every complete line is handed out exactly once per file generation; a partial
-//! last line is held until its newline arrives; a replaced file (new inode), a truncated one
+//! Invariant: every complete line of at most `max_line` bytes is handed out exactly once per
+//! file generation; a partial last line is held until its newline arrives, grown in place read
+//! after read (never copied whole again), and never beyond `max_line` bytes: a longer line is
+//! skipped to its newline, counted once and logged with its offset, its bytes dropped as they
+//! are read; a replaced file (new inode), a truncated one
 //! (shorter than what we read) or a rewritten one (its first bytes or the bytes just before our
 //! offset differ from what we read there: truncated and rewritten past the old length between
 //! two polls) starts a new generation, read from its start, unless a compaction's note
@@ -59,15 +62,23 @@ struct Inner {
 }
 
 /// How far the file has been read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Cursor {
+    /// The longest line handed out; a longer one is skipped.
+    max_line: usize,
+    /// Inside a line longer than `max_line`: the offset it began at. Its bytes are dropped as
+    /// they are read, up to its newline.
+    skipping: Option<u64>,
+    /// Lines longer than `max_line` skipped since the last batch.
+    too_long: u64,
     /// (device, inode) of the file being followed; `None` before it existed.
     identity: Option<(u64, u64)>,
     /// Bumped each time the file is read again from its start.
     generation: u64,
     /// Bytes consumed from the current file, `partial` included.
     offset: u64,
-    /// An unterminated last line, waiting for its newline.
+    /// An unterminated last line, waiting for its newline (at most `max_line` bytes); it holds
+    /// no newline, and reads append to it in place.
     partial: Vec<u8>,
     /// The file's first bytes as we read them (up to [`WITNESS_BYTES`]).
     head: Vec<u8>,
@@ -78,11 +89,28 @@ struct Cursor {
 }
 
 impl Cursor {
-    /// Just after the last complete line handed out.
+    fn new(max_line: usize) -> Cursor {
+        Cursor {
+            max_line,
+            skipping: None,
+            too_long: 0,
+            identity: None,
+            generation: 0,
+            offset: 0,
+            partial: Vec::new(),
+            head: Vec::new(),
+            tail: Vec::new(),
+            caught_up: false,
+        }
+    }
+
+    /// Just after the last complete line handed out (or skipped).
     fn position(&self) -> Position {
         Position {
             generation: self.generation,
-            offset: self.offset - self.partial.len() as u64,
+            offset: self
+                .skipping
+                .unwrap_or(self.offset - self.partial.len() as u64),
         }
     }
 
@@ -114,6 +142,7 @@ impl Cursor {
             self.generation += 1;
             self.offset = 0;
             self.partial.clear();
+            self.skipping = None;
             self.head.clear();
             self.tail.clear();
             restarted = true;
@@ -123,16 +152,76 @@ impl Cursor {
             return Ok(self.batch(restarted, carried));
         }
         file.seek(SeekFrom::Start(self.offset))?;
+        // Read onto the end of the partial line, in place: `reserve` grows it geometrically, so
+        // a long torn line is reallocated a logarithmic number of times, not copied every read.
         let mut bytes = std::mem::take(&mut self.partial);
         let kept = bytes.len();
+        bytes.reserve((meta.len() - self.offset).min(READ_AT_MOST) as usize);
         // The file may grow while we read: whatever `read_to_end` returns is consumed.
         let read = (&mut file).take(READ_AT_MOST).read_to_end(&mut bytes)?;
         self.offset += read as u64;
         self.witness(&bytes[kept..]);
-        let (lines, rest) = crate::registry::journal::split_lines(&bytes);
-        carried.extend(lines.map(<[u8]>::to_vec));
-        self.partial = rest.to_vec();
+        self.partial = self.frame(bytes, kept, path, &mut carried);
         Ok(self.batch(restarted, carried))
+    }
+
+    /// Hands the complete lines of `bytes` to `lines` and returns what is left of it: the
+    /// partial last line, in the same allocation. `bytes` ends at `offset`; its first `kept`
+    /// bytes are the partial line held before (no newline among them). A line longer than
+    /// `max_line` is counted in `too_long`, logged once, and dropped up to its newline.
+    fn frame(
+        &mut self,
+        mut bytes: Vec<u8>,
+        kept: usize,
+        path: &Path,
+        lines: &mut Vec<Vec<u8>>,
+    ) -> Vec<u8> {
+        let base = self.offset - bytes.len() as u64;
+        let mut start = 0;
+        let mut search = kept;
+        if self.skipping.is_some() {
+            match memchr(&bytes) {
+                None => return Vec::new(),
+                Some(newline) => {
+                    self.skipping = None;
+                    start = newline + 1;
+                    search = start;
+                }
+            }
+        }
+        while let Some(newline) = memchr(&bytes[search..]).map(|i| search + i) {
+            if newline - start > self.max_line {
+                self.skip(base + start as u64, path);
+                self.skipping = None;
+            } else {
+                lines.push(bytes[start..newline].to_vec());
+            }
+            start = newline + 1;
+            search = start;
+        }
+        if bytes.len() - start > self.max_line {
+            self.skip(base + start as u64, path);
+            return Vec::new();
+        }
+        bytes.drain(..start);
+        // Give back what a long line or a large read left, once the partial line is short.
+        let room = READ_AT_MOST as usize;
+        if bytes.capacity() > 2 * room && bytes.len() < room {
+            bytes.shrink_to(room);
+        }
+        bytes
+    }
+
+    /// Starts skipping the line at `at`, longer than `max_line`.
+    fn skip(&mut self, at: u64, path: &Path) {
+        self.too_long += 1;
+        self.skipping = Some(at);
+        tracing::warn!(
+            journal = %path.display(),
+            offset = at,
+            max = self.max_line,
+            "a journal line longer than --max-journal-line: skipped to its newline, unread (counted as too-long)"
+        );
     }
 
     /// The file was replaced: if by a compaction of the one we followed (its note matches),
@@ -180,10 +269,13 @@ impl Cursor {
             return None;
         }
         let mut bytes = std::mem::take(&mut self.partial);
+        let kept = bytes.len();
         bytes.extend_from_slice(&rest);
+        let mut lines = Vec::new();
+        self.offset = note.covered;
         // An unterminated end of the old file is torn for good: the compaction left it out.
-        let (lines, _torn) = crate::registry::journal::split_lines(&bytes);
-        let lines: Vec<Vec<u8>> = lines.map(<[u8]>::to_vec).collect();
+        let _torn = self.frame(bytes, kept, path, &mut lines);
+        self.skipping = None;
         tracing::info!(journal = %path.display(), archive = %archive.display(), "journal compacted: following the new file from what it covers");
         self.identity = Some(note.new);
         self.generation += 1;
@@ -222,10 +314,11 @@ impl Cursor {
         }
     }
 
-    fn batch(&self, restarted: bool, lines: Vec<Vec<u8>>) -> Batch {
+    fn batch(&mut self, restarted: bool, lines: Vec<Vec<u8>>) -> Batch {
         Batch {
             restarted,
             lines,
+            too_long: std::mem::take(&mut self.too_long),
             position: self.position(),
         }
     }
@@ -289,15 +382,28 @@ fn append_line(path: &Path, mut line: Vec<u8>, fsync: bool) -> io::Result<Append
     })
 }
 
+/// The first newline in `bytes`.
+fn memchr(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n')
+}
+
 impl FileStore {
-    /// The file at `path`, not read yet. With `fsync`, every append is on disk before it
-    /// returns.
+    /// The file at `path`, not read yet, its lines up to [`journal::MAX_LINE`] bytes. With
+    /// `fsync`, every append is on disk before it returns.
+    ///
+    /// [`journal::MAX_LINE`]: crate::registry::journal::MAX_LINE
     pub fn new(path: PathBuf, fsync: bool) -> FileStore {
+        FileStore::limited(path, fsync, crate::registry::journal::MAX_LINE)
+    }
+
+    /// [`FileStore::new`], handing out lines of at most `max_line` bytes: a longer one is
+    /// skipped without being held.
+    pub fn limited(path: PathBuf, fsync: bool, max_line: usize) -> FileStore {
         FileStore {
             inner: Arc::new(Inner {
                 path,
                 fsync,
-                cursor: Mutex::new(Cursor::default()),
+                cursor: Mutex::new(Cursor::new(max_line)),
                 undelivered: Mutex::new(Batch::default()),
             }),
         }
@@ -320,6 +426,7 @@ impl Inner {
         let mut undelivered = self.undelivered.lock().unwrap_or_else(|e| e.into_inner());
         undelivered.restarted |= fresh.restarted;
         undelivered.lines.extend(fresh.lines);
+        undelivered.too_long += fresh.too_long;
         undelivered.position = fresh.position;
         Ok(())
     }
@@ -330,6 +437,7 @@ impl Inner {
         Batch {
             restarted: std::mem::take(&mut undelivered.restarted),
             lines: std::mem::take(&mut undelivered.lines),
+            too_long: std::mem::take(&mut undelivered.too_long),
             position: undelivered.position,
         }
     }

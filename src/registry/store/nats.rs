@@ -565,6 +565,8 @@ struct Shared {
 #[derive(Default)]
 struct Received {
     lines: Vec<Vec<u8>>,
+    /// Messages longer than `--max-journal-line` skipped since the last read.
+    too_long: u64,
     /// Sequence of the last message in `lines` (or handed out before).
     last: u64,
     /// Sequence of the last message handed out.
@@ -584,11 +586,13 @@ impl NatsStore {
     /// Opens the journal stream at `location` and starts following it: from the latest
     /// snapshot's lines (one whose MAC verifies under `keyring`) and the message after the
     /// sequence it covers, or from the first message. Closing records appended through it are
-    /// checked against what the stream holds under `keyring` (see the module invariants).
+    /// checked against what the stream holds under `keyring` (see the module invariants). A
+    /// message longer than `max_line` bytes is skipped, counted and logged, never held.
     pub async fn open(
         location: &NatsLocation,
         options: &NatsOptions,
         keyring: &Keyring,
+        max_line: usize,
     ) -> Result<NatsStore, NatsError> {
         let stream = connect_patiently(location, options).await?;
         let stream_error = |e: io::Error| NatsError::Stream {
@@ -612,6 +616,7 @@ impl NatsStore {
         let shared = Arc::new(Shared {
             received: Mutex::new(Received {
                 lines,
+                too_long: 0,
                 last: covers,
                 handed: 0,
             }),
@@ -627,7 +632,7 @@ impl NatsStore {
             .ordered_from(covers + 1)
             .await
             .map_err(stream_error)?;
-        let follower = tokio::spawn(follow(stream.clone(), messages, shared.clone()));
+        let follower = tokio::spawn(follow(stream.clone(), messages, shared.clone(), max_line));
         let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
         Ok(NatsStore {
             stream,
@@ -656,7 +661,12 @@ impl Drop for NatsStore {
 /// itself after a reconnect or a gap, from the sequence after the last one delivered; when its
 /// heartbeats stop while the connection stays up (the server holding the consumer went away),
 /// it is replaced here, from the same place.
-async fn follow(stream: NatsStream, mut messages: consumer::push::Ordered, shared: Arc<Shared>) {
+async fn follow(
+    stream: NatsStream,
+    mut messages: consumer::push::Ordered,
+    shared: Arc<Shared>,
+    max_line: usize,
+) {
     let described = stream.location.to_string();
     // Said once, then counted (a summary at most once a minute), then said ended.
     let mut no_metadata = Flood::default();
@@ -699,7 +709,12 @@ async fn follow(stream: NatsStream, mut messages: consumer::push::Ordered, share
                 if sequence <= received.last {
                     continue;
                 }
-                received.lines.push(message.payload.to_vec());
+                if message.payload.len() > max_line {
+                    tracing::warn!(store = %described, sequence, bytes = message.payload.len(), max = max_line, "a journal message longer than --max-journal-line: skipped (counted as too-long)");
+                    received.too_long += 1;
+                } else {
+                    received.lines.push(message.payload.to_vec());
+                }
                 received.last = sequence;
             }
             shared.touch(Some(sequence));
@@ -793,6 +808,7 @@ impl Store for NatsStore {
             Ok(Batch {
                 restarted: false,
                 lines: std::mem::take(&mut received.lines),
+                too_long: std::mem::take(&mut received.too_long),
                 position: at(received.last),
             })
         })

@@ -295,7 +295,123 @@ fn no_append_is_lost_to_a_compaction() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
 }
 
+#[test]
+fn a_line_longer_than_the_cap_is_skipped_to_its_newline_and_counted_once() {
+    const CAP: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::limited(path.clone(), false, CAP);
+    let read = || store.inner.read_new().unwrap();
+    let mut f = writer(&path);
+    let exact = vec![b'e'; CAP];
+    let long = vec![b'x'; CAP + 1];
+    f.write_all(&[&b"one\n"[..], &long, b"\n", &exact, b"\ntwo\n"].concat())
+        .unwrap();
+    let batch = read();
+    assert_eq!(lines(&batch), [&b"one"[..], &exact, b"two"]);
+    assert_eq!(batch.too_long, 1);
+
+    // A torn line grows past the cap over two reads: counted once, when it passes the cap,
+    // and from then on nothing of it is held.
+    let start = std::fs::metadata(&path).unwrap().len();
+    f.write_all(&[b'y'; CAP - 10]).unwrap();
+    let batch = read();
+    assert_eq!((batch.lines.len(), batch.too_long), (0, 0));
+    assert_eq!(store.inner.cursor().partial.len(), CAP - 10);
+    f.write_all(&[b'y'; 20]).unwrap();
+    let batch = read();
+    assert_eq!((batch.lines.len(), batch.too_long), (0, 1));
+    assert_eq!(
+        batch.position.offset, start,
+        "after the last line handed out"
+    );
+    let held = |store: &FileStore| {
+        let cursor = store.inner.cursor();
+        (cursor.partial.len(), cursor.partial.capacity())
+    };
+    assert_eq!(held(&store), (0, 0));
+    for _ in 0..3 {
+        f.write_all(&[b'y'; 1000]).unwrap();
+        let batch = read();
+        assert_eq!((batch.lines.len(), batch.too_long), (0, 0), "counted once");
+        assert_eq!(held(&store), (0, 0), "nothing of it is held");
+        assert_eq!(batch.position.offset, start);
+    }
+    // Its newline ends it; the lines after it are read.
+    f.write_all(b"yy\nthree\nfo").unwrap();
+    let batch = read();
+    assert_eq!(lines(&batch), [b"three"]);
+    assert_eq!(batch.too_long, 0);
+    f.write_all(b"ur\n").unwrap();
+    assert_eq!(lines(&read()), [b"four"]);
+}
+
+/// A torn last line growing read after read is appended to in place: its buffer is
+/// reallocated a logarithmic number of times (geometric growth), never copied anew per read.
+#[test]
+fn a_growing_torn_line_is_not_copied_on_every_read() {
+    const READS: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::new(path.clone(), false);
+    let mut f = writer(&path);
+    f.write_all(b"done\n").unwrap();
+    let mut moves = 0;
+    let mut last = None;
+    for _ in 0..READS {
+        f.write_all(&[b'z'; 1024]).unwrap();
+        let batch = store.inner.read_new().unwrap();
+        assert!(batch.lines.len() <= 1);
+        let at = store.inner.cursor().partial.as_ptr();
+        moves += usize::from(last.is_some_and(|last| last != at));
+        last = Some(at);
+    }
+    assert_eq!(store.inner.cursor().partial.len(), READS * 1024);
+    // 1 KiB to 200 KiB by doubling: 8 moves; a copy per read would move it every time.
+    assert!(
+        moves <= 10,
+        "the partial line moved {moves} times in {READS} reads"
+    );
+    f.write_all(b"\n").unwrap();
+    let batch = store.inner.read_new().unwrap();
+    assert_eq!(batch.lines, [vec![b'z'; READS * 1024]]);
+}
+
 proptest! {
+    /// However the bytes of a journal arrive, the tail hands out the same lines up to the cap,
+    /// and counts the longer ones once each.
+    #[test]
+    fn chunking_does_not_change_what_the_cap_skips(
+        input in prop::collection::vec(
+            prop::collection::vec(any::<u8>().prop_filter("no newline", |b| *b != b'\n'), 0..40),
+            0..20,
+        ),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        cap in 0usize..30,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let store = FileStore::limited(path.clone(), false, cap);
+        let bytes: Vec<u8> = input.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect();
+        let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        let mut f = writer(&path);
+        let (mut out, mut from, mut too_long) = (Vec::new(), 0, 0);
+        for cut in cuts {
+            f.write_all(&bytes[from..cut]).unwrap();
+            from = cut;
+            let batch = store.inner.read_new().unwrap();
+            prop_assert_eq!(batch.position.offset as usize, bytes[..cut].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
+            prop_assert!(store.inner.cursor().partial.len() <= cap);
+            out.extend(batch.lines);
+            too_long += batch.too_long;
+        }
+        let kept: Vec<Vec<u8>> = input.iter().filter(|l| l.len() <= cap).cloned().collect();
+        prop_assert_eq!(out, kept);
+        prop_assert_eq!(too_long as usize, input.iter().filter(|l| l.len() > cap).count());
+    }
+
     /// However the bytes of a journal arrive, the tail hands out the same complete lines.
     #[test]
     fn chunking_does_not_change_the_lines(
