@@ -14,6 +14,7 @@ use crate::contract::Timestamp;
 use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy, Workers};
+use crate::registry::follower::Follower;
 use crate::registry::open::open_registry;
 use crate::registry::OpenError;
 use crate::telemetry::egress::Destination;
@@ -40,6 +41,8 @@ pub enum StartError {
     Tls(String),
     #[error("starting the connection workers: {0}")]
     Workers(std::io::Error),
+    #[error("starting the journal follower's thread: {0}")]
+    Follower(std::io::Error),
     #[error("the lease port assignments under {data_dir} (--data-dir): {error}")]
     LeasePorts {
         data_dir: String,
@@ -64,6 +67,8 @@ pub struct Server {
     accepting: CancellationToken,
     /// Stops the journal follower, the admin API, the pool reaper and the series pruner.
     background: CancellationToken,
+    /// The journal follower's own thread (the store lives there too); stops when dropped.
+    _follower: Follower,
 }
 
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -240,8 +245,18 @@ impl Server {
 
     /// Loads the journal and starts serving on listeners [`Server::bind`] bound.
     pub async fn start_bound(config: ServeConfig, bound: Bound) -> Result<Server, StartError> {
-        let registry =
-            open_registry(&config.journal, config.keyring.clone(), &config.store, true).await?;
+        // The store is opened on the follower's thread: a stream's connection and consumer
+        // live there, beside the tail that reads them.
+        let follower = Follower::start().map_err(StartError::Follower)?;
+        let (journal, keyring, store) = (
+            config.journal.clone(),
+            config.keyring.clone(),
+            config.store.clone(),
+        );
+        let registry = follower
+            .run(async move { open_registry(&journal, keyring, &store, true).await })
+            .await
+            .map_err(StartError::Follower)??;
         // Before anything is spawned: a data directory that cannot hold the assignments stops
         // the start here.
         let ports = match config.lease_ports.clone() {
@@ -302,7 +317,7 @@ impl Server {
         let proxy = Arc::new(proxy);
         let accepting = CancellationToken::new();
         let background = CancellationToken::new();
-        tokio::spawn(registry.follow(background.clone()));
+        follower.follow(registry.clone(), background.clone());
         tokio::spawn(
             proxy
                 .pool
@@ -386,6 +401,7 @@ impl Server {
             drain_timeout: config.drain_timeout,
             accepting,
             background,
+            _follower: follower,
         })
     }
 

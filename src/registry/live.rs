@@ -5,8 +5,12 @@
 //! Invariants:
 //! - Readers never lock: a request loads the current snapshot and decides on it.
 //! - Every journal line, ours included, is folded exactly once, by the tail ([`Registry::refresh`],
-//!   which the follower runs): a revocation is appended through the store and then read back by
-//!   that same refresh until the store reaches the position the append returned.
+//!   which the follower runs): a revocation is appended through the store and then read back
+//!   until the fold reaches the position the append returned — by the follower when one runs
+//!   (woken to read at once), so that no caller on another runtime holds the read lock while
+//!   its own blocking pool is busy.
+//! - While a follower runs, the time since it last completed a read is known: longer than the
+//!   store's [`Store::stalled_after`] and `/readyz` names it.
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
 //!   ledger, no journal counter moved: nothing new is admitted) and cancels its subtree's
 //!   tokens (nothing open goes on; a client connection closes gracefully, so the refusal that
@@ -134,6 +138,13 @@ pub struct Registry {
     append_failures: AtomicU64,
     /// Lines read since the store's generation began (counted under `reading`).
     lines_read: Mutex<journal::LineCount>,
+    /// When the follower last completed a read of the store; `None` while no follower runs.
+    last_read: Mutex<Option<Instant>>,
+    /// The position the fold has reached, after each read.
+    folded: watch::Sender<Position>,
+    /// Wakes the tail to read now rather than after its wait (a revocation waits for its
+    /// record to be read back).
+    wake_tail: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -168,8 +179,9 @@ impl Registry {
         let mut skipping = Flood::default();
         // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
         let mut lines_read = journal::LineCount::default();
-        loop {
+        let reached = loop {
             let batch = store.read_new().await?;
+            let position = batch.position;
             let mut problems =
                 journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
             ledger.count_too_long(batch.too_long);
@@ -184,9 +196,9 @@ impl Registry {
                     .map_err(std::io::Error::other)??;
             }
             if store.settled() {
-                break;
+                break position;
             }
-        }
+        };
         if skipped > 0 {
             tracing::warn!(skipped, store = %store.describe(), "journal lines skipped");
         }
@@ -227,6 +239,9 @@ impl Registry {
             health: Mutex::new(JournalHealth::default()),
             append_failures: AtomicU64::new(0),
             lines_read: Mutex::new(lines_read),
+            last_read: Mutex::new(None),
+            folded: watch::channel(reached).0,
+            wake_tail: tokio::sync::Notify::new(),
         })
     }
 
@@ -245,10 +260,30 @@ impl Registry {
         self.store.health()
     }
 
+    /// How long since the follower last completed a read of the store (`None`: no follower
+    /// runs).
+    pub fn follow_lag(&self) -> Option<Duration> {
+        self.last_read().map(|at| at.elapsed())
+    }
+
+    fn last_read(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.last_read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Why the journal is not in a state to serve from (`/readyz`), or `None`.
     pub fn journal_problem(&self) -> Option<String> {
         if let Some(problem) = self.store.health().problem {
             return Some(problem);
+        }
+        let bound = self.store.stalled_after();
+        if let Some(lag) = self.follow_lag().filter(|lag| *lag > bound) {
+            return Some(format!(
+                "the journal follower has completed no read of the {} for {:.1} s (more than \
+                 {bound:?}): closing records written elsewhere are not seen; decisions use the \
+                 last state read",
+                self.store.describe(),
+                lag.as_secs_f64()
+            ));
         }
         let (failing, unreadable) = {
             let health = self.health();
@@ -427,7 +462,11 @@ impl Registry {
     /// the only await is the store's read, which keeps the lines of a dropped read for the next.
     async fn refresh_reaching(&self) -> std::io::Result<(usize, Position)> {
         let _reading = self.reading.lock().await;
-        let batch = match self.store.read_new().await {
+        let read = self.store.read_new().await;
+        if let Some(last) = self.last_read().as_mut() {
+            *last = Instant::now();
+        }
+        let batch = match read {
             Ok(batch) => {
                 self.read_succeeded();
                 batch
@@ -461,10 +500,10 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .count(batch.restarted, batch.len(), &mut problems);
         journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
-        if batch.lines.is_empty() {
-            return Ok((0, batch.position));
+        if !batch.lines.is_empty() {
+            self.close_where_not_open(Timestamp::now());
         }
-        self.close_where_not_open(Timestamp::now());
+        self.folded.send_replace(batch.position);
         Ok((batch.lines.len(), batch.position))
     }
 
@@ -533,10 +572,22 @@ impl Registry {
         Ok(true)
     }
 
-    /// Refreshes until the fold reaches `at`, a read fails, or the append timeout passes. Either
+    /// Waits until the fold reaches `at` (a read fails, or the append timeout passes). Either
     /// way the record is in the store and the follower folds it; the closure in memory holds
-    /// till then.
+    /// till then. While a follower runs, it does the reading, woken to read now; otherwise
+    /// (the commands, tests) this refreshes.
     async fn read_until(&self, at: Position) {
+        if self.last_read().is_some() {
+            let mut folded = self.folded.subscribe();
+            self.wake_tail.notify_one();
+            if tokio::time::timeout(self.append_timeout, folded.wait_for(|reached| *reached >= at))
+                .await
+                .is_err()
+            {
+                tracing::warn!(%at, reached = %*folded.borrow(), store = %self.store.describe(), "our revocation is not read back yet; the follower will fold it");
+            }
+            return;
+        }
         let deadline = tokio::time::Instant::now() + self.append_timeout;
         loop {
             let reached = match self.refresh_reaching().await {
@@ -568,6 +619,15 @@ impl Registry {
     /// its poll interval), and closes each lease when it reaches `expires_at`, by a timer
     /// independent of journal activity.
     pub async fn follow(self: Arc<Registry>, shutdown: CancellationToken) {
+        /// Says no follower runs once this one ends (or its runtime drops it).
+        struct Following<'a>(&'a Registry);
+        impl Drop for Following<'_> {
+            fn drop(&mut self) {
+                *self.0.last_read() = None;
+            }
+        }
+        *self.last_read() = Some(Instant::now());
+        let _following = Following(&self);
         tokio::join!(
             self.tail(&shutdown),
             self.expire(&shutdown),
@@ -620,6 +680,7 @@ impl Registry {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.store.wait_for_more() => {}
+                _ = self.wake_tail.notified() => {}
             }
         }
     }

@@ -2,6 +2,7 @@
 
 pub mod closing;
 pub mod compact;
+pub mod follower;
 pub mod journal;
 pub mod ledger;
 pub mod listing;

@@ -18,6 +18,7 @@ use serde_json::Value;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::time::Duration;
 
 /// A boxed future, so that [`Store`] stays object-safe without a macro crate.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -95,7 +96,16 @@ pub trait Store: Send + Sync + 'static {
     fn health(&self) -> StoreHealth {
         StoreHealth::default()
     }
+
+    /// How long the follower may go without completing a read (a few of its waits) before
+    /// `/readyz` reports it stalled.
+    fn stalled_after(&self) -> Duration {
+        STALLED_AFTER
+    }
 }
+
+/// [`Store::stalled_after`] unless the store says otherwise: twenty of the file's polls.
+pub const STALLED_AFTER: Duration = Duration::from_secs(1);
 
 /// How a store's following stands.
 #[derive(Debug, Clone, Default, PartialEq)]

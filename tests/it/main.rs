@@ -1,5 +1,6 @@
 //! The integration suite: one binary, modules by area.
 
+mod admin_flood;
 mod boundary_guard;
 mod boundary_ops;
 mod boundary_stream;

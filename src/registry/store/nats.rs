@@ -839,6 +839,12 @@ impl Store for NatsStore {
         format!("stream {}", self.stream.location)
     }
 
+    /// The follower's wait for more ends within a second; like contact with the stream, its
+    /// reads may lapse for `--store-stale-after`.
+    fn stalled_after(&self) -> Duration {
+        self.stale_after
+    }
+
     fn health(&self) -> StoreHealth {
         let folded = self.settled();
         let contact = self.shared.contact();
