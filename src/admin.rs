@@ -3,7 +3,10 @@
 //!
 //! `GET /leases` answers a page at a time (at most [`MAX_PAGE_LIMIT`] leases, with a cursor to
 //! the next page), so no answer grows with the number of leases; `GET /refusals` is bounded by
-//! its ring.
+//! its ring. What walks every lease (`GET /leases`, a `/metrics` render) runs a few at once on
+//! threads of its own ([`walks`]), `/metrics` renders at most once a second ([`scrape`]), and
+//! the API holds at most [`MAX_CONNECTIONS`] connections: beyond either limit the answer is 503
+//! at once, so a flood of admin requests costs the journal follower and the proxy nothing.
 //!
 //! Invariant: nothing answers a request whose `Host` does not name the admin API, and nothing
 //! changes state on a request that is not JSON from the admin API's own origin
@@ -14,6 +17,8 @@
 //! token configured nobody is authenticated, so nobody gets one.
 
 pub mod origin;
+pub mod scrape;
+pub mod walks;
 
 pub use origin::AdminHosts;
 
@@ -34,12 +39,36 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Map;
 use serde_json::{json, Value};
+use crate::log_gate::{Flood, Say};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::TcpListener;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use walks::Walks;
+
+/// Admin connections held at once; one more is answered 503 and closed.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// How long a client may take to send a request's head, the wait for a keep-alive
+/// connection's next request included.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a client may take to send a revocation's body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the walks' heap and the logs of refusals are tidied.
+const TIDY_EVERY: Duration = Duration::from_secs(1);
+
+/// What a connection beyond [`MAX_CONNECTIONS`] is answered, whatever it asks.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 72\r\n\
+\r\n\
+{\"error\":\"the admin API is busy: too many connections open; try again\"}\n";
 
 /// What the admin API reads.
 pub struct AdminState {
@@ -53,13 +82,53 @@ pub struct AdminState {
     pub hosts: AdminHosts,
     /// Set once the journal is loaded and every listener is bound; cleared by a drain.
     pub ready: AtomicBool,
+    /// The lease-walking routes' limit and threads.
+    pub walks: Walks,
+    /// The last `/metrics` render.
+    pub scrapes: scrape::Scrapes,
+    /// Connections turned away at [`MAX_CONNECTIONS`] since start.
+    pub refused_connections: AtomicU64,
 }
 
-/// Serves the admin API until `shutdown`.
+impl AdminState {
+    /// The admin API of `proxy`, not ready yet.
+    pub fn new(
+        proxy: Arc<Proxy>,
+        ports: Option<Arc<LeasePorts>>,
+        proxy_addr: SocketAddr,
+        token: Option<String>,
+        hosts: AdminHosts,
+    ) -> std::io::Result<AdminState> {
+        Ok(AdminState {
+            proxy,
+            ports,
+            proxy_addr,
+            token,
+            hosts,
+            ready: AtomicBool::new(false),
+            walks: Walks::new()?,
+            scrapes: scrape::Scrapes::default(),
+            refused_connections: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Serves the admin API until `shutdown`: at most [`MAX_CONNECTIONS`] connections at once.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: CancellationToken) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut turned_away = Flood::default();
+    let mut tidy = tokio::time::interval(TIDY_EVERY);
+    tidy.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => return,
+            _ = tidy.tick() => {
+                state.walks.tidy();
+                if let Some(s) = turned_away.end_if_quiet(Instant::now()) {
+                    tracing::info!(turned_away = s.total, lasted = ?s.lasted, "admin API: connections are accepted again");
+                }
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(_) => {
@@ -68,18 +137,43 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
                 }
             },
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            state.refused_connections.fetch_add(1, Ordering::Relaxed);
+            match turned_away.occurred(1, Instant::now()) {
+                Say::Start => {
+                    tracing::warn!(max = MAX_CONNECTIONS, "admin API: every connection is taken; more are answered 503 and closed")
+                }
+                Say::Summary(s) => {
+                    tracing::warn!(turned_away = s.repeats, since_first = s.total, "admin API: connections are still turned away")
+                }
+                Say::Quiet => {}
+            }
+            turn_away(stream);
+            continue;
+        };
         let state = state.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, std::convert::Infallible>(route(state, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+/// Answers a connection beyond the limit with a 503 and closes it, without a task: a fresh
+/// socket's send buffer takes the few bytes at once (if not, it is closed unanswered).
+fn turn_away(stream: TcpStream) {
+    use std::io::Write;
+    if let Ok(stream) = stream.into_std() {
+        let _ = (&stream).write(TOO_MANY_CONNECTIONS);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
     }
 }
 
@@ -151,24 +245,19 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
     match (&method, segments.as_slice()) {
         (&Method::GET, []) => dashboard(),
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
-        (&Method::GET, ["readyz"]) => {
-            let problem = match state.ready.load(Ordering::SeqCst) {
-                true => state.proxy.registry.journal_problem(),
-                false => Some("starting or draining".to_owned()),
-            };
-            match problem {
-                None => json_response(StatusCode::OK, json!({"ready": true})),
-                Some(reason) => json_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    json!({"ready": false, "reason": reason}),
-                ),
+        (&Method::GET, ["readyz"]) => readyz(&state),
+        (&Method::GET, ["metrics"]) => match state.scrapes.fresh(Instant::now()) {
+            Some(body) => metrics_answer(body),
+            None => {
+                let asked = Instant::now();
+                walk(&state, move |state| {
+                    metrics_answer(state.scrapes.answer(asked, || metrics(state)))
+                })
+                .await
             }
-        }
-        (&Method::GET, ["metrics"]) => off_runtime(&state, metrics).await,
+        },
         (&Method::GET, ["leases"]) => match LeasesQuery::parse(req.uri().query()) {
-            Ok(query) => {
-                off_runtime(&state, move |state| leases(state, &query, with_credentials)).await
-            }
+            Ok(query) => walk(&state, move |state| leases(state, &query, with_credentials)).await,
             Err(message) => error(StatusCode::BAD_REQUEST, message),
         },
         (&Method::GET, ["leases", id]) => {
@@ -367,24 +456,67 @@ fn dashboard() -> Response<Body> {
     response
 }
 
+/// `/readyz`: 200 when the journal is loaded, followed and writable and no drain has begun,
+/// else 503 with the reason; both say how long ago the follower last read the journal.
+fn readyz(state: &AdminState) -> Response<Body> {
+    let registry = &state.proxy.registry;
+    let problem = match state.ready.load(Ordering::SeqCst) {
+        true => registry.journal_problem(),
+        false => Some("starting or draining".to_owned()),
+    };
+    let lag = registry.follow_lag().map(|lag| lag.as_secs_f64());
+    match problem {
+        None => json_response(
+            StatusCode::OK,
+            json!({"ready": true, "journal_follow_lag_seconds": lag}),
+        ),
+        Some(reason) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"ready": false, "reason": reason, "journal_follow_lag_seconds": lag}),
+        ),
+    }
+}
+
 /// Runs a handler that walks every lease (counts by status: ~60 ms at 100,000 leases) on the
-/// blocking pool, not on a runtime worker that proxied connections share.
-async fn off_runtime(
+/// walks' own threads ([`walks`]), or answers 503 at once when enough walks run already.
+async fn walk(
     state: &Arc<AdminState>,
     handler: impl FnOnce(&AdminState) -> Response<Body> + Send + 'static,
 ) -> Response<Body> {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || handler(&state))
-        .await
-        .unwrap_or_else(|failed| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the handler failed: {failed}"),
-            )
-        })
+    let walking = state.clone();
+    let failed = |why: String| error(StatusCode::INTERNAL_SERVER_ERROR, why);
+    match state.walks.run(move || handler(&walking), failed).await {
+        Ok(answer) => answer,
+        Err(walks::Busy) => {
+            let mut answer = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the admin API is busy: {} requests that walk every lease (/leases, /metrics) \
+                     are running; try again",
+                    walks::AT_ONCE
+                ),
+            );
+            answer.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from_static("1"),
+            );
+            answer
+        }
+    }
 }
 
-fn metrics(state: &AdminState) -> Response<Body> {
+/// A `/metrics` answer with its rendered body.
+fn metrics_answer(body: bytes::Bytes) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// Renders `/metrics` (and drops the series of leases closed longer than the grace).
+fn metrics(state: &AdminState) -> String {
     let now = Timestamp::now();
     let snapshot = state.proxy.registry.snapshot();
     let ledger = &snapshot.ledger;
@@ -414,15 +546,22 @@ fn metrics(state: &AdminState) -> Response<Body> {
         journal_pending_revocations: state.proxy.registry.pending() as u64,
         store_lag_seconds: store.lag.as_secs_f64(),
         store_reconnects: store.reconnects,
+        journal_follow_lag_seconds: state
+            .proxy
+            .registry
+            .follow_lag()
+            .map_or(0.0, |lag| lag.as_secs_f64()),
+        admin_busy: vec![
+            (
+                "connections",
+                state.refused_connections.load(Ordering::Relaxed),
+            ),
+            ("walks", state.walks.refused()),
+        ],
         egress_dropped: telemetry.egress.dropped(),
         egress_stream: telemetry.stream.figures(),
     };
-    let mut response = Response::new(full(metrics::render(&telemetry.metrics, figures)));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    response
+    metrics::render(&telemetry.metrics, figures)
 }
 
 fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
@@ -435,12 +574,16 @@ fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
 }
 
 async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Response<Body> {
-    let body = match http_body_util::Limited::new(req.into_body(), 16 * 1024)
-        .collect()
-        .await
-    {
-        Ok(body) => body.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("unreadable body: {e}")),
+    let body = http_body_util::Limited::new(req.into_body(), 16 * 1024).collect();
+    let body = match tokio::time::timeout(BODY_TIMEOUT, body).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("unreadable body: {e}")),
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+            )
+        }
     };
     let reason = if body.is_empty() {
         None

@@ -43,6 +43,8 @@ pub enum StartError {
     Workers(std::io::Error),
     #[error("starting the journal follower's thread: {0}")]
     Follower(std::io::Error),
+    #[error("starting the admin API's threads: {0}")]
+    Admin(std::io::Error),
     #[error("the lease port assignments under {data_dir} (--data-dir): {error}")]
     LeasePorts {
         data_dir: String,
@@ -315,6 +317,20 @@ impl Server {
         proxy.tls = tls;
         proxy.workers = Workers::start(workers).map_err(StartError::Workers)?;
         let proxy = Arc::new(proxy);
+        // Before anything is spawned: its threads may fail to start.
+        let admin_state = match &admin {
+            Some((_, admin_addr)) => Some(Arc::new(
+                AdminState::new(
+                    proxy.clone(),
+                    ports.clone(),
+                    addr,
+                    config.admin_token.clone(),
+                    AdminHosts::new(*admin_addr, &config.admin_hosts),
+                )
+                .map_err(StartError::Admin)?,
+            )),
+            None => None,
+        };
         let accepting = CancellationToken::new();
         let background = CancellationToken::new();
         follower.follow(registry.clone(), background.clone());
@@ -368,16 +384,8 @@ impl Server {
                 }
             }
         }
-        let admin = match admin {
-            Some((admin_listener, admin_addr)) => {
-                let state = Arc::new(AdminState {
-                    proxy: proxy.clone(),
-                    ports: ports.clone(),
-                    proxy_addr: addr,
-                    token: config.admin_token,
-                    hosts: AdminHosts::new(admin_addr, &config.admin_hosts),
-                    ready: Default::default(),
-                });
+        let admin = match (admin, admin_state) {
+            (Some((admin_listener, admin_addr)), Some(state)) => {
                 tokio::spawn(admin::serve(
                     admin_listener,
                     state.clone(),
@@ -386,7 +394,7 @@ impl Server {
                 tracing::info!(%admin_addr, "admin API listening");
                 Some(state)
             }
-            None => None,
+            _ => None,
         };
         if let Some(admin) = &admin {
             admin.ready.store(true, Ordering::SeqCst);

@@ -618,22 +618,29 @@ impl Registry {
     /// Until `shutdown`: folds new journal lines as the store offers them (the file: within
     /// its poll interval), and closes each lease when it reaches `expires_at`, by a timer
     /// independent of journal activity.
-    pub async fn follow(self: Arc<Registry>, shutdown: CancellationToken) {
+    /// The registry counts as followed from this call until the future ends or is dropped.
+    pub fn follow(
+        self: Arc<Registry>,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         /// Says no follower runs once this one ends (or its runtime drops it).
-        struct Following<'a>(&'a Registry);
-        impl Drop for Following<'_> {
+        struct Following(Arc<Registry>);
+        impl Drop for Following {
             fn drop(&mut self) {
                 *self.0.last_read() = None;
             }
         }
         *self.last_read() = Some(Instant::now());
-        let _following = Following(&self);
-        tokio::join!(
-            self.tail(&shutdown),
-            self.expire(&shutdown),
-            self.retry(&shutdown),
-            self.retire(&shutdown)
-        );
+        let following = Following(self);
+        async move {
+            let this = &following.0;
+            tokio::join!(
+                this.tail(&shutdown),
+                this.expire(&shutdown),
+                this.retry(&shutdown),
+                this.retire(&shutdown)
+            );
+        }
     }
 
     /// Every [`RETIRE_EVERY`], retires the leases whose retention has passed since they closed

@@ -286,6 +286,10 @@ pub struct RegistryFigures {
     /// The store's following: lag and reconnections.
     pub store_lag_seconds: f64,
     pub store_reconnects: u64,
+    /// Time since the journal follower last completed a read.
+    pub journal_follow_lag_seconds: f64,
+    /// Admin requests answered 503 at a limit, by limit (`connections`, `walks`).
+    pub admin_busy: Vec<(&'static str, u64)>,
     pub egress_dropped: u64,
     /// `--egress-stream`'s publisher, when it is on.
     pub egress_stream: Option<super::egress_stream::StreamFigures>,
@@ -447,6 +451,22 @@ impl Collector for Scrape {
             None,
             counter.metric_type(),
         )?)?;
+        let gauge = ConstGauge::new(self.figures.journal_follow_lag_seconds);
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_journal_follow_lag_seconds",
+            "Time since the journal follower last completed a read of the journal",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let mut family = encoder.encode_descriptor(
+            "leasegate_admin_busy",
+            "Admin API requests answered 503 at a limit: connections held, or lease-walking requests running",
+            None,
+            MetricType::Counter,
+        )?;
+        for (limit, n) in &self.figures.admin_busy {
+            ConstCounter::new(*n).encode(family.encode_family(&[("limit", *limit)])?)?;
+        }
         let gauge = ConstGauge::new(self.figures.journal_pending_revocations as i64);
         gauge.encode(encoder.encode_descriptor(
             "leasegate_store_pending_appends",

@@ -2,7 +2,10 @@
 //! beyond a small limit, the admin API holds a bounded number of connections, and a revocation
 //! appended to the journal still closes a lease's tunnel at once.
 
-use crate::harness::{admin_text, eventually, http_origin, streaming_tunnel, until_closed, Harness};
+use crate::harness::{
+    admin_text, eventually, exchange, http_origin, status_of, streaming_tunnel, until_closed,
+    Harness,
+};
 use crate::support::{granted_line, id, lease};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::Timestamp;
@@ -198,4 +201,56 @@ fn a_flood_of_lease_walks_does_not_delay_a_revocation() {
         let (status, _) = admin_text(&server, "/leases?limit=1").await;
         assert_eq!(status, 200);
     });
+}
+
+/// The admin API held any number of connections. Now one beyond [`MAX_CONNECTIONS`] is
+/// answered 503 before it asks anything, and closed; once one closes, a request is served
+/// again, and `/metrics` counts the one turned away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_connections_beyond_the_cap_are_answered_503() {
+    use leasegate::admin::MAX_CONNECTIONS;
+    use tokio::io::AsyncReadExt;
+    let h = Harness::new();
+    let server = h.start(h.config(&[])).await;
+    let admin = server.admin_addr.unwrap();
+    // Each held open after one answer (keep-alive), so each is known to be accepted.
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+        let answer = exchange(&mut stream, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+        assert_eq!(status_of(&answer), 200, "{answer}");
+        held.push(stream);
+    }
+    let mut extra = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), extra.read_to_string(&mut answer))
+        .await
+        .expect("one connection too many is answered at once, unasked")
+        .unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert_eq!(status_of(head), 503, "{answer}");
+    assert!(head.contains("\r\nretry-after: 1"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(length, body.len(), "{answer}");
+    let error: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert!(
+        error["error"].as_str().unwrap().contains("too many connections"),
+        "{body}"
+    );
+
+    drop(held.pop());
+    let counted = eventually(Duration::from_secs(10), || async {
+        let (status, metrics) = admin_text(&server, "/metrics").await;
+        (status == 200).then_some(metrics)
+    })
+    .await
+    .expect("served again once a connection closed");
+    // Tries of ours that came before the slot was free count too.
+    let turned_away = crate::operate::sample(&counted, "leasegate_admin_busy_total{limit=\"connections\"}");
+    assert!(turned_away >= Some(1.0), "{counted}");
 }

@@ -379,10 +379,10 @@ async fn admin_lookups_answer_json() {
         admin_get(&server, "/healthz").await,
         (200, serde_json::json!({"status": "ok"}))
     );
-    assert_eq!(
-        admin_get(&server, "/readyz").await,
-        (200, serde_json::json!({"ready": true}))
-    );
+    let (status, ready) = admin_get(&server, "/readyz").await;
+    assert_eq!(status, 200);
+    assert_eq!(ready["ready"], true);
+    assert!(ready["journal_follow_lag_seconds"].is_f64(), "{ready}");
     let (status, view) = admin_get(&server, &format!("/leases/{lease}")).await;
     assert_eq!(status, 200);
     assert_eq!(view["lease_id"], lease.as_str());
@@ -721,6 +721,50 @@ async fn an_unreadable_journal_makes_readyz_say_so() {
     std::fs::write(&h.journal, saved).unwrap();
     let ready = readyz_turns(&server, 200, Duration::from_secs(5)).await;
     assert!(ready.is_some(), "ready again once a read succeeds");
+}
+
+/// A read of the journal that never completes (its path now names a FIFO nobody writes to: a
+/// hung filesystem, as far as the follower can tell) stalls the follower: `/readyz` turns 503
+/// saying so, with the lag, within a second or two, and ready again once the follower reads.
+/// It used to stay 200 while no revocation written elsewhere was seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_follower_makes_readyz_say_so() {
+    let h = Harness::new();
+    h.lease(&["origin.test"], &[]);
+    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let (status, ready) = admin_get(&server, "/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert!(
+        ready["journal_follow_lag_seconds"].as_f64().unwrap() < 1.0,
+        "{ready}"
+    );
+    let saved = h.dir.path().join("journal.saved");
+    std::fs::rename(&h.journal, &saved).unwrap();
+    nix::unistd::mkfifo(&h.journal, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let unready = readyz_turns(&server, 503, Duration::from_secs(10))
+        .await
+        .expect("/readyz turns 503");
+    let reason = unready["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("the journal follower has completed no read"),
+        "{unready}"
+    );
+    assert!(
+        unready["journal_follow_lag_seconds"].as_f64().unwrap() > 1.0,
+        "{unready}"
+    );
+
+    // A writer lets the follower's open of the FIFO return; the journal goes back after.
+    let fifo = h.journal.clone();
+    let writer = tokio::task::spawn_blocking(move || {
+        std::fs::OpenOptions::new().write(true).open(fifo).unwrap()
+    })
+    .await
+    .unwrap();
+    std::fs::rename(&saved, &h.journal).unwrap();
+    drop(writer);
+    let ready = readyz_turns(&server, 200, Duration::from_secs(10)).await;
+    assert!(ready.is_some(), "ready again once the follower reads");
 }
 
 /// A restart with a queued revocation in `<journal>.pending` serves with that lease closed,

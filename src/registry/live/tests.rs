@@ -433,3 +433,166 @@ async fn a_timed_out_append_that_lands_is_not_appended_again() {
     assert_eq!(registry.pending(), 0);
     assert_eq!(revoked_folded(&registry), 1);
 }
+
+/// The file store, naming the thread of every read, and holding reads while `stalled`.
+struct Watched {
+    file: FileStore,
+    /// The thread each read was asked on.
+    readers: Arc<Mutex<Vec<Option<String>>>>,
+    stalled: Arc<AtomicBool>,
+    /// Wakes a stalled read to look again.
+    unstall: Arc<tokio::sync::Notify>,
+}
+
+impl Watched {
+    fn new(path: &Path) -> Watched {
+        Watched {
+            file: FileStore::new(path.to_owned(), false),
+            readers: Arc::default(),
+            stalled: Arc::default(),
+            unstall: Arc::default(),
+        }
+    }
+
+    fn handle(&self) -> Watched {
+        Watched {
+            file: self.file.clone(),
+            readers: self.readers.clone(),
+            stalled: self.stalled.clone(),
+            unstall: self.unstall.clone(),
+        }
+    }
+}
+
+impl Store for Watched {
+    fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>> {
+        let thread = std::thread::current().name().map(str::to_owned);
+        self.readers.lock().unwrap().push(thread);
+        Box::pin(async move {
+            while self.stalled.load(Ordering::SeqCst) {
+                let _ = tokio::time::timeout(Duration::from_millis(20), self.unstall.notified())
+                    .await;
+            }
+            self.file.read_new().await
+        })
+    }
+
+    fn append(&self, record: &Value) -> BoxFuture<'_, io::Result<Position>> {
+        self.file.append(record)
+    }
+
+    fn wait_for_more(&self) -> BoxFuture<'_, ()> {
+        self.file.wait_for_more()
+    }
+
+    fn describe(&self) -> String {
+        "watched".into()
+    }
+
+    fn stalled_after(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+}
+
+/// While a follower runs, a revocation's record is read back by the follower, on its thread:
+/// the revoking caller (a connection worker, the admin API) never holds the read lock while
+/// waiting for a blocking pool of its own that may be full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_is_read_back_on_the_followers_thread() {
+    let setup = Setup::new();
+    let store = Watched::new(&setup.path);
+    let readers = store.readers.clone();
+    let follower = crate::registry::follower::Follower::start().unwrap();
+    let opened = store.handle();
+    let keyring = keyring(&setup.key);
+    let registry = Arc::new(
+        follower
+            .run(async move { Registry::open(Box::new(opened), keyring).await })
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let shutdown = CancellationToken::new();
+    follower.follow(registry.clone(), shutdown.clone());
+    let token = registry.token(&setup.lease, Timestamp::now());
+    assert!(registry
+        .revoke(&setup.lease, "refused", Map::new())
+        .await
+        .unwrap());
+    assert!(token.is_cancelled());
+    assert_eq!(revoked_folded(&registry), 1, "read back before revoke returned");
+    shutdown.cancel();
+    let readers = readers.lock().unwrap().clone();
+    assert!(readers.len() >= 2, "{readers:?}");
+    assert!(
+        readers
+            .iter()
+            .all(|thread| thread.as_deref() == Some("leasegate-journal")),
+        "every read on the follower's thread: {readers:?}"
+    );
+}
+
+/// A follower whose reads stop completing (a hung disk, a starved thread) is reported by
+/// `/readyz` (through `journal_problem`) once it lags beyond the store's bound, and no longer
+/// once it reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_follower_is_a_journal_problem() {
+    let setup = Setup::new();
+    let store = Watched::new(&setup.path);
+    let (stalled, unstall) = (store.stalled.clone(), store.unstall.clone());
+    let registry = Arc::new(
+        Registry::open(Box::new(store), keyring(&setup.key))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(registry.follow_lag(), None, "no follower yet");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(registry.clone().follow(shutdown.clone()));
+    let following = async {
+        while registry.follow_lag().is_none() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), following)
+        .await
+        .unwrap();
+    assert_eq!(registry.journal_problem(), None);
+
+    stalled.store(true, Ordering::SeqCst);
+    let problem = async {
+        loop {
+            if let Some(problem) = registry.journal_problem() {
+                return problem;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let problem = tokio::time::timeout(Duration::from_secs(10), problem)
+        .await
+        .expect("a stalled follower is never reported");
+    assert!(
+        problem.contains("the journal follower has completed no read of the watched"),
+        "{problem}"
+    );
+    assert!(registry.follow_lag().unwrap() > Duration::from_millis(200));
+
+    stalled.store(false, Ordering::SeqCst);
+    unstall.notify_waiters();
+    let recovered = async {
+        while registry.journal_problem().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), recovered)
+        .await
+        .expect("still reported once the follower reads again");
+    shutdown.cancel();
+    let stopped = async {
+        while registry.follow_lag().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("a follower that ended is not following");
+}
