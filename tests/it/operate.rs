@@ -1,6 +1,8 @@
 //! Operating leasegate: the admin API and metrics, limits, drain, the TLS listener, logs.
 
-use crate::harness::{curl, http_origin, proxy_url, raw, streaming_tunnel, until_closed, Harness};
+use crate::harness::{
+    curl, eventually, http_origin, proxy_url, raw, streaming_tunnel, until_closed, Harness,
+};
 use crate::support::bin;
 use leasegate::server::Server;
 use serde_json::{json, Value};
@@ -710,7 +712,8 @@ async fn a_closed_leases_series_go_after_the_grace_period() {
     let origin = http_origin().await;
     let lease = h.lease(&["origin.test"], &[]);
     let mut config = h.config(&[("origin.test", "127.0.0.1")]);
-    config.series_grace = Duration::from_millis(200);
+    // Longer than a `/metrics` render is kept (a second), so that a fresh render comes within it.
+    config.series_grace = Duration::from_secs(5);
     let server = h.start(config).await;
     assert_eq!(
         curl(
@@ -746,16 +749,21 @@ async fn a_closed_leases_series_go_after_the_grace_period() {
         .0,
         200
     );
-    // Seen closed by one scrape, still there within the grace period, gone after it.
-    let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
+    // Seen closed by the next render (one a second), still there within the grace period,
+    // gone after it.
+    let text = eventually(Duration::from_secs(10), || async {
+        let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
+        (sample(&text, "leasegate_leases{status=\"revoked\"}") == Some(1.0)).then_some(text)
+    })
+    .await
+    .expect("a render sees the lease revoked");
     assert_eq!(sample(&text, &series), Some(18.0));
-    assert_eq!(
-        sample(&text, "leasegate_leases{status=\"revoked\"}"),
-        Some(1.0)
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
-    assert!(!text.contains(&lease), "{text}");
+    let gone = eventually(Duration::from_secs(20), || async {
+        let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
+        (!text.contains(&lease)).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the series outlived the grace period");
 }
 
 /// `leasegate health`: the image's HEALTHCHECK, with no shell and no HTTP client in the image.

@@ -150,7 +150,12 @@ async fn a_journal_message_over_the_cap_is_skipped_and_counted() {
     })
     .await;
     assert!(open.is_some(), "the grant after the long message opens");
-    assert_eq!(too_long().await, Some(2.0));
+    // By the next `/metrics` render (one a second).
+    let counted = eventually(Duration::from_secs(5), || async {
+        (too_long().await == Some(2.0)).then_some(())
+    })
+    .await;
+    assert!(counted.is_some(), "the second long message is counted");
     server.shutdown().await;
 }
 
