@@ -12,13 +12,10 @@
 
 mod common;
 
-use common::{keyring, lease_id, signed_lease};
-use leasegate::config::ServeConfig;
+use common::{lease_id, serve_config, signed_lease};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
-use leasegate::proxy::upstream::Resolver;
-use leasegate::proxy::ProxyConfig;
-use leasegate::registry::{JournalLocation, StoreOptions};
+use leasegate::registry::JournalLocation;
 use leasegate::server::Server;
 use serde_json::{json, Map};
 use std::io::{Read, Write};
@@ -97,7 +94,11 @@ fn streaming_tunnel(proxy: SocketAddr, origin: SocketAddr, lease: &str) -> TcpSt
         assert!(n > 0, "the proxy closed the CONNECT");
         seen.extend_from_slice(&buf[..n]);
     }
-    assert!(seen.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&seen));
+    assert!(
+        seen.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
     stream
         .write_all(b"GET /slow HTTP/1.1\r\nHost: origin.test\r\n\r\n")
         .unwrap();
@@ -238,38 +239,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut resolver = Resolver::default();
-    resolver
-        .overrides
-        .insert("origin.test".into(), vec!["127.0.0.1".parse().unwrap()]);
-    let config = ServeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        journal: JournalLocation::File(journal_path.clone()),
-        store: StoreOptions {
-            data_dir: dir.path().join("data"),
-            ..StoreOptions::default()
-        },
-        keyring: keyring(&key),
-        egress: None,
-        egress_stream: None,
-        proxy: ProxyConfig {
-            resolver,
-            guard: leasegate::policy::Guard {
-                allow_private: vec!["127.0.0.1/32".parse().unwrap()],
-                ..Default::default()
-            },
-            connect_ports: leasegate::policy::Ports::all(),
-            forward_ports: leasegate::policy::Ports::all(),
-            ..ProxyConfig::default()
-        },
-        admin: Some("127.0.0.1:0".parse().unwrap()),
-        admin_hosts: Vec::new(),
-        lease_ports: None,
-        tls: None,
-        admin_token: None,
-        admin_insecure: false,
-        drain_timeout: Duration::from_secs(1),
-    };
+    let mut config = serve_config(
+        JournalLocation::File(journal_path.clone()),
+        dir.path(),
+        &key,
+    );
+    config.admin = Some("127.0.0.1:0".parse().unwrap());
     let server = runtime.block_on(Server::start(config)).unwrap();
     let admin = server.admin_addr.unwrap();
     let before = rss_mib();

@@ -10,15 +10,12 @@
 mod common;
 
 use bytes::Bytes;
-use common::{keyring, lease_id, signed_lease};
+use common::{lease_id, serve_config, signed_lease};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use leasegate::config::ServeConfig;
 use leasegate::contract::{Key, Timestamp};
-use leasegate::proxy::upstream::Resolver;
-use leasegate::proxy::ProxyConfig;
-use leasegate::registry::{JournalLocation, StoreOptions};
+use leasegate::registry::JournalLocation;
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;
 use serde_json::json;
@@ -157,40 +154,10 @@ fn main() {
                              "lease_id": lease_id(0), "lease": lease});
         let journal = dir.path().join("journal.jsonl");
         std::fs::write(&journal, format!("{granted}\n")).unwrap();
-        let mut resolver = Resolver::default();
-        resolver
-            .overrides
-            .insert("origin.test".into(), vec!["127.0.0.1".parse().unwrap()]);
-        let server = Server::start(ServeConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            journal: JournalLocation::File(journal),
-            store: StoreOptions {
-                data_dir: dir.path().join("data"),
-                ..StoreOptions::default()
-            },
-            keyring: keyring(&key),
-            // As deployed (and in the compare run): one egress line per request, to a file.
-            egress: Some(Destination::File(dir.path().join("egress.jsonl"))),
-            egress_stream: None,
-            proxy: ProxyConfig {
-                resolver,
-                guard: leasegate::policy::Guard {
-                    allow_private: vec!["127.0.0.1/32".parse().unwrap()],
-                    ..Default::default()
-                },
-                // The origin listens on a random port.
-                connect_ports: leasegate::policy::Ports::all(),
-                forward_ports: leasegate::policy::Ports::all(),
-                ..ProxyConfig::default()
-            },
-            admin: None,
-            admin_hosts: Vec::new(),
-            lease_ports: None,
-            tls: None,
-            admin_token: None,
-            admin_insecure: false,
-            drain_timeout: Duration::from_secs(1),
-        })
+        let mut config = serve_config(JournalLocation::File(journal), dir.path(), &key);
+        // As deployed (and in the compare run): one egress line per request, to a file.
+        config.egress = Some(Destination::File(dir.path().join("egress.jsonl")));
+        let server = Server::start(config)
         .await
         .unwrap();
         let origin = origin().await;

@@ -12,14 +12,11 @@
 mod common;
 
 use bytes::Bytes;
-use common::{keyring, lease_id, signed_lease};
+use common::{keyring, lease_id, serve_config, signed_lease};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use leasegate::config::ServeConfig;
 use leasegate::contract::{Key, Timestamp};
-use leasegate::proxy::upstream::Resolver;
-use leasegate::proxy::ProxyConfig;
 use leasegate::registry::open::open_registry;
 use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
 use leasegate::registry::store::NatsLocation;
@@ -309,40 +306,7 @@ async fn request_path(nats: &Nats, key: &Key) {
         .await
         .unwrap();
     let origin = origin().await;
-    let mut resolver = Resolver::default();
-    resolver
-        .overrides
-        .insert("origin.test".into(), vec!["127.0.0.1".parse().unwrap()]);
-    let proxy = ProxyConfig {
-        resolver,
-        guard: leasegate::policy::Guard {
-            allow_private: vec!["127.0.0.1/32".parse().unwrap()],
-            ..Default::default()
-        },
-        // The origin listens on a random port.
-        connect_ports: leasegate::policy::Ports::all(),
-        forward_ports: leasegate::policy::Ports::all(),
-        ..ProxyConfig::default()
-    };
-    let config = |journal: JournalLocation| ServeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        journal,
-        store: StoreOptions {
-            data_dir: dir.path().join("data"),
-            ..StoreOptions::default()
-        },
-        keyring: keyring(key),
-        egress: None,
-        egress_stream: None,
-        proxy: proxy.clone(),
-        admin: None,
-        admin_hosts: Vec::new(),
-        lease_ports: None,
-        tls: None,
-        admin_token: None,
-        admin_insecure: false,
-        drain_timeout: Duration::from_secs(1),
-    };
+    let config = |journal: JournalLocation| serve_config(journal, dir.path(), key);
     let file = Server::start(config(JournalLocation::File(journal.clone())))
         .await
         .unwrap();

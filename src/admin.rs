@@ -25,6 +25,7 @@ pub use origin::AdminHosts;
 use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
 use crate::contract::{token, Event, Lease, Timestamp};
+use crate::log_gate::{Flood, Say};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
@@ -39,7 +40,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Map;
 use serde_json::{json, Value};
-use crate::log_gate::{Flood, Say};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -141,10 +141,17 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
             state.refused_connections.fetch_add(1, Ordering::Relaxed);
             match turned_away.occurred(1, Instant::now()) {
                 Say::Start => {
-                    tracing::warn!(max = MAX_CONNECTIONS, "admin API: every connection is taken; more are answered 503 and closed")
+                    tracing::warn!(
+                        max = MAX_CONNECTIONS,
+                        "admin API: every connection is taken; more are answered 503 and closed"
+                    )
                 }
                 Say::Summary(s) => {
-                    tracing::warn!(turned_away = s.repeats, since_first = s.total, "admin API: connections are still turned away")
+                    tracing::warn!(
+                        turned_away = s.repeats,
+                        since_first = s.total,
+                        "admin API: connections are still turned away"
+                    )
                 }
                 Say::Quiet => {}
             }
@@ -496,10 +503,9 @@ async fn walk(
                     walks::AT_ONCE
                 ),
             );
-            answer.headers_mut().insert(
-                header::RETRY_AFTER,
-                header::HeaderValue::from_static("1"),
-            );
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
             answer
         }
     }

@@ -1,10 +1,17 @@
-//! What the benchmarks share: signed leases and the keyring that opens them.
+//! What the benchmarks share: signed leases, the keyring that opens them, and the
+//! configuration of a proxy whose origin listens on loopback.
 //!
 //! Invariant: a lease built here passes `Lease::load` under [`keyring`] of the same key.
 
+use leasegate::config::ServeConfig;
 use leasegate::contract::lease::sign;
 use leasegate::contract::{Key, Keyring};
+use leasegate::proxy::upstream::Resolver;
+use leasegate::proxy::ProxyConfig;
+use leasegate::registry::{JournalLocation, StoreOptions};
 use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Duration;
 
 /// Lease `n` (its id is `n` in hex), live from `issued_at` to `expires_at`, allowing `hosts`
 /// and denying `evil.example.com`, signed with `key`.
@@ -46,4 +53,49 @@ pub fn keyring(key: &Key) -> Keyring {
     let mut ring = Keyring::new(false);
     ring.insert(key.clone());
     ring
+}
+
+/// A proxy that resolves `origin.test` to 127.0.0.1 and may reach it on any port (benchmark
+/// origins listen on loopback, on a random port).
+#[allow(dead_code)] // not every benchmark starts a proxy
+pub fn loopback_proxy() -> ProxyConfig {
+    let mut resolver = Resolver::default();
+    resolver
+        .overrides
+        .insert("origin.test".into(), vec!["127.0.0.1".parse().unwrap()]);
+    ProxyConfig {
+        resolver,
+        guard: leasegate::policy::Guard {
+            allow_private: vec!["127.0.0.1/32".parse().unwrap()],
+            ..Default::default()
+        },
+        connect_ports: leasegate::policy::Ports::all(),
+        forward_ports: leasegate::policy::Ports::all(),
+        ..ProxyConfig::default()
+    }
+}
+
+/// A proxy on a free loopback port following `journal` (keyring: `key`; local state under
+/// `dir`), as [`loopback_proxy`] configures it: no admin API, no egress log.
+#[allow(dead_code)] // not every benchmark starts a proxy
+pub fn serve_config(journal: JournalLocation, dir: &Path, key: &Key) -> ServeConfig {
+    ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        journal,
+        store: StoreOptions {
+            data_dir: dir.join("data"),
+            ..StoreOptions::default()
+        },
+        keyring: keyring(key),
+        egress: None,
+        egress_stream: None,
+        proxy: loopback_proxy(),
+        admin: None,
+        admin_hosts: Vec::new(),
+        lease_ports: None,
+        tls: None,
+        admin_token: None,
+        admin_insecure: false,
+        drain_timeout: Duration::from_secs(1),
+    }
 }

@@ -86,10 +86,7 @@ mod tests {
         assert_eq!(scrapes.answer(stale, || render(&mut rendered)), "render 2");
         assert_eq!(scrapes.renders(), 2);
         // A scrape that asked before the render it waited for is answered by it.
-        assert_eq!(
-            scrapes.answer(start, || render(&mut rendered)),
-            "render 2"
-        );
+        assert_eq!(scrapes.answer(start, || render(&mut rendered)), "render 2");
         assert_eq!(rendered, 2);
     }
 

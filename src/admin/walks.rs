@@ -178,7 +178,10 @@ mod tests {
         }
         // The first THREADS run now, on the walks' own threads.
         for begun in started.drain(..THREADS) {
-            assert_eq!(begun.await.unwrap().as_deref(), Some("leasegate-admin-walk"));
+            assert_eq!(
+                begun.await.unwrap().as_deref(),
+                Some("leasegate-admin-walk")
+            );
         }
         let ran = Arc::new(AtomicUsize::new(0));
         let counted = ran.clone();

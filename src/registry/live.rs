@@ -580,9 +580,12 @@ impl Registry {
         if self.last_read().is_some() {
             let mut folded = self.folded.subscribe();
             self.wake_tail.notify_one();
-            if tokio::time::timeout(self.append_timeout, folded.wait_for(|reached| *reached >= at))
-                .await
-                .is_err()
+            if tokio::time::timeout(
+                self.append_timeout,
+                folded.wait_for(|reached| *reached >= at),
+            )
+            .await
+            .is_err()
             {
                 tracing::warn!(%at, reached = %*folded.borrow(), store = %self.store.describe(), "our revocation is not read back yet; the follower will fold it");
             }

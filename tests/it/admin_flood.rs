@@ -61,7 +61,9 @@ fn many_leases(h: &Harness) {
 /// One GET on the admin API with a blocking client: the status and the whole answer.
 fn get(admin: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(admin).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).ok()?;
     let mut answer = Vec::new();
@@ -217,7 +219,11 @@ async fn admin_connections_beyond_the_cap_are_answered_503() {
     let mut held = Vec::new();
     for _ in 0..MAX_CONNECTIONS {
         let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-        let answer = exchange(&mut stream, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+        let answer = exchange(
+            &mut stream,
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        )
+        .await;
         assert_eq!(status_of(&answer), 200, "{answer}");
         held.push(stream);
     }
@@ -239,7 +245,10 @@ async fn admin_connections_beyond_the_cap_are_answered_503() {
     assert_eq!(length, body.len(), "{answer}");
     let error: serde_json::Value = serde_json::from_str(body).unwrap();
     assert!(
-        error["error"].as_str().unwrap().contains("too many connections"),
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("too many connections"),
         "{body}"
     );
 
@@ -251,6 +260,9 @@ async fn admin_connections_beyond_the_cap_are_answered_503() {
     .await
     .expect("served again once a connection closed");
     // Tries of ours that came before the slot was free count too.
-    let turned_away = crate::operate::sample(&counted, "leasegate_admin_busy_total{limit=\"connections\"}");
+    let turned_away = crate::operate::sample(
+        &counted,
+        "leasegate_admin_busy_total{limit=\"connections\"}",
+    );
     assert!(turned_away >= Some(1.0), "{counted}");
 }

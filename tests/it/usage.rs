@@ -315,10 +315,15 @@ async fn requests_go_on_while_nats_is_down_and_what_overflows_is_counted() {
     let counted = eventually(Duration::from_secs(10), || async {
         let dropped = metric(&server, "leasegate_egress_stream_dropped_total").await;
         let backlog = metric(&server, "leasegate_egress_stream_backlog").await;
-        (dropped, backlog).eq(&(Some(12.0), Some(9.0))).then_some(())
+        (dropped, backlog)
+            .eq(&(Some(12.0), Some(9.0)))
+            .then_some(())
     })
     .await;
-    assert!(counted.is_some(), "12 dropped and 9 in the backlog, never seen");
+    assert!(
+        counted.is_some(),
+        "12 dropped and 9 in the backlog, never seen"
+    );
     // The egress log file is not affected.
     assert_eq!(h.egress_lines(22).await.len(), 22);
 

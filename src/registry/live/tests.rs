@@ -435,6 +435,7 @@ async fn a_timed_out_append_that_lands_is_not_appended_again() {
 }
 
 /// The file store, naming the thread of every read, and holding reads while `stalled`.
+#[derive(Clone)]
 struct Watched {
     file: FileStore,
     /// The thread each read was asked on.
@@ -453,15 +454,6 @@ impl Watched {
             unstall: Arc::default(),
         }
     }
-
-    fn handle(&self) -> Watched {
-        Watched {
-            file: self.file.clone(),
-            readers: self.readers.clone(),
-            stalled: self.stalled.clone(),
-            unstall: self.unstall.clone(),
-        }
-    }
 }
 
 impl Store for Watched {
@@ -470,8 +462,8 @@ impl Store for Watched {
         self.readers.lock().unwrap().push(thread);
         Box::pin(async move {
             while self.stalled.load(Ordering::SeqCst) {
-                let _ = tokio::time::timeout(Duration::from_millis(20), self.unstall.notified())
-                    .await;
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(20), self.unstall.notified()).await;
             }
             self.file.read_new().await
         })
@@ -503,7 +495,7 @@ async fn a_revocation_is_read_back_on_the_followers_thread() {
     let store = Watched::new(&setup.path);
     let readers = store.readers.clone();
     let follower = crate::registry::follower::Follower::start().unwrap();
-    let opened = store.handle();
+    let opened = store.clone();
     let keyring = keyring(&setup.key);
     let registry = Arc::new(
         follower
@@ -520,7 +512,11 @@ async fn a_revocation_is_read_back_on_the_followers_thread() {
         .await
         .unwrap());
     assert!(token.is_cancelled());
-    assert_eq!(revoked_folded(&registry), 1, "read back before revoke returned");
+    assert_eq!(
+        revoked_folded(&registry),
+        1,
+        "read back before revoke returned"
+    );
     shutdown.cancel();
     let readers = readers.lock().unwrap().clone();
     assert!(readers.len() >= 2, "{readers:?}");
