@@ -723,6 +723,27 @@ async fn an_unreadable_journal_makes_readyz_say_so() {
     assert!(ready.is_some(), "ready again once a read succeeds");
 }
 
+/// Opens the FIFO at its path for writing when dropped, so that a reader blocked opening it
+/// (the follower) goes on.
+struct Unstall(std::path::PathBuf);
+
+impl Unstall {
+    /// A writer of the FIFO at `path`, opened without waiting (it fails when nobody reads it).
+    fn writer(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)
+    }
+}
+
+impl Drop for Unstall {
+    fn drop(&mut self) {
+        let _ = Unstall::writer(&self.0);
+    }
+}
+
 /// A read of the journal that never completes (its path now names a FIFO nobody writes to: a
 /// hung filesystem, as far as the follower can tell) stalls the follower: `/readyz` turns 503
 /// saying so, with the lag, within a second or two, and ready again once the follower reads.
@@ -741,6 +762,8 @@ async fn a_stalled_follower_makes_readyz_say_so() {
     let saved = h.dir.path().join("journal.saved");
     std::fs::rename(&h.journal, &saved).unwrap();
     nix::unistd::mkfifo(&h.journal, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // However the test ends, the follower's open of the FIFO returns.
+    let _unstall = Unstall(h.journal.clone());
     let unready = readyz_turns(&server, 503, Duration::from_secs(10))
         .await
         .expect("/readyz turns 503");
@@ -754,13 +777,8 @@ async fn a_stalled_follower_makes_readyz_say_so() {
         "{unready}"
     );
 
-    // A writer lets the follower's open of the FIFO return; the journal goes back after.
-    let fifo = h.journal.clone();
-    let writer = tokio::task::spawn_blocking(move || {
-        std::fs::OpenOptions::new().write(true).open(fifo).unwrap()
-    })
-    .await
-    .unwrap();
+    // A writer lets the follower's open of the FIFO return; the journal goes back first.
+    let writer = Unstall::writer(&h.journal).unwrap();
     std::fs::rename(&saved, &h.journal).unwrap();
     drop(writer);
     let ready = readyz_turns(&server, 200, Duration::from_secs(10)).await;
