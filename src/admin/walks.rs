@@ -185,15 +185,16 @@ mod tests {
         }
         let ran = Arc::new(AtomicUsize::new(0));
         let counted = ran.clone();
-        let refused = walks
-            .run(
-                move || {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    reply("ran")
-                },
-                |_| reply("failed"),
-            )
-            .await;
+        let refused = walks.run(
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                reply("ran")
+            },
+            |_| reply("failed"),
+        );
+        let refused = tokio::time::timeout(Duration::from_secs(5), refused)
+            .await
+            .expect("refused at once, not queued");
         assert_eq!(refused.err(), Some(Busy));
         assert_eq!(walks.refused(), 1);
         drop(held);
