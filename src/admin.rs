@@ -499,20 +499,27 @@ pub fn lease_view(
         Credentials::Token => minted(&snapshot, lease),
     };
     let port_credentials = state.proxy.config.lease_port_credentials;
+    // Every listener, lease ports included, speaks TLS with --tls-cert.
+    let scheme = match state.proxy.tls {
+        Some(_) => "https",
+        None => "http",
+    };
     let proxy_url = match (port, &state.ports, credential) {
         // A lease's own port needs no credential, unless --lease-port-credentials token.
         (Some(port), Some(ports), _) if port_credentials == LeasePortCredentials::None => {
-            format!("http://{}", SocketAddr::new(ports.bind, port))
+            format!("{scheme}://{}", SocketAddr::new(ports.bind, port))
         }
         (Some(port), Some(ports), _) => {
             let addr = SocketAddr::new(ports.bind, port);
             match with_credentials.then(|| minted(&snapshot, lease)).flatten() {
-                Some(token) => format!("http://agent:{token}@{addr}"),
-                None => format!("http://{addr}"),
+                Some(token) => format!("{scheme}://agent:{token}@{addr}"),
+                None => format!("{scheme}://{addr}"),
             }
         }
-        (_, _, Some(credential)) => format!("http://agent:{credential}@{}", state.proxy_addr),
-        (_, _, None) => format!("http://{}", state.proxy_addr),
+        (_, _, Some(credential)) => {
+            format!("{scheme}://agent:{credential}@{}", state.proxy_addr)
+        }
+        (_, _, None) => format!("{scheme}://{}", state.proxy_addr),
     };
     let counters = state.proxy.telemetry.metrics.lease(id).unwrap_or_default();
     let count = |verdict: LoggedVerdict| -> u64 {

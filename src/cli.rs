@@ -257,22 +257,30 @@ pub struct RunArgs {
     /// The lease the agent runs under.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: String,
-    /// The proxy to use, with the lease's credential, when the lease has no port of its own.
+    /// The proxy (scheme, host, port) to use with the lease's credential; a lease with a port
+    /// of its own is reached on this host. Default: the admin URL's host, with the port the
+    /// admin API names.
     #[arg(long, env = "LEASEGATE_PROXY")]
     pub proxy: Option<String>,
     /// The lease's key: mints the proxy token locally (for `serve --credentials token`).
     #[arg(long, env = "LEASEGATE_KEY_FILE")]
     pub key_file: Option<PathBuf>,
-    /// The admin API's bearer token; an authenticated admin API also hands out the token.
+    /// The admin API's bearer token; an authenticated admin API also hands out the token. Sent
+    /// only over https:// or to a loopback address.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
-    /// The admin API of the running proxy.
+    /// The admin API of the running proxy (http:// or https://). Without --proxy, the proxy is
+    /// reached on this URL's host.
     #[arg(
         long,
         env = "LEASEGATE_ADMIN_URL",
         default_value = "http://127.0.0.1:3129"
     )]
     pub admin: String,
+    /// CA certificates (PEM) an https:// admin API's certificate must chain to (default: the
+    /// public roots).
+    #[arg(long, env = "LEASEGATE_ADMIN_CA")]
+    pub admin_ca: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     pub command: Vec<String>,

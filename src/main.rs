@@ -731,7 +731,7 @@ fn run_agent(args: cli::RunArgs) -> ExitCode {
     }
 }
 
-/// The key and admin token `run` was given, loaded.
+/// The key, admin token and admin CA `run` was given, loaded.
 fn run_auth(args: &cli::RunArgs) -> Result<run::RunAuth, run::RunError> {
     let read_error = |path: &std::path::Path, reason: String| run::RunError::Read {
         path: path.display().to_string(),
@@ -750,5 +750,17 @@ fn run_auth(args: &cli::RunArgs) -> Result<run::RunAuth, run::RunError> {
         ),
         None => None,
     };
-    Ok(run::RunAuth { key, admin_token })
+    let admin_ca = match &args.admin_ca {
+        Some(path) => Some(
+            <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| read_error(path, e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(run::RunAuth {
+        key,
+        admin_token,
+        admin_ca,
+    })
 }

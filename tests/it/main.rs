@@ -21,6 +21,7 @@ mod nats_support;
 mod operate;
 mod pipeline;
 mod proxy;
+mod run_trust;
 mod scale_out;
 mod suggest;
 mod support;
