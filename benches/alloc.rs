@@ -190,6 +190,7 @@ fn main() {
             admin_token: None,
             admin_insecure: false,
             drain_timeout: Duration::from_secs(1),
+            wall: Default::default(),
         })
         .await
         .unwrap();

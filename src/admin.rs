@@ -24,7 +24,7 @@ use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
 use crate::registry::revocation::RevocationError;
-use crate::registry::{InvalidReason, RevokeError, Snapshot, Status};
+use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
 use crate::telemetry::refusals;
@@ -156,13 +156,18 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 true => state.proxy.registry.journal_problem(),
                 false => Some("starting or draining".to_owned()),
             };
-            match problem {
-                None => json_response(StatusCode::OK, json!({"ready": true})),
-                Some(reason) => json_response(
+            let (status, mut body) = match problem {
+                None => (StatusCode::OK, json!({"ready": true})),
+                Some(reason) => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     json!({"ready": false, "reason": reason}),
                 ),
+            };
+            // Reported, not a reason to stop serving: see `clock_report`.
+            if let Some(clock) = clock_report(&state.proxy.registry.clock().health()) {
+                body["clock"] = clock;
             }
+            json_response(status, body)
         }
         (&Method::GET, ["metrics"]) => off_runtime(&state, metrics).await,
         (&Method::GET, ["leases"]) => match LeasesQuery::parse(req.uri().query()) {
@@ -172,7 +177,13 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             Err(message) => error(StatusCode::BAD_REQUEST, message),
         },
         (&Method::GET, ["leases", id]) => {
-            match lease_view(&state, id, Timestamp::now(), TOP_HOSTS, with_credentials) {
+            match lease_view(
+                &state,
+                id,
+                state.proxy.registry.now(),
+                TOP_HOSTS,
+                with_credentials,
+            ) {
                 Some(view) => json_response(StatusCode::OK, view),
                 None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
             }
@@ -293,10 +304,29 @@ fn limit_of(pairs: &[(String, String)], default: usize, max: usize) -> Result<us
     }
 }
 
+/// What `/readyz` says of the clock, when there is something to say: the wall clock is behind
+/// the latest time used (a step back; lifetime checks keep that time until it catches up), or
+/// that time cannot be written down. Neither makes the proxy unready: it still never decides
+/// with a time earlier than one it used, and a step back seen by every replica at once (a
+/// clock source corrected) would otherwise take all of them out of service for its length.
+fn clock_report(health: &ClockHealth) -> Option<Value> {
+    if health.behind.is_zero() && health.not_kept.is_none() {
+        return None;
+    }
+    let mut report = json!({
+        "behind_seconds": health.behind.as_secs_f64(),
+        "steps_back": health.steps_back,
+    });
+    if let Some(reason) = &health.not_kept {
+        report["not_kept"] = reason.as_str().into();
+    }
+    Some(report)
+}
+
 /// One page of leases with their counters: `{"leases": [...], "next_cursor": ..., "total": N}`
 /// (and `"counts"` by status when asked).
 fn leases(state: &AdminState, query: &LeasesQuery, with_credentials: bool) -> Response<Body> {
-    let now = Timestamp::now();
+    let now = state.proxy.registry.now();
     let snapshot = state.proxy.registry.snapshot();
     let ledger = &snapshot.ledger;
     let page = match listing::page(
@@ -385,7 +415,7 @@ async fn off_runtime(
 }
 
 fn metrics(state: &AdminState) -> Response<Body> {
-    let now = Timestamp::now();
+    let now = state.proxy.registry.now();
     let snapshot = state.proxy.registry.snapshot();
     let ledger = &snapshot.ledger;
     let telemetry = &state.proxy.telemetry;
@@ -414,6 +444,8 @@ fn metrics(state: &AdminState) -> Response<Body> {
         journal_pending_revocations: state.proxy.registry.pending() as u64,
         store_lag_seconds: store.lag.as_secs_f64(),
         store_reconnects: store.reconnects,
+        capped_grants: stats.capped_grants,
+        clock: state.proxy.registry.clock().health(),
         egress_dropped: telemetry.egress.dropped(),
         egress_stream: telemetry.stream.figures(),
     };

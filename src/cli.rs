@@ -646,6 +646,25 @@ pub struct StoreArgs {
     /// of 500,000 hosts is 21 MB).
     #[arg(long, env = "LEASEGATE_MAX_JOURNAL_LINE", default_value_t = crate::registry::journal::MAX_LINE as u64, value_parser = clap::value_parser!(u64).range(1024..))]
     pub max_journal_line: u64,
+    /// The longest a lease lives: one whose expires_at is later than issued_at plus this
+    /// expires then (e.g. 30d); `off`: as long as it says.
+    #[arg(long, env = "LEASEGATE_MAX_LEASE_LIFETIME", default_value = "off", value_parser = parse_lifetime_ceiling)]
+    pub max_lease_lifetime: LifetimeCeiling,
+}
+
+/// `--max-lease-lifetime`: a duration, or `off` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifetimeCeiling(pub Option<std::time::Duration>);
+
+fn parse_lifetime_ceiling(text: &str) -> Result<LifetimeCeiling, String> {
+    if text == "off" {
+        return Ok(LifetimeCeiling(None));
+    }
+    match humantime::parse_duration(text) {
+        Ok(max) if !max.is_zero() => Ok(LifetimeCeiling(Some(max))),
+        Ok(_) => Err("a lifetime of zero opens nothing: give a duration, or `off`".into()),
+        Err(e) => Err(format!("{e} (a duration such as 30d, or `off`)")),
+    }
 }
 
 /// A journal and the keys its leases are signed with (`leases`, `check`).

@@ -10,12 +10,11 @@
 
 use crate::admin::{self, AdminHosts, AdminState};
 use crate::config::ServeConfig;
-use crate::contract::Timestamp;
 use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy, Workers};
-use crate::registry::open::open_registry;
-use crate::registry::OpenError;
+use crate::registry::open::{clock_path, open_registry};
+use crate::registry::{Clock, ClockError, OpenError};
 use crate::telemetry::egress::Destination;
 use crate::telemetry::{EgressLog, EgressStream, Telemetry};
 use std::net::{IpAddr, SocketAddr};
@@ -45,6 +44,8 @@ pub enum StartError {
         data_dir: String,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    Clock(#[from] ClockError),
 }
 
 /// How long a drain waits, after closing what was left, for the last exchanges to end.
@@ -178,7 +179,7 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {
-                let now = Timestamp::now();
+                let now = proxy.registry.now();
                 let snapshot = proxy.registry.snapshot();
                 proxy
                     .telemetry
@@ -187,6 +188,27 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
             }
         }
     }
+}
+
+/// The clock over the floor an earlier run wrote down for this journal (made if missing).
+async fn open_clock(config: &ServeConfig) -> Result<Arc<Clock>, StartError> {
+    let path = clock_path(&config.journal, &config.store);
+    let wall = config.wall.clone();
+    let dir = path.parent().map(std::path::Path::to_owned);
+    let shown = path.display().to_string();
+    let opened = tokio::task::spawn_blocking(move || {
+        // A stream's clock lives under --data-dir, which may not exist yet.
+        if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        Clock::open(&path, wall)
+    })
+    .await
+    .map_err(|e| ClockError::Unreadable {
+        path: shown,
+        reason: e.to_string(),
+    })??;
+    Ok(Arc::new(opened))
 }
 
 /// The lease port range's assignments as an earlier run left them under `--data-dir`.
@@ -240,8 +262,11 @@ impl Server {
 
     /// Loads the journal and starts serving on listeners [`Server::bind`] bound.
     pub async fn start_bound(config: ServeConfig, bound: Bound) -> Result<Server, StartError> {
-        let registry =
-            open_registry(&config.journal, config.keyring.clone(), &config.store, true).await?;
+        // First: a floor that cannot be read stops the start before anything is folded.
+        let clock = open_clock(&config).await?;
+        let registry = open_registry(&config.journal, config.keyring.clone(), &config.store, true)
+            .await?
+            .with_clock(clock);
         // Before anything is spawned: a data directory that cannot hold the assignments stops
         // the start here.
         let ports = match config.lease_ports.clone() {
@@ -427,6 +452,8 @@ impl Server {
             );
         }
         self.background.cancel();
+        // The latest time used, for the next start.
+        self.proxy.registry.keep_clock().await;
         // Last: every line is queued now; write, sync and stop the writer before we return,
         // and publish what the egress stream holds (for a bounded time).
         let telemetry = &self.proxy.telemetry;

@@ -286,6 +286,10 @@ pub struct RegistryFigures {
     /// The store's following: lag and reconnections.
     pub store_lag_seconds: f64,
     pub store_reconnects: u64,
+    /// Grants whose expiry `--max-lease-lifetime` brought forward.
+    pub capped_grants: u64,
+    /// The proxy's clock: how far the wall clock is behind it, and its steps back.
+    pub clock: crate::registry::ClockHealth,
     pub egress_dropped: u64,
     /// `--egress-stream`'s publisher, when it is on.
     pub egress_stream: Option<super::egress_stream::StreamFigures>,
@@ -453,6 +457,27 @@ impl Collector for Scrape {
             "Records waiting for the journal store to take them (the same queue as leasegate_journal_pending_revocations)",
             None,
             gauge.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.capped_grants);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_journal_capped_grants",
+            "Grants whose lifetime was longer than --max-lease-lifetime (they expire at issued_at plus the ceiling)",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(self.figures.clock.behind.as_secs_f64());
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_clock_behind_seconds",
+            "How far the wall clock is behind the latest time lifetime checks used (a step back; 0 otherwise)",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.clock.steps_back);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_clock_steps_back",
+            "Times the wall clock stepped back behind the latest time used",
+            None,
+            counter.metric_type(),
         )?)?;
         let counter = ConstCounter::new(self.figures.egress_dropped);
         counter.encode(encoder.encode_descriptor(

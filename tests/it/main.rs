@@ -8,6 +8,7 @@ mod bounded;
 mod bridges;
 mod cli;
 mod clients;
+mod clock;
 mod compact;
 mod conformance;
 mod dashboard;
