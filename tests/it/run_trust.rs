@@ -109,6 +109,14 @@ async fn same_port_twice() -> ((SocketAddr, Heard), (SocketAddr, Heard)) {
     panic!("no port free on both 127.0.0.1 and 127.0.0.2");
 }
 
+/// `leasegate run --lease LEASE --admin ADMIN EXTRA... CHILD...`: exit code, stdout, stderr.
+async fn run_under(admin: &str, extra: &[&str], child: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["run", "--lease", LEASE, "--admin", admin];
+    args.extend(extra);
+    args.extend(child);
+    run(&args, &[]).await
+}
+
 async fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut command = leasegate_command(args);
     command.env_remove("LEASEGATE_ADMIN_TOKEN_FILE");
@@ -154,17 +162,7 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
         "echo $HTTP_PROXY; curl -s -m 5 -o /dev/null http://origin.test/; true",
     ];
 
-    let mut args = vec![
-        "run",
-        "--lease",
-        LEASE,
-        "--admin",
-        &admin,
-        "--admin-token-file",
-        token,
-    ];
-    args.extend(child);
-    let (code, stdout, stderr) = run(&args, &[]).await;
+    let (code, stdout, stderr) = run_under(&admin, &["--admin-token-file", token], &child).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout.trim(),
@@ -183,19 +181,9 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
     let proxy = format!("http://{proxy}");
     let key = dir.path().join("lease.key");
     std::fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
-    let mut args = vec![
-        "run",
-        "--lease",
-        LEASE,
-        "--admin",
-        &admin,
-        "--proxy",
-        &proxy,
-        "--key-file",
-        key.to_str().unwrap(),
-    ];
-    args.extend(child);
-    let (code, stdout, stderr) = run(&args, &[]).await;
+    let key = key.to_str().unwrap();
+    let (code, stdout, stderr) =
+        run_under(&admin, &["--proxy", &proxy, "--key-file", key], &child).await;
     assert_eq!(code, Some(0), "{stderr}");
     let minted = stdout.trim();
     assert!(
@@ -220,20 +208,10 @@ async fn run_sends_no_admin_token_in_plain_http_beyond_loopback() {
     let token = dir.path().join("admin-token");
     std::fs::write(&token, "s3cret\n").unwrap();
     let started = std::time::Instant::now();
-    let (code, stdout, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            LEASE,
-            "--admin",
-            "http://192.0.2.1:3129",
-            "--admin-token-file",
-            token.to_str().unwrap(),
-            "--",
-            "echo",
-            "ran",
-        ],
-        &[],
+    let (code, stdout, stderr) = run_under(
+        "http://192.0.2.1:3129",
+        &["--admin-token-file", token.to_str().unwrap()],
+        &["--", "echo", "ran"],
     )
     .await;
     assert_eq!(code, Some(125));
@@ -282,28 +260,21 @@ async fn run_sends_the_admin_token_over_tls_to_a_verified_admin_api() {
     let admin = format!("https://localhost:{}", admin.port());
     let token = dir.path().join("admin-token");
     std::fs::write(&token, "s3cret\n").unwrap();
-    let base = [
-        "run",
-        "--lease",
-        LEASE,
-        "--admin",
-        &admin,
-        "--admin-token-file",
-        token.to_str().unwrap(),
-    ];
+    let token = token.to_str().unwrap();
     let child = ["--", "sh", "-c", "echo $HTTPS_PROXY"];
 
-    let mut args = base.to_vec();
-    args.extend(child);
-    let (code, _, stderr) = run(&args, &[]).await;
+    let (code, _, stderr) = run_under(&admin, &["--admin-token-file", token], &child).await;
     assert_eq!(code, Some(125));
     assert!(stderr.contains("TLS"), "{stderr}");
     assert!(at_admin.all().iter().all(|h| !h.contains("s3cret")));
 
-    let mut args = base.to_vec();
-    args.extend(["--admin-ca", ca.to_str().unwrap()]);
-    args.extend(child);
-    let (code, stdout, stderr) = run(&args, &[]).await;
+    let ca = ca.to_str().unwrap();
+    let (code, stdout, stderr) = run_under(
+        &admin,
+        &["--admin-token-file", token, "--admin-ca", ca],
+        &child,
+    )
+    .await;
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout.trim(),
@@ -354,6 +325,49 @@ async fn run_clears_every_case_of_every_proxy_variable() {
             format!("http_proxy={expected}"),
             format!("https_proxy={expected}"),
         ]
+    );
+    server.shutdown().await;
+}
+
+/// With the TLS listener the admin API names an `https://` proxy, so `run` (which takes the
+/// scheme from it without `--proxy`) gives its child the TLS listener as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_names_an_https_proxy_when_it_serves_tls() {
+    let h = Harness::new();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_path, key_path) = (
+        h.dir.path().join("proxy.pem"),
+        h.dir.path().join("proxy.key"),
+    );
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let lease = h.lease(&["origin.test"], &[]);
+    let mut config = h.serve_config(h.config(&[]), None);
+    config.tls = Some((cert_path, key_path));
+    let server = leasegate::server::Server::start(config).await.unwrap();
+    let (status, view) = crate::harness::admin_get(&server, &format!("/leases/{lease}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(view["proxy_url"], format!("https://{}", server.addr));
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let (code, stdout, stderr) = run(
+        &[
+            "run",
+            "--lease",
+            &lease,
+            "--admin",
+            &admin,
+            "--",
+            "sh",
+            "-c",
+            "echo $HTTPS_PROXY",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("https://agent:{lease}@{}", server.addr)
     );
     server.shutdown().await;
 }
