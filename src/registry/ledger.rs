@@ -216,6 +216,10 @@ pub struct FoldStats {
     /// Grants whose lifetime was longer than `--max-lease-lifetime`: they expire at
     /// `issued_at` + that ceiling.
     pub capped_grants: u64,
+    /// Closing records held for a grant, then skipped when it came (their signature did not
+    /// verify under its key): counted in `invalid_lines` when their grant is applied, so no
+    /// fold call reports them as a problem of its own lines.
+    pub held_skipped: u64,
     /// Applied lines per event, indexed as [`Event::ALL`].
     pub events: [u64; 9],
 }
@@ -433,6 +437,7 @@ impl Ledger {
                 Err(error) => {
                     tracing::warn!(%error, "held closing record skipped at its lease's grant");
                     self.count_invalid(&error);
+                    self.stats.held_skipped += 1;
                 }
             }
         }
