@@ -402,6 +402,7 @@ impl Harness {
             admin_token: None,
             admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
+            max_connections_given: false,
         }
     }
 
