@@ -190,6 +190,7 @@ fn main() {
             admin_token: None,
             admin_insecure: false,
             drain_timeout: Duration::from_secs(1),
+            max_connections_given: false,
         })
         .await
         .unwrap();

@@ -342,6 +342,7 @@ async fn request_path(nats: &Nats, key: &Key) {
         admin_token: None,
         admin_insecure: false,
         drain_timeout: Duration::from_secs(1),
+        max_connections_given: false,
     };
     let file = Server::start(config(JournalLocation::File(journal.clone())))
         .await

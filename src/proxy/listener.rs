@@ -8,7 +8,9 @@
 //! lives; it is counted once against each lease it is tied to, and closes when any of those
 //! leases closes. So the per-address budget bounds what no lease answers for yet, and an
 //! identified connection counts against its lease's budget only (every sidecar agent is
-//! 127.0.0.1: one lease's tunnels must not lock the others out).
+//! 127.0.0.1: one lease's tunnels must not lock the others out). A connection accepted past
+//! the descriptor line ([`crate::descriptors`]) is answered 429 and closed before anything
+//! else, so connections never take the descriptors the journal and the admin API need.
 
 use super::state::Proxy;
 use super::workers::Placed;

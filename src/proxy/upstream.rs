@@ -524,6 +524,41 @@ mod tests {
         assert_eq!(pool.keys(), 0);
     }
 
+    /// Idle connections hold descriptors the budget counts: past the pool's total, one
+    /// finished with is closed, whatever its key.
+    #[tokio::test]
+    async fn the_pool_keeps_no_more_idle_connections_than_its_total() {
+        use tokio::io::AsyncReadExt;
+        let pool = Arc::new(Pool::default().holding_at_most(2));
+        let mut upstream_sides = Vec::new();
+        for _ in 0..3 {
+            let (key, sender, server_side) = connection().await;
+            pool.checkin(key, sender);
+            upstream_sides.push(server_side);
+        }
+        let mut buf = [0u8; 1];
+        let mut closed = 0;
+        for side in &mut upstream_sides {
+            let read = tokio::time::timeout(Duration::from_millis(500), side.read(&mut buf));
+            if let Ok(Ok(0)) = read.await {
+                closed += 1;
+            }
+        }
+        assert_eq!(pool.idle_count(), 2);
+        assert_eq!(closed, 1, "the third was closed, not kept");
+        let key = pool
+            .idle
+            .lock()
+            .unwrap()
+            .by_key
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
+        assert!(pool.checkout(&key).is_some());
+        assert_eq!(pool.idle_count(), 1, "a checkout makes room");
+    }
+
     #[tokio::test]
     async fn a_connection_is_lent_only_to_the_lease_that_opened_it() {
         let pool = Arc::new(Pool::default());

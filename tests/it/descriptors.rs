@@ -3,7 +3,8 @@
 //! revocations, answers `/healthz` and logs its failed accepts once.
 
 use crate::harness::Harness;
-use crate::support::{leasegate, leasegate_command_under};
+use crate::live::revoke_cli;
+use crate::support::leasegate_command_under;
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::process::{Child, Stdio};
@@ -20,31 +21,36 @@ struct Served {
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
+/// `serve` on `h`'s journal with an admin API, `origin.test` on loopback, one connection
+/// worker, silent connections kept a minute, and `more`.
+fn serve_args<'a>(h: &'a Harness, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--journal",
+        h.journal.to_str().unwrap(),
+        "--key-file",
+        h.key_path.to_str().unwrap(),
+        "--resolve",
+        "origin.test=127.0.0.1",
+        "--allow-private",
+        "127.0.0.1/32",
+        "--worker-threads",
+        "1",
+        "--header-read-timeout",
+        "60s",
+    ];
+    args.extend_from_slice(more);
+    args
+}
+
 impl Served {
-    /// `serve` on `h`'s journal under `ulimit {limit}`, with an admin API, `origin.test` on
-    /// loopback, one connection worker, and silent connections kept a minute.
+    /// [`serve_args`] under `ulimit {limit}`.
     fn start(h: &Harness, limit: &str, more: &[&str]) -> Served {
-        let mut args = vec![
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--journal",
-            h.journal.to_str().unwrap(),
-            "--key-file",
-            h.key_path.to_str().unwrap(),
-            "--resolve",
-            "origin.test=127.0.0.1",
-            "--allow-private",
-            "127.0.0.1/32",
-            "--worker-threads",
-            "1",
-            "--header-read-timeout",
-            "60s",
-        ];
-        args.extend_from_slice(more);
-        let mut child = leasegate_command_under(limit, &args)
+        let mut child = leasegate_command_under(limit, &serve_args(h, more))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -164,6 +170,16 @@ async fn tunnel(proxy: SocketAddr, lease: &str, port: u16) -> Option<TcpStream> 
         .flatten()
 }
 
+/// As many of `n` tunnels at once as open and echo.
+async fn tunnels(proxy: SocketAddr, lease: &str, port: u16, n: usize) -> Vec<TcpStream> {
+    let attempts = (0..n).map(|_| tunnel(proxy, lease, port));
+    futures_util::future::join_all(attempts)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Connections that send half a request head and wait, as many of `n` as connect in 5 s.
 async fn pending(proxy: SocketAddr, n: usize) -> Vec<TcpStream> {
     let attempts = (0..n).map(|_| async move {
@@ -224,23 +240,6 @@ async fn admin_get(admin: SocketAddr, path: &str) -> Option<(u16, String)> {
         .flatten()
 }
 
-/// Revokes `lease` as an operator does: `leasegate revoke`, appending to the journal.
-async fn revoke(h: &Harness, lease: &str) {
-    let out = leasegate(&[
-        "revoke",
-        "--journal",
-        h.journal.to_str().unwrap(),
-        "--key-file",
-        h.key_path.to_str().unwrap(),
-        "--lease",
-        lease,
-        "--reason",
-        "operator",
-    ])
-    .await;
-    assert!(out.status.success(), "{out:?}");
-}
-
 /// Under a limit of 512 descriptors, one lease holder opens 150 echoing tunnels and 300
 /// connections that never finish their head. Before, the proxy kept 10,000 connections under
 /// 512 descriptors and reopened the journal on every poll: accepts took every descriptor
@@ -254,12 +253,7 @@ async fn a_connection_flood_under_a_low_descriptor_limit_delays_no_revocation() 
     let port = echo_origin().await;
     let served = Served::start(&h, "-n 512", &[]);
 
-    let attempts = (0..150).map(|_| tunnel(served.proxy, &lease, port));
-    let tunnels: Vec<TcpStream> = futures_util::future::join_all(attempts)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let tunnels = tunnels(served.proxy, &lease, port, 150).await;
     assert!(
         tunnels.len() >= 20,
         "{} tunnels\n{}",
@@ -272,7 +266,8 @@ async fn a_connection_flood_under_a_low_descriptor_limit_delays_no_revocation() 
         .await
         .unwrap_or_else(|| panic!("/healthz did not answer\n{}", served.logs()));
     assert_eq!(status, 200);
-    revoke(&h, &lease).await;
+    // As an operator does: `leasegate revoke`, appending to the journal.
+    revoke_cli(&h, &lease).await;
     let open = tunnels.len();
     let left = still_open(tunnels, Duration::from_secs(5)).await;
     assert_eq!(
@@ -299,12 +294,7 @@ async fn descriptors_running_out_under_a_running_proxy_leave_revocation_and_heal
     let lease = h.lease(&["origin.test"], &[]);
     let port = echo_origin().await;
     let served = Served::start(&h, "-n 1024", &["--max-connections", "100"]);
-    let attempts = (0..60).map(|_| tunnel(served.proxy, &lease, port));
-    let tunnels: Vec<TcpStream> = futures_util::future::join_all(attempts)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let tunnels = tunnels(served.proxy, &lease, port, 60).await;
     assert_eq!(tunnels.len(), 60, "{}", served.logs());
 
     served.set_limit(64, 1024);
@@ -322,7 +312,8 @@ async fn descriptors_running_out_under_a_running_proxy_leave_revocation_and_heal
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("out of file descriptors"), "{body}");
 
-    revoke(&h, &lease).await;
+    // As an operator does: `leasegate revoke`, appending to the journal.
+    revoke_cli(&h, &lease).await;
     let left = still_open(tunnels, Duration::from_secs(5)).await;
     assert_eq!(
         left,
@@ -395,28 +386,12 @@ async fn the_connection_limit_fits_under_the_descriptor_limit_or_the_start_stops
     );
     drop(served);
 
-    let mut child = leasegate_command_under(
-        "-n 256",
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "off",
-            "--journal",
-            h.journal.to_str().unwrap(),
-            "--key-file",
-            h.key_path.to_str().unwrap(),
-            "--worker-threads",
-            "1",
-            "--max-connections",
-            "1000",
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child =
+        leasegate_command_under("-n 256", &serve_args(&h, &["--max-connections", "1000"]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
