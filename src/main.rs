@@ -613,12 +613,12 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
         Some(Destination::File(path)) => format!("egress log {}", path.display()),
     };
     let credentials = config.proxy.credentials;
-    fit_descriptors(&mut config, dev)?;
     // Bind first: a demo lease is issued only for a proxy that can start.
     let bound = Server::bind(&config).await?;
     if let JournalLocation::File(path) = &config.journal {
         open::create_journal_file(path, create_journal).await?;
     }
+    fit_descriptors(&mut config, dev)?;
     let demo_lease = match &demo {
         Some(demo) => Some(dev::demo_lease(demo)?),
         None => None,
