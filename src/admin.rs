@@ -58,7 +58,6 @@ pub struct AdminState {
 
 /// Serves the admin API until `shutdown`.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: CancellationToken) {
-    descriptors::arm_spare();
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => return,
