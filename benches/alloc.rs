@@ -191,6 +191,7 @@ fn main() {
             admin_insecure: false,
             drain_timeout: Duration::from_secs(1),
             wall: Default::default(),
+            max_connections_given: false,
         })
         .await
         .unwrap();

@@ -343,6 +343,7 @@ async fn request_path(nats: &Nats, key: &Key) {
         admin_insecure: false,
         drain_timeout: Duration::from_secs(1),
         wall: Default::default(),
+        max_connections_given: false,
     };
     let file = Server::start(config(JournalLocation::File(journal.clone())))
         .await

@@ -20,6 +20,7 @@ pub use origin::AdminHosts;
 use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
 use crate::contract::{token, Event, Lease, Timestamp};
+use crate::descriptors;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
@@ -60,9 +61,9 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
+            accepted = accept(&listener, &state) => match accepted {
+                Some(stream) => stream,
+                None => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -79,7 +80,34 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
                 .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
+            // Its descriptor is free now: hold it as the spare if the spare was used.
+            descriptors::arm_spare();
         });
+    }
+}
+
+/// The next admin connection. Out of descriptors, the spare one is given up to take it, so the
+/// operator can still reach `/healthz`, `/readyz` and revocation; `None`: nothing accepted.
+async fn accept(listener: &TcpListener, state: &AdminState) -> Option<tokio::net::TcpStream> {
+    let error = match listener.accept().await {
+        Ok((stream, _)) => return Some(stream),
+        Err(error) => error,
+    };
+    state
+        .proxy
+        .descriptors
+        .accept_failed(descriptors::Listener::Admin, &error);
+    if !descriptors::is_exhausted(&error) || !descriptors::release_spare() {
+        return None;
+    }
+    // The connection that failed waits in the backlog: it is taken at once.
+    let retried = tokio::time::timeout(Duration::from_millis(50), listener.accept()).await;
+    match retried {
+        Ok(Ok((stream, _))) => Some(stream),
+        _ => {
+            descriptors::arm_spare();
+            None
+        }
     }
 }
 
@@ -153,7 +181,11 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => {
             let problem = match state.ready.load(Ordering::SeqCst) {
-                true => state.proxy.registry.journal_problem(),
+                true => state
+                    .proxy
+                    .registry
+                    .journal_problem()
+                    .or_else(|| state.proxy.descriptors.problem()),
                 false => Some("starting or draining".to_owned()),
             };
             let (status, mut body) = match problem {
@@ -448,6 +480,10 @@ fn metrics(state: &AdminState) -> Response<Body> {
         clock: state.proxy.registry.clock().health(),
         egress_dropped: telemetry.egress.dropped(),
         egress_stream: telemetry.stream.figures(),
+        accept_errors: state.proxy.descriptors.accept_errors(),
+        descriptor_refusals: state.proxy.descriptors.refused(),
+        open_fds: descriptors::open_count(),
+        max_fds: descriptors::Limit::current().map_or(state.proxy.descriptors.limit(), |l| l.soft),
     };
     let mut response = Response::new(full(metrics::render(&telemetry.metrics, figures)));
     response.headers_mut().insert(

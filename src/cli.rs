@@ -404,9 +404,11 @@ pub struct ServeArgs {
     /// cores and give it N workers.
     #[arg(long, env = "LEASEGATE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
-    /// Client connections open at once, in total (beyond: 429 too-many-connections).
-    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
-    pub max_connections: usize,
+    /// Client connections open at once, in total (beyond: 429 too-many-connections). Each
+    /// needs 7 file descriptors: a number the descriptor limit cannot hold stops the start
+    /// [default: 10000, or as many as the limit holds].
+    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Client connections open at once from one source IP address that are not yet tied to
     /// a lease (beyond: 429); an identified connection counts against its lease's limit only.
     #[arg(

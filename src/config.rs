@@ -168,6 +168,9 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// The wall clock lifetime checks start from (tests step an adjustable one).
     pub wall: WallClock,
+    /// `--max-connections` was given: a number the descriptor limit cannot hold stops the
+    /// start rather than being lowered ([`crate::descriptors::fit`]).
+    pub max_connections_given: bool,
 }
 
 /// A flag that does not make a valid configuration.
@@ -269,7 +272,9 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             header_read_timeout: args.header_read_timeout,
             tunnel_idle_timeout: args.tunnel_idle_timeout,
             workers: args.worker_threads,
-            max_connections: args.max_connections,
+            max_connections: args
+                .max_connections
+                .unwrap_or(ProxyConfig::default().max_connections),
             max_connections_per_lease: args.max_connections_per_lease,
             max_connections_per_client: match args.max_connections_per_client {
                 0 => return Err(ConfigError::PerClientLimit),
@@ -357,6 +362,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
             wall: WallClock::system(),
+            max_connections_given: args.max_connections.is_some(),
         })
     }
 }

@@ -327,6 +327,8 @@ impl Server {
         let proxy = Arc::new(proxy);
         let accepting = CancellationToken::new();
         let background = CancellationToken::new();
+        // Before any connection: the descriptor the journal and the admin API fall back on.
+        crate::descriptors::arm_spare();
         tokio::spawn(registry.follow(background.clone()));
         tokio::spawn(
             proxy

@@ -293,6 +293,13 @@ pub struct RegistryFigures {
     pub egress_dropped: u64,
     /// `--egress-stream`'s publisher, when it is on.
     pub egress_stream: Option<super::egress_stream::StreamFigures>,
+    /// Failed accepts by listener (`proxy`, `lease-port`, `admin`).
+    pub accept_errors: Vec<(&'static str, u64)>,
+    /// Connections refused because descriptors ran short.
+    pub descriptor_refusals: u64,
+    /// Descriptors the process holds (`None`: unknown) and may hold.
+    pub open_fds: Option<u64>,
+    pub max_fds: u64,
 }
 
 /// Renders everything as Prometheus text (version 0.0.4).
@@ -486,6 +493,38 @@ impl Collector for Scrape {
             None,
             counter.metric_type(),
         )?)?;
+        let mut family = encoder.encode_descriptor(
+            "leasegate_accept_errors",
+            "Accepts that failed, by listener (out of file descriptors, mostly)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (listener, n) in &self.figures.accept_errors {
+            ConstCounter::new(*n).encode(family.encode_family(&[("listener", *listener)])?)?;
+        }
+        let counter = ConstCounter::new(self.figures.descriptor_refusals);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_descriptor_refusals",
+            "Connections refused (429) because file descriptors nearly ran out",
+            None,
+            counter.metric_type(),
+        )?)?;
+        if let Some(open) = self.figures.open_fds {
+            let gauge = ConstGauge::new(i64::try_from(open).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                gauge.metric_type(),
+            )?)?;
+        }
+        let gauge = ConstGauge::new(i64::try_from(self.figures.max_fds).unwrap_or(i64::MAX));
+        gauge.encode(encoder.encode_descriptor(
+            "process_max_fds",
+            "The file descriptor limit (soft)",
+            None,
+            gauge.metric_type(),
+        )?)?;
         if let Some(stream) = self.figures.egress_stream {
             let counter = ConstCounter::new(stream.dropped);
             counter.encode(encoder.encode_descriptor(
@@ -651,6 +690,9 @@ mod tests {
         let text = render(&metrics, RegistryFigures::default());
         let requests = samples(&text, "leasegate_requests_total");
         assert_eq!(requests.len(), 3, "{text}");
-        assert!(!text.contains(&format!("lease_id=\"{OTHER_LEASES}\"")), "{text}");
+        assert!(
+            !text.contains(&format!("lease_id=\"{OTHER_LEASES}\"")),
+            "{text}"
+        );
     }
 }

@@ -403,6 +403,7 @@ impl Harness {
             admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
             wall: Default::default(),
+            max_connections_given: false,
         }
     }
 

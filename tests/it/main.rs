@@ -13,6 +13,7 @@ mod compact;
 mod conformance;
 mod dashboard;
 mod deploy;
+mod descriptors;
 mod fold;
 mod fuzz_corpus;
 mod harness;
