@@ -333,6 +333,9 @@ impl Harness {
         file.write_all(format!("{line}\n").as_bytes())
             .await
             .unwrap();
+        // tokio's File writes in the background: without this the line may land after a
+        // write the caller makes next (the journal's order is what the tests are about).
+        file.flush().await.unwrap();
     }
 
     /// The proxy config every test starts from: loopback origins reachable via 127.0.0.1
