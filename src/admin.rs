@@ -25,12 +25,13 @@ pub use origin::AdminHosts;
 use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
 use crate::contract::{token, Event, Lease, Timestamp};
+use crate::descriptors;
 use crate::log_gate::{Flood, Say};
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
 use crate::registry::revocation::RevocationError;
-use crate::registry::{InvalidReason, RevokeError, Snapshot, Status};
+use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
 use crate::telemetry::refusals;
@@ -129,9 +130,9 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
                 }
                 continue;
             }
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
+            accepted = accept(&listener, &state) => match accepted {
+                Some(stream) => stream,
+                None => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -156,6 +157,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
                 Say::Quiet => {}
             }
             turn_away(stream);
+            descriptors::arm_spare();
             continue;
         };
         let state = state.clone();
@@ -170,6 +172,8 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
+            // Its descriptor is free now: hold it as the spare if the spare was used.
+            descriptors::arm_spare();
         });
     }
 }
@@ -181,6 +185,31 @@ fn turn_away(stream: TcpStream) {
     if let Ok(stream) = stream.into_std() {
         let _ = (&stream).write(TOO_MANY_CONNECTIONS);
         let _ = stream.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+/// The next admin connection. Out of descriptors, the spare one is given up to take it, so the
+/// operator can still reach `/healthz`, `/readyz` and revocation; `None`: nothing accepted.
+async fn accept(listener: &TcpListener, state: &AdminState) -> Option<tokio::net::TcpStream> {
+    let error = match listener.accept().await {
+        Ok((stream, _)) => return Some(stream),
+        Err(error) => error,
+    };
+    state
+        .proxy
+        .descriptors
+        .accept_failed(descriptors::Listener::Admin, &error);
+    if !descriptors::is_exhausted(&error) || !descriptors::release_spare() {
+        return None;
+    }
+    // The connection that failed waits in the backlog: it is taken at once.
+    let retried = tokio::time::timeout(Duration::from_millis(50), listener.accept()).await;
+    match retried {
+        Ok(Ok((stream, _))) => Some(stream),
+        _ => {
+            descriptors::arm_spare();
+            None
+        }
     }
 }
 
@@ -268,7 +297,13 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             Err(message) => error(StatusCode::BAD_REQUEST, message),
         },
         (&Method::GET, ["leases", id]) => {
-            match lease_view(&state, id, Timestamp::now(), TOP_HOSTS, with_credentials) {
+            match lease_view(
+                &state,
+                id,
+                state.proxy.registry.now(),
+                TOP_HOSTS,
+                with_credentials,
+            ) {
                 Some(view) => json_response(StatusCode::OK, view),
                 None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
             }
@@ -389,10 +424,29 @@ fn limit_of(pairs: &[(String, String)], default: usize, max: usize) -> Result<us
     }
 }
 
+/// What `/readyz` says of the clock, when there is something to say: the wall clock is behind
+/// the latest time used (a step back; lifetime checks keep that time until it catches up), or
+/// that time cannot be written down. Neither makes the proxy unready: it still never decides
+/// with a time earlier than one it used, and a step back seen by every replica at once (a
+/// clock source corrected) would otherwise take all of them out of service for its length.
+fn clock_report(health: &ClockHealth) -> Option<Value> {
+    if health.behind.is_zero() && health.not_kept.is_none() {
+        return None;
+    }
+    let mut report = json!({
+        "behind_seconds": health.behind.as_secs_f64(),
+        "steps_back": health.steps_back,
+    });
+    if let Some(reason) = &health.not_kept {
+        report["not_kept"] = reason.as_str().into();
+    }
+    Some(report)
+}
+
 /// One page of leases with their counters: `{"leases": [...], "next_cursor": ..., "total": N}`
 /// (and `"counts"` by status when asked).
 fn leases(state: &AdminState, query: &LeasesQuery, with_credentials: bool) -> Response<Body> {
-    let now = Timestamp::now();
+    let now = state.proxy.registry.now();
     let snapshot = state.proxy.registry.snapshot();
     let ledger = &snapshot.ledger;
     let page = match listing::page(
@@ -468,20 +522,27 @@ fn dashboard() -> Response<Body> {
 fn readyz(state: &AdminState) -> Response<Body> {
     let registry = &state.proxy.registry;
     let problem = match state.ready.load(Ordering::SeqCst) {
-        true => registry.journal_problem(),
+        true => registry
+            .journal_problem()
+            .or_else(|| state.proxy.descriptors.problem()),
         false => Some("starting or draining".to_owned()),
     };
     let lag = registry.follow_lag().map(|lag| lag.as_secs_f64());
-    match problem {
-        None => json_response(
+    let (status, mut body) = match problem {
+        None => (
             StatusCode::OK,
             json!({"ready": true, "journal_follow_lag_seconds": lag}),
         ),
-        Some(reason) => json_response(
+        Some(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"ready": false, "reason": reason, "journal_follow_lag_seconds": lag}),
         ),
+    };
+    // Reported, not a reason to stop serving: see `clock_report`.
+    if let Some(clock) = clock_report(&registry.clock().health()) {
+        body["clock"] = clock;
     }
+    json_response(status, body)
 }
 
 /// Runs a handler that walks every lease (counts by status: ~60 ms at 100,000 leases) on the
@@ -523,7 +584,7 @@ fn metrics_answer(body: bytes::Bytes) -> Response<Body> {
 
 /// Renders `/metrics` (and drops the series of leases closed longer than the grace).
 fn metrics(state: &AdminState) -> String {
-    let now = Timestamp::now();
+    let now = state.proxy.registry.now();
     let snapshot = state.proxy.registry.snapshot();
     let ledger = &snapshot.ledger;
     let telemetry = &state.proxy.telemetry;
@@ -564,8 +625,14 @@ fn metrics(state: &AdminState) -> String {
             ),
             ("walks", state.walks.refused()),
         ],
+        capped_grants: stats.capped_grants,
+        clock: state.proxy.registry.clock().health(),
         egress_dropped: telemetry.egress.dropped(),
         egress_stream: telemetry.stream.figures(),
+        accept_errors: state.proxy.descriptors.accept_errors(),
+        descriptor_refusals: state.proxy.descriptors.refused(),
+        open_fds: descriptors::open_count(),
+        max_fds: descriptors::Limit::current().map_or(state.proxy.descriptors.limit(), |l| l.soft),
     };
     metrics::render(&telemetry.metrics, figures)
 }
@@ -648,20 +715,27 @@ pub fn lease_view(
         Credentials::Token => minted(&snapshot, lease),
     };
     let port_credentials = state.proxy.config.lease_port_credentials;
+    // Every listener, lease ports included, speaks TLS with --tls-cert.
+    let scheme = match state.proxy.tls {
+        Some(_) => "https",
+        None => "http",
+    };
     let proxy_url = match (port, &state.ports, credential) {
         // A lease's own port needs no credential, unless --lease-port-credentials token.
         (Some(port), Some(ports), _) if port_credentials == LeasePortCredentials::None => {
-            format!("http://{}", SocketAddr::new(ports.bind, port))
+            format!("{scheme}://{}", SocketAddr::new(ports.bind, port))
         }
         (Some(port), Some(ports), _) => {
             let addr = SocketAddr::new(ports.bind, port);
             match with_credentials.then(|| minted(&snapshot, lease)).flatten() {
-                Some(token) => format!("http://agent:{token}@{addr}"),
-                None => format!("http://{addr}"),
+                Some(token) => format!("{scheme}://agent:{token}@{addr}"),
+                None => format!("{scheme}://{addr}"),
             }
         }
-        (_, _, Some(credential)) => format!("http://agent:{credential}@{}", state.proxy_addr),
-        (_, _, None) => format!("http://{}", state.proxy_addr),
+        (_, _, Some(credential)) => {
+            format!("{scheme}://agent:{credential}@{}", state.proxy_addr)
+        }
+        (_, _, None) => format!("{scheme}://{}", state.proxy_addr),
     };
     let counters = state.proxy.telemetry.metrics.lease(id).unwrap_or_default();
     let count = |verdict: LoggedVerdict| -> u64 {

@@ -257,22 +257,30 @@ pub struct RunArgs {
     /// The lease the agent runs under.
     #[arg(long, env = "LEASEGATE_LEASE")]
     pub lease: String,
-    /// The proxy to use, with the lease's credential, when the lease has no port of its own.
+    /// The proxy (scheme, host, port) to use with the lease's credential; a lease with a port
+    /// of its own is reached on this host. Default: the admin URL's host, with the port the
+    /// admin API names.
     #[arg(long, env = "LEASEGATE_PROXY")]
     pub proxy: Option<String>,
     /// The lease's key: mints the proxy token locally (for `serve --credentials token`).
     #[arg(long, env = "LEASEGATE_KEY_FILE")]
     pub key_file: Option<PathBuf>,
-    /// The admin API's bearer token; an authenticated admin API also hands out the token.
+    /// The admin API's bearer token; an authenticated admin API also hands out the token. Sent
+    /// only over https:// or to a loopback address.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
-    /// The admin API of the running proxy.
+    /// The admin API of the running proxy (http:// or https://). Without --proxy, the proxy is
+    /// reached on this URL's host.
     #[arg(
         long,
         env = "LEASEGATE_ADMIN_URL",
         default_value = "http://127.0.0.1:3129"
     )]
     pub admin: String,
+    /// CA certificates (PEM) an https:// admin API's certificate must chain to (default: the
+    /// public roots).
+    #[arg(long, env = "LEASEGATE_ADMIN_CA")]
+    pub admin_ca: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -396,9 +404,11 @@ pub struct ServeArgs {
     /// cores and give it N workers.
     #[arg(long, env = "LEASEGATE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
-    /// Client connections open at once, in total (beyond: 429 too-many-connections).
-    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
-    pub max_connections: usize,
+    /// Client connections open at once, in total (beyond: 429 too-many-connections). Each
+    /// needs 7 file descriptors: a number the descriptor limit cannot hold stops the start
+    /// [default: 10000, or as many as the limit holds].
+    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Client connections open at once from one source IP address that are not yet tied to
     /// a lease (beyond: 429); an identified connection counts against its lease's limit only.
     #[arg(
@@ -638,6 +648,25 @@ pub struct StoreArgs {
     /// of 500,000 hosts is 21 MB).
     #[arg(long, env = "LEASEGATE_MAX_JOURNAL_LINE", default_value_t = crate::registry::journal::MAX_LINE as u64, value_parser = clap::value_parser!(u64).range(1024..))]
     pub max_journal_line: u64,
+    /// The longest a lease lives: one whose expires_at is later than issued_at plus this
+    /// expires then (e.g. 30d); `off`: as long as it says.
+    #[arg(long, env = "LEASEGATE_MAX_LEASE_LIFETIME", default_value = "off", value_parser = parse_lifetime_ceiling)]
+    pub max_lease_lifetime: LifetimeCeiling,
+}
+
+/// `--max-lease-lifetime`: a duration, or `off` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifetimeCeiling(pub Option<std::time::Duration>);
+
+fn parse_lifetime_ceiling(text: &str) -> Result<LifetimeCeiling, String> {
+    if text == "off" {
+        return Ok(LifetimeCeiling(None));
+    }
+    match humantime::parse_duration(text) {
+        Ok(max) if !max.is_zero() => Ok(LifetimeCeiling(Some(max))),
+        Ok(_) => Err("a lifetime of zero opens nothing: give a duration, or `off`".into()),
+        Err(e) => Err(format!("{e} (a duration such as 30d, or `off`)")),
+    }
 }
 
 /// A journal and the keys its leases are signed with (`leases`, `check`).

@@ -10,7 +10,7 @@ use crate::contract::Keyring;
 use crate::policy::{Guard, Ports};
 use crate::proxy::upstream::Resolver;
 use crate::registry::store::NatsOptions;
-use crate::registry::{JournalLocation, StoreOptions};
+use crate::registry::{JournalLocation, StoreOptions, WallClock};
 use crate::telemetry::egress::Destination;
 use crate::telemetry::egress_stream::EgressStreamConfig;
 use std::collections::HashMap;
@@ -166,6 +166,11 @@ pub struct ServeConfig {
     pub admin_insecure: bool,
     /// How long a drain waits for requests and tunnels before closing them.
     pub drain_timeout: Duration,
+    /// The wall clock lifetime checks start from (tests step an adjustable one).
+    pub wall: WallClock,
+    /// `--max-connections` was given: a number the descriptor limit cannot hold stops the
+    /// start rather than being lowered ([`crate::descriptors::fit`]).
+    pub max_connections_given: bool,
 }
 
 /// A flag that does not make a valid configuration.
@@ -239,6 +244,7 @@ impl From<&cli::StoreArgs> for StoreOptions {
             data_dir: args.data_dir.clone(),
             closed_lease_retention: None,
             max_line: usize::try_from(args.max_journal_line).unwrap_or(usize::MAX),
+            max_lease_lifetime: args.max_lease_lifetime.0,
         }
     }
 }
@@ -266,7 +272,9 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             header_read_timeout: args.header_read_timeout,
             tunnel_idle_timeout: args.tunnel_idle_timeout,
             workers: args.worker_threads,
-            max_connections: args.max_connections,
+            max_connections: args
+                .max_connections
+                .unwrap_or(ProxyConfig::default().max_connections),
             max_connections_per_lease: args.max_connections_per_lease,
             max_connections_per_client: match args.max_connections_per_client {
                 0 => return Err(ConfigError::PerClientLimit),
@@ -353,6 +361,8 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             admin_token,
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
+            wall: WallClock::system(),
+            max_connections_given: args.max_connections.is_some(),
         })
     }
 }
@@ -459,6 +469,28 @@ mod tests {
         }
         for addr in ["127.0.0.1:3129", "[::1]:3129", "off"] {
             assert!(serve_config(&["--admin", addr]).is_ok(), "{addr}");
+        }
+    }
+
+    #[test]
+    fn the_lease_lifetime_ceiling_is_off_unless_given() {
+        let ceiling = |extra: &[&str]| serve_config(extra).unwrap().store.max_lease_lifetime;
+        assert_eq!(ceiling(&[]), None);
+        assert_eq!(ceiling(&["--max-lease-lifetime", "off"]), None);
+        assert_eq!(
+            ceiling(&["--max-lease-lifetime", "30d"]),
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        for bad in ["0s", "forever", "-1d"] {
+            let parsed = cli::Cli::try_parse_from([
+                "leasegate",
+                "serve",
+                "--journal",
+                "j.jsonl",
+                "--max-lease-lifetime",
+                bad,
+            ]);
+            assert!(parsed.is_err(), "{bad}");
         }
     }
 

@@ -21,7 +21,8 @@ pub fn append_lines<'a>(path: &Path, lines: impl IntoIterator<Item = &'a [u8]>) 
     if bytes.is_empty() {
         return Ok(());
     }
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    let mut file =
+        crate::descriptors::with_spare(|| OpenOptions::new().create(true).append(true).open(path))?;
     file.write_all(&bytes)?;
     file.sync_data()
 }

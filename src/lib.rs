@@ -8,6 +8,7 @@ pub mod bridge;
 pub mod cli;
 pub mod config;
 pub mod contract;
+pub mod descriptors;
 pub mod dev;
 pub mod durable;
 pub mod health;

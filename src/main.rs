@@ -8,6 +8,7 @@ use leasegate::cli::{self, Cli, Command};
 use leasegate::config::{self, Credentials, OnRefusal, ProxyConfig, ServeConfig};
 use leasegate::contract::lease::is_lease_id;
 use leasegate::contract::{token, Key, Keyring, Timestamp};
+use leasegate::descriptors;
 use leasegate::dev;
 use leasegate::inspect;
 use leasegate::issue::{self, IssueRequest};
@@ -603,7 +604,8 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     let tls = args.tls_cert.is_some();
     let create_journal = args.create_journal;
     args.listen = cli::ListenAddr::Addr(config::resolve_listen(&args.listen).await?);
-    let config = ServeConfig::try_from(args)?;
+    let dev = args.dev;
+    let mut config = ServeConfig::try_from(args)?;
     let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
     let egress = match &config.egress {
         None => "egress log off".to_owned(),
@@ -616,6 +618,7 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     if let JournalLocation::File(path) = &config.journal {
         open::create_journal_file(path, create_journal).await?;
     }
+    fit_descriptors(&mut config, dev)?;
     let demo_lease = match &demo {
         Some(demo) => Some(dev::demo_lease(demo)?),
         None => None,
@@ -652,6 +655,25 @@ async fn serve_async(mut args: cli::ServeArgs) -> Result<()> {
     }
     shutdown_signal().await;
     server.shutdown().await;
+    Ok(())
+}
+
+/// Raises the descriptor limit to the hard one and fits the connection limit under it: the
+/// default is lowered to what fits, an operator's own number (outside `--dev`) that does not
+/// fit stops the start.
+fn fit_descriptors(config: &mut ServeConfig, dev: bool) -> Result<()> {
+    let Some(limit) = descriptors::raise_limit() else {
+        return Ok(());
+    };
+    let needs = descriptors::Needs {
+        workers: leasegate::proxy::Workers::resolve(config.proxy.workers) as u64,
+        lease_ports: config.lease_ports.as_ref().map_or(0, |(range, _)| {
+            u64::from(*range.end()) - u64::from(*range.start()) + 1
+        }),
+    };
+    let given = config.max_connections_given && !dev;
+    config.proxy.max_connections =
+        descriptors::fit(config.proxy.max_connections, given, needs, limit)?;
     Ok(())
 }
 
@@ -731,7 +753,7 @@ fn run_agent(args: cli::RunArgs) -> ExitCode {
     }
 }
 
-/// The key and admin token `run` was given, loaded.
+/// The key, admin token and admin CA `run` was given, loaded.
 fn run_auth(args: &cli::RunArgs) -> Result<run::RunAuth, run::RunError> {
     let read_error = |path: &std::path::Path, reason: String| run::RunError::Read {
         path: path.display().to_string(),
@@ -750,5 +772,17 @@ fn run_auth(args: &cli::RunArgs) -> Result<run::RunAuth, run::RunError> {
         ),
         None => None,
     };
-    Ok(run::RunAuth { key, admin_token })
+    let admin_ca = match &args.admin_ca {
+        Some(path) => Some(
+            <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| read_error(path, e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(run::RunAuth {
+        key,
+        admin_token,
+        admin_ca,
+    })
 }

@@ -1,7 +1,9 @@
 //! `leasegate run`: spawn an agent already pointed at its lease.
 //!
 //! Invariant: the child starts only if the admin API says the lease opens now; it sees the
-//! proxy in every variable clients read (upper and lower case), no `NO_PROXY`, and its exit
+//! proxy in every variable clients read (upper and lower case) and no other proxy setting
+//! (see [`child_env`]: the proxy's host is the operator's, never the admin API's); the admin
+//! token goes only over TLS or to loopback (see [`admin_api`]); the child's exit
 //! code (or 128+signal) becomes ours. As in shells, a command that is not found exits 127 and
 //! one that cannot be executed 126; every failure of our own exits 125, and says what the
 //! admin API answered rather than that it cannot be reached. SIGINT and SIGTERM reach the
@@ -9,9 +11,11 @@
 //! or handed out by an admin API we authenticated to), else the lease id; a proxy in token
 //! mode with no token at hand is an error before the child starts, not a 407 inside it.
 
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
-use serde_json::Value;
+mod admin_api;
+mod child_env;
+
+pub use admin_api::AdminApi;
+pub use child_env::{agent_env, is_proxy_setting, proxy_url};
 use std::process::Stdio;
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +65,12 @@ pub enum RunError {
     NoToken(String),
     #[error("reading {path}: {reason}")]
     Read { path: String, reason: String },
+    #[error(
+        "not sending the admin token in plain HTTP to {url}: its host is {addr}, beyond \
+         loopback. Use an https:// admin URL (with --admin-ca if its certificate is not from a \
+         public CA), or reach the admin API on loopback (an SSH tunnel, `kubectl port-forward`)"
+    )]
+    PlainTextToken { url: String, addr: std::net::IpAddr },
 }
 
 impl RunError {
@@ -88,156 +98,13 @@ impl RunError {
     }
 }
 
-/// The credentials `run` may use: the lease's key (mints its token) and the admin API token.
+/// The credentials `run` may use — the lease's key (mints its token) and the admin API token —
+/// and what it trusts to hear them: `--admin-ca` for an `https://` admin API.
 #[derive(Debug, Default)]
 pub struct RunAuth {
     pub key: Option<crate::contract::Key>,
     pub admin_token: Option<String>,
-}
-
-/// Asks the admin API for `GET /leases/{id}` (with `admin_token` as bearer token). Every
-/// answer but 200 is an error that says what the API said.
-pub async fn lookup(
-    admin: &str,
-    lease: &str,
-    admin_token: Option<&str>,
-) -> Result<Value, RunError> {
-    let base =
-        url::Url::parse(admin).map_err(|e| RunError::Url(admin.to_owned(), e.to_string()))?;
-    let unreachable = |reason: String| RunError::Unreachable {
-        url: admin.to_owned(),
-        reason,
-    };
-    let host = base
-        .host_str()
-        .ok_or_else(|| RunError::Url(admin.to_owned(), "no host".into()))?
-        .to_owned();
-    let port = base.port_or_known_default().unwrap_or(80);
-    let stream =
-        tokio::net::TcpStream::connect((host.trim_matches(|c| c == '[' || c == ']'), port))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(connection);
-    // The id goes into the path as given (escaped), so that the API judges it, not us.
-    let mut path = base.clone();
-    path.path_segments_mut()
-        .map_err(|()| RunError::Url(admin.to_owned(), "cannot be a base".into()))?
-        .clear()
-        .extend(["leases", lease]);
-    let path = path.path().to_owned();
-    let mut request = http::Request::get(path).header(http::header::HOST, format!("{host}:{port}"));
-    if let Some(token) = admin_token {
-        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request
-        .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| RunError::Url(admin.to_owned(), e.to_string()))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| unreachable(e.to_string()))?
-        .to_bytes();
-    let url = admin.to_owned();
-    if status == http::StatusCode::OK {
-        return serde_json::from_slice(&body).map_err(|e| RunError::Admin {
-            url,
-            status,
-            message: format!("unreadable answer: {e}"),
-        });
-    }
-    // The API's `{"error": ...}`, else the body as text.
-    let message = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v["error"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
-    Err(match status {
-        http::StatusCode::BAD_REQUEST => RunError::BadLeaseId {
-            url,
-            status,
-            message,
-        },
-        http::StatusCode::UNAUTHORIZED if admin_token.is_some() => {
-            RunError::WrongAdminToken { url }
-        }
-        http::StatusCode::UNAUTHORIZED => RunError::NoAdminToken { url },
-        http::StatusCode::NOT_FOUND => RunError::UnknownLease {
-            url,
-            lease: lease.to_owned(),
-        },
-        _ => RunError::Admin {
-            url,
-            status,
-            message,
-        },
-    })
-}
-
-/// The proxy URL for a lease: its own port if it has one, else `proxy` (or the admin's
-/// proxy URL) carrying the lease's credential as the password: `token` if given, else the
-/// one the admin API put in its URL (only for an authenticated caller), else the lease id —
-/// unless the admin API says the proxy wants tokens. A lease port that wants the token
-/// (`--lease-port-credentials token`) gets it the same way.
-pub fn proxy_url(
-    view: &Value,
-    lease: &str,
-    proxy: Option<&str>,
-    token: Option<&str>,
-) -> Result<String, RunError> {
-    let admin_url = view["proxy_url"].as_str().unwrap_or_default().to_owned();
-    let on_port = !view["port"].is_null();
-    if on_port && view["lease_port_credentials"] != "token" {
-        return Ok(admin_url);
-    }
-    // A lease port that wants the token is the base whatever `proxy` says.
-    let base = if on_port {
-        &admin_url
-    } else {
-        proxy.unwrap_or(&admin_url)
-    };
-    let mut url =
-        url::Url::parse(base).map_err(|e| RunError::Url(base.to_owned(), e.to_string()))?;
-    let handed_out = url::Url::parse(&admin_url)
-        .ok()
-        .and_then(|u| u.password().map(str::to_owned));
-    let credential = match (token, handed_out) {
-        (Some(token), _) => token.to_owned(),
-        (None, Some(credential)) => credential,
-        (None, None) if on_port || view["credentials"] == "token" => {
-            return Err(RunError::NoToken(lease.to_owned()))
-        }
-        (None, None) => lease.to_owned(),
-    };
-    url.set_username("agent")
-        .and_then(|()| url.set_password(Some(&credential)))
-        .map_err(|()| RunError::Url(base.to_owned(), "cannot carry credentials".into()))?;
-    Ok(url.as_str().trim_end_matches('/').to_owned())
-}
-
-/// The environment changes that point a process at `proxy_url`.
-pub fn agent_env(proxy_url: &str, lease: &str) -> (Vec<(&'static str, String)>, [&'static str; 2]) {
-    let mut set = Vec::new();
-    for name in [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        set.push((name, proxy_url.to_owned()));
-    }
-    set.push(("NODE_USE_ENV_PROXY", "1".to_owned()));
-    set.push(("LEASEGATE_LEASE_ID", lease.to_owned()));
-    (set, ["NO_PROXY", "no_proxy"])
+    pub admin_ca: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
 }
 
 /// Runs `command` under `lease`; returns the exit code to exit with.
@@ -249,7 +116,8 @@ pub async fn run(
     command: &[String],
 ) -> Result<u8, RunError> {
     let shown = command.join(" ");
-    let view = lookup(admin, lease, auth.admin_token.as_deref()).await?;
+    let admin = AdminApi::new(admin, auth.admin_ca.clone())?;
+    let view = admin.lookup(lease, auth.admin_token.as_deref()).await?;
     let status = view["status"].as_str().unwrap_or("unknown");
     if status != "open" {
         return Err(RunError::NotOpen {
@@ -262,19 +130,19 @@ pub async fn run(
         .key
         .as_ref()
         .map(|key| crate::contract::token::mint(key, lease));
-    let url = proxy_url(&view, lease, proxy, token.as_deref())?;
-    let (set, unset) = agent_env(&url, lease);
+    let url = proxy_url(&view, lease, proxy, admin.url(), token.as_deref())?;
+    let (set, unset) = agent_env(&url, lease, std::env::vars_os().map(|(name, _)| name));
     let mut child = tokio::process::Command::new(&command[0]);
     child
         .args(&command[1..])
         .stdin(Stdio::inherit())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
-    for (name, value) in set {
-        child.env(name, value);
-    }
     for name in unset {
         child.env_remove(name);
+    }
+    for (name, value) in set {
+        child.env(name, value);
     }
     let mut child = child
         .spawn()
@@ -309,41 +177,5 @@ async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
             signal.recv().await;
         }
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    const LEASE: &str = "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c";
-
-    #[test]
-    fn a_lease_port_carries_the_token_only_when_it_wants_one() {
-        let open = json!({"port": 40001, "proxy_url": "http://127.0.0.1:40001",
-            "credentials": "id", "lease_port_credentials": "none"});
-        assert_eq!(
-            proxy_url(&open, LEASE, Some("http://proxy:3128"), Some("t")).unwrap(),
-            "http://127.0.0.1:40001"
-        );
-        let wants = json!({"port": 40001, "proxy_url": "http://127.0.0.1:40001",
-            "credentials": "id", "lease_port_credentials": "token"});
-        assert_eq!(
-            proxy_url(&wants, LEASE, Some("http://proxy:3128"), Some("tok")).unwrap(),
-            "http://agent:tok@127.0.0.1:40001",
-            "the port, not --proxy, with the token"
-        );
-        assert!(matches!(
-            proxy_url(&wants, LEASE, None, None),
-            Err(RunError::NoToken(_))
-        ));
-        let handed_out = json!({"port": 40001,
-            "proxy_url": "http://agent:handed@127.0.0.1:40001",
-            "credentials": "id", "lease_port_credentials": "token"});
-        assert_eq!(
-            proxy_url(&handed_out, LEASE, None, None).unwrap(),
-            "http://agent:handed@127.0.0.1:40001"
-        );
     }
 }

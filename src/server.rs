@@ -10,13 +10,12 @@
 
 use crate::admin::{self, AdminHosts, AdminState};
 use crate::config::ServeConfig;
-use crate::contract::Timestamp;
 use crate::policy::guard::LocalAddrs;
 use crate::proxy::lease_ports::LeasePorts;
 use crate::proxy::{self, Proxy, Workers};
 use crate::registry::follower::Follower;
-use crate::registry::open::open_registry;
-use crate::registry::OpenError;
+use crate::registry::open::{clock_path, open_registry};
+use crate::registry::{Clock, ClockError, OpenError};
 use crate::telemetry::egress::Destination;
 use crate::telemetry::{EgressLog, EgressStream, Telemetry};
 use std::net::{IpAddr, SocketAddr};
@@ -50,6 +49,8 @@ pub enum StartError {
         data_dir: String,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    Clock(#[from] ClockError),
 }
 
 /// How long a drain waits, after closing what was left, for the last exchanges to end.
@@ -185,7 +186,7 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {
-                let now = Timestamp::now();
+                let now = proxy.registry.now();
                 let snapshot = proxy.registry.snapshot();
                 proxy
                     .telemetry
@@ -194,6 +195,27 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
             }
         }
     }
+}
+
+/// The clock over the floor an earlier run wrote down for this journal (made if missing).
+async fn open_clock(config: &ServeConfig) -> Result<Arc<Clock>, StartError> {
+    let path = clock_path(&config.journal, &config.store);
+    let wall = config.wall.clone();
+    let dir = path.parent().map(std::path::Path::to_owned);
+    let shown = path.display().to_string();
+    let opened = tokio::task::spawn_blocking(move || {
+        // A stream's clock lives under --data-dir, which may not exist yet.
+        if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        Clock::open(&path, wall)
+    })
+    .await
+    .map_err(|e| ClockError::Unreadable {
+        path: shown,
+        reason: e.to_string(),
+    })??;
+    Ok(Arc::new(opened))
 }
 
 /// The lease port range's assignments as an earlier run left them under `--data-dir`.
@@ -247,6 +269,8 @@ impl Server {
 
     /// Loads the journal and starts serving on listeners [`Server::bind`] bound.
     pub async fn start_bound(config: ServeConfig, bound: Bound) -> Result<Server, StartError> {
+        // First: a floor that cannot be read stops the start before anything is folded.
+        let clock = open_clock(&config).await?;
         // The store is opened on the follower's thread: a stream's connection and consumer
         // live there, beside the tail that reads them.
         let follower = Follower::start().map_err(StartError::Follower)?;
@@ -258,7 +282,8 @@ impl Server {
         let registry = follower
             .run(async move { open_registry(&journal, keyring, &store, true).await })
             .await
-            .map_err(StartError::Follower)??;
+            .map_err(StartError::Follower)??
+            .with_clock(clock);
         // Before anything is spawned: a data directory that cannot hold the assignments stops
         // the start here.
         let ports = match config.lease_ports.clone() {
@@ -333,6 +358,8 @@ impl Server {
         };
         let accepting = CancellationToken::new();
         let background = CancellationToken::new();
+        // Before any connection: the descriptor the journal and the admin API fall back on.
+        crate::descriptors::arm_spare();
         follower.follow(registry.clone(), background.clone());
         tokio::spawn(
             proxy
@@ -451,6 +478,8 @@ impl Server {
             );
         }
         self.background.cancel();
+        // The latest time used, for the next start.
+        self.proxy.registry.keep_clock().await;
         // Last: every line is queued now; write, sync and stop the writer before we return,
         // and publish what the egress stream holds (for a bounded time).
         let telemetry = &self.proxy.telemetry;

@@ -97,5 +97,7 @@ pub fn serve_config(journal: JournalLocation, dir: &Path, key: &Key) -> ServeCon
         admin_token: None,
         admin_insecure: false,
         drain_timeout: Duration::from_secs(1),
+        wall: Default::default(),
+        max_connections_given: false,
     }
 }

@@ -8,18 +8,22 @@
 //! lives; it is counted once against each lease it is tied to, and closes when any of those
 //! leases closes. So the per-address budget bounds what no lease answers for yet, and an
 //! identified connection counts against its lease's budget only (every sidecar agent is
-//! 127.0.0.1: one lease's tunnels must not lock the others out).
+//! 127.0.0.1: one lease's tunnels must not lock the others out). A connection accepted past
+//! the descriptor line ([`crate::descriptors`]) is answered 429 and closed before anything
+//! else, so connections never take the descriptors the journal and the admin API need.
 
 use super::state::Proxy;
 use super::workers::Placed;
 use super::{connect, forward, Body};
 use crate::contract::Timestamp;
+use crate::descriptors::Listener;
 use crate::policy::refusal::{Code, Refusal};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -187,6 +191,10 @@ impl Drop for ClientConn {
     }
 }
 
+/// How long an accept loop waits after a failed accept (out of descriptors, say) before it
+/// tries again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
 /// Accepts connections until `shutdown` fires. `port_lease` makes this a per-lease port.
 pub async fn serve(
     listener: TcpListener,
@@ -196,19 +204,32 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let local = listener.local_addr()?;
     let inherited = set_inherited(&listener, local);
+    let kind = match port_lease {
+        Some(_) => Listener::LeasePort,
+        None => Listener::Proxy,
+    };
     loop {
         let (stream, client) = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(error) => {
-                    // Out of descriptors and the like: back off rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of descriptors and the like: back off rather than spin (the
+                    // connection waits in the backlog), logged once and then counted.
+                    proxy.descriptors.accept_failed(kind, &error);
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
         };
+        // The last descriptors are for the journal and the admin API, not for a connection.
+        let fd = stream.as_raw_fd();
+        if proxy.descriptors.is_past_line(fd) {
+            proxy.descriptors.refused_at_line(kind, fd);
+            refuse_now(stream, "out of file descriptors");
+            continue;
+        }
+        proxy.descriptors.accepted();
         // Per client first: a client at its limit must not use up a slot of the total.
         let per_client = proxy.config.max_connections_per_client;
         let Some(slot) = proxy.clients.try_take(client.ip(), per_client) else {
@@ -319,21 +340,35 @@ fn set_inherited(listener: &TcpListener, local: SocketAddr) -> bool {
     }
 }
 
+/// The 429 that refuses a connection before a byte of it is read; `why` says which limit.
+fn too_many_connections(why: &str) -> String {
+    let body = format!("leasegate refused the connection: too-many-connections ({why})\n");
+    format!(
+        "HTTP/1.1 429 too-many-connections\r\nx-leasegate-refusal: too-many-connections\r\n\
+         content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Answers a connection over the total or the per-client limit with 429 and closes it;
 /// `why` says which.
 async fn refuse_connection(mut stream: TcpStream, why: String) {
     use tokio::io::AsyncWriteExt;
-    let body = format!("leasegate refused the connection: too-many-connections ({why})\n");
-    let response = format!(
-        "HTTP/1.1 429 too-many-connections\r\nx-leasegate-refusal: too-many-connections\r\n\
-         content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let response = too_many_connections(&why);
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
         stream.write_all(response.as_bytes()),
     )
     .await;
+}
+
+/// [`refuse_connection`] without a task: one write that does not wait (a fresh socket's buffer
+/// takes it), and the descriptor is closed before this returns.
+fn refuse_now(stream: TcpStream, why: &str) {
+    use std::io::Write;
+    if let Ok(stream) = stream.into_std() {
+        let _ = (&stream).write(too_many_connections(why).as_bytes());
+    }
 }
 
 /// One connection's handler: TLS if configured, then HTTP/1.1 until it ends.

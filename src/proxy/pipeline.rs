@@ -17,7 +17,7 @@ use super::refusal;
 use super::state::Proxy;
 use super::Body;
 use crate::config::{Mode, OnRefusal};
-use crate::contract::{Lease, Timestamp};
+use crate::contract::Lease;
 use crate::policy::guard::Exception;
 use crate::policy::refusal::{host_refusal, Code, Refusal};
 use crate::policy::target::{parse_authority, TargetHost};
@@ -140,7 +140,7 @@ impl Proxy {
         ex.lease_id = Some(identity.lease_id.clone());
         ex.label = identity.label;
         ex.lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
-        let now = Timestamp::now();
+        let now = self.registry.now();
         let chain = snapshot
             .ledger
             .check_chain(&identity.lease_id, now)

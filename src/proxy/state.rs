@@ -35,22 +35,28 @@ pub struct Proxy {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// The threads connections live on (`serve`); none: the caller's runtime.
     pub workers: super::Workers,
+    /// The descriptor line the accept loops stop at, and what happened there.
+    pub descriptors: Arc<crate::descriptors::Descriptors>,
 }
 
 impl Proxy {
     pub fn new(config: ProxyConfig, registry: Arc<Registry>, telemetry: Arc<Telemetry>) -> Proxy {
+        let max_connections = config.max_connections;
         Proxy {
             connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
             clients: Arc::default(),
             config,
             registry,
             telemetry,
-            pool: Arc::new(Pool::default()),
+            // Idle upstream connections count against the descriptor budget: at most one
+            // per client connection allowed.
+            pool: Arc::new(Pool::default().holding_at_most(max_connections)),
             dialer: Arc::new(TcpDialer),
             hard_stop: CancellationToken::new(),
             tasks: tokio_util::task::TaskTracker::new(),
             tls: None,
             workers: super::Workers::default(),
+            descriptors: Arc::new(crate::descriptors::Descriptors::current()),
         }
     }
 }

@@ -193,9 +193,44 @@ type Idle = (SendRequest<Body>, Instant);
 /// it holds a connection: checkout and the reaper remove the keys they empty, so addresses
 /// visited once do not stay in the map.
 pub struct Pool {
-    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+    idle: Mutex<Lists>,
     /// How long an idle connection may wait for reuse.
     idle_for: Duration,
+    /// The most idle connections kept, all keys together: each holds a descriptor, and the
+    /// descriptor budget counts them ([`crate::descriptors`]).
+    most: usize,
+}
+
+/// The idle connections by key, and how many there are in all.
+#[derive(Default)]
+struct Lists {
+    by_key: HashMap<PoolKey, Vec<Idle>>,
+    count: usize,
+}
+
+impl Lists {
+    /// Keeps, in every list (or the one of `key`), only what `keep` accepts, and drops the
+    /// lists it empties.
+    fn retain(&mut self, key: Option<&PoolKey>, mut keep: impl FnMut(&Idle) -> bool) {
+        let mut dropped = 0;
+        let mut sift = |list: &mut Vec<Idle>| {
+            let before = list.len();
+            list.retain(&mut keep);
+            dropped += before - list.len();
+            !list.is_empty()
+        };
+        match key {
+            None => self.by_key.retain(|_, list| sift(list)),
+            Some(key) => {
+                if let Some(list) = self.by_key.get_mut(key) {
+                    if !sift(list) {
+                        self.by_key.remove(key);
+                    }
+                }
+            }
+        }
+        self.count -= dropped;
+    }
 }
 
 impl Default for Pool {
@@ -207,9 +242,16 @@ impl Default for Pool {
 impl Pool {
     pub fn with_idle(idle_for: Duration) -> Pool {
         Pool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(Lists::default()),
             idle_for,
+            most: usize::MAX,
         }
+    }
+
+    /// This pool, keeping at most `most` idle connections in all (beyond, one finished with
+    /// is closed rather than kept).
+    pub fn holding_at_most(self, most: usize) -> Pool {
+        Pool { most, ..self }
     }
 
     pub fn idle_for(&self) -> Duration {
@@ -230,18 +272,21 @@ impl Pool {
     /// An idle, ready connection of `key`'s lease to its address, if one is pooled.
     pub fn checkout(&self, key: &PoolKey) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(key)?;
+        let list = idle.by_key.get_mut(key)?;
         let mut found = None;
         let now = Instant::now();
+        let before = list.len();
         while let Some((sender, since)) = list.pop() {
             if sender.is_ready() && self.is_fresh(since, now) {
                 found = Some(sender);
                 break;
             }
         }
+        let taken = before - list.len();
         if list.is_empty() {
-            idle.remove(key);
+            idle.by_key.remove(key);
         }
+        idle.count -= taken;
         found
     }
 
@@ -251,11 +296,12 @@ impl Pool {
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-                let list = idle.entry(key).or_default();
                 let now = Instant::now();
-                list.retain(|entry| pool.is_reusable(entry, now));
-                if list.len() < IDLE_PER_KEY {
-                    list.push((sender, now));
+                idle.retain(Some(&key), |entry| pool.is_reusable(entry, now));
+                let held = idle.by_key.get(&key).map_or(0, Vec::len);
+                if held < IDLE_PER_KEY && idle.count < pool.most {
+                    idle.by_key.entry(key).or_default().push((sender, now));
+                    idle.count += 1;
                 }
             }
         });
@@ -265,15 +311,21 @@ impl Pool {
     pub fn reap(&self) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        idle.retain(|_, list| {
-            list.retain(|entry| self.is_reusable(entry, now));
-            !list.is_empty()
-        });
+        idle.retain(None, |entry| self.is_reusable(entry, now));
     }
 
     /// Keys (lease and upstream address) with at least one idle connection.
     pub fn keys(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
+    }
+
+    /// Idle connections kept, all keys together.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).count
     }
 
     /// Reaps every `every` until `shutdown`, so idle connections to upstreams never asked
@@ -470,6 +522,41 @@ mod tests {
         assert!(reaped_to(&pool, 1).await);
         assert!(pool.checkout(&addr).is_some());
         assert_eq!(pool.keys(), 0);
+    }
+
+    /// Idle connections hold descriptors the budget counts: past the pool's total, one
+    /// finished with is closed, whatever its key.
+    #[tokio::test]
+    async fn the_pool_keeps_no_more_idle_connections_than_its_total() {
+        use tokio::io::AsyncReadExt;
+        let pool = Arc::new(Pool::default().holding_at_most(2));
+        let mut upstream_sides = Vec::new();
+        for _ in 0..3 {
+            let (key, sender, server_side) = connection().await;
+            pool.checkin(key, sender);
+            upstream_sides.push(server_side);
+        }
+        let mut buf = [0u8; 1];
+        let mut closed = 0;
+        for side in &mut upstream_sides {
+            let read = tokio::time::timeout(Duration::from_millis(500), side.read(&mut buf));
+            if let Ok(Ok(0)) = read.await {
+                closed += 1;
+            }
+        }
+        assert_eq!(pool.idle_count(), 2);
+        assert_eq!(closed, 1, "the third was closed, not kept");
+        let key = pool
+            .idle
+            .lock()
+            .unwrap()
+            .by_key
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
+        assert!(pool.checkout(&key).is_some());
+        assert_eq!(pool.idle_count(), 1, "a checkout makes room");
     }
 
     #[tokio::test]

@@ -85,12 +85,17 @@ impl Drop for Placed {
 }
 
 impl Workers {
-    /// `count` worker threads (0: one per core), each with a runtime of its own.
-    pub fn start(count: usize) -> io::Result<Workers> {
-        let count = match count {
+    /// How many threads [`Workers::start`] starts for `count` (0: one per core).
+    pub fn resolve(count: usize) -> usize {
+        match count {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
-        };
+        }
+    }
+
+    /// `count` worker threads (0: one per core), each with a runtime of its own.
+    pub fn start(count: usize) -> io::Result<Workers> {
+        let count = Workers::resolve(count);
         let stop = CancellationToken::new();
         // Threads already started end if a later one cannot be.
         let stop_on_error = stop.clone().drop_guard();

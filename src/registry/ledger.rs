@@ -213,6 +213,13 @@ pub struct FoldStats {
     pub invalid_by_reason: [u64; InvalidReason::ALL.len()],
     pub rejected_grants: u64,
     pub duplicate_grants: u64,
+    /// Grants whose lifetime was longer than `--max-lease-lifetime`: they expire at
+    /// `issued_at` + that ceiling.
+    pub capped_grants: u64,
+    /// Closing records held for a grant, then skipped when it came (their signature did not
+    /// verify under its key): counted in `invalid_lines` when their grant is applied, so no
+    /// fold call reports them as a problem of its own lines.
+    pub held_skipped: u64,
     /// Applied lines per event, indexed as [`Event::ALL`].
     pub events: [u64; 9],
 }
@@ -252,6 +259,9 @@ pub struct Ledger {
     retention: Option<Duration>,
     /// The longest line applied (`--max-journal-line`); a longer one is skipped as `too-long`.
     max_line: usize,
+    /// `--max-lease-lifetime`: a lease lives at most this long after its `issued_at`;
+    /// `None`: as long as it says.
+    max_lifetime: Option<Duration>,
     stats: FoldStats,
 }
 
@@ -277,8 +287,31 @@ impl Ledger {
             shared: SharedPolicies::default(),
             retention: None,
             max_line: super::journal::MAX_LINE,
+            max_lifetime: None,
             stats: FoldStats::default(),
         }
+    }
+
+    /// Treats a lease whose `expires_at` is more than `max` after its `issued_at` as expiring
+    /// at `issued_at` + `max` (fail closed: a signed year-9999 expiry is not for ever).
+    pub fn capping_lifetime(mut self, max: Duration) -> Ledger {
+        self.max_lifetime = Some(max);
+        self
+    }
+
+    /// `lease` with its expiry brought within `--max-lease-lifetime` (counted when it was).
+    fn capped(&mut self, mut lease: Lease) -> Lease {
+        let Some(max) = self.max_lifetime else {
+            return lease;
+        };
+        let max = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+        let ceiling = lease.issued_at.saturating_add_millis(max);
+        if lease.expires_at > ceiling {
+            tracing::debug!(lease = %lease.id, expires_at = %lease.expires_at, %ceiling, "lease lifetime capped by --max-lease-lifetime");
+            lease.expires_at = ceiling;
+            self.stats.capped_grants += 1;
+        }
+        lease
     }
 
     /// Retires leases closed or expired longer than `retention` ago (see [`Retired`]): when a
@@ -404,6 +437,7 @@ impl Ledger {
                 Err(error) => {
                     tracing::warn!(%error, "held closing record skipped at its lease's grant");
                     self.count_invalid(&error);
+                    self.stats.held_skipped += 1;
                 }
             }
         }
@@ -419,6 +453,7 @@ impl Ledger {
                 if known {
                     (Applied::DuplicateGrant(id), Event::Granted)
                 } else {
+                    let lease = self.capped(lease);
                     self.release_held(&lease);
                     let lease = Arc::new(lease);
                     let policy = self.shared.share(&lease, policy);

@@ -29,7 +29,11 @@
 //! - Expiry is a timer ([`Registry::follow`]), not a poll: it sleeps until the earliest
 //!   `expires_at` in the chains of leases with tokens and is re-armed whenever that may move.
 //!   Nothing here depends on the store having a tick.
+//! - Every lifetime decision reads one [`Clock`] ([`Registry::now`]): never a time earlier than
+//!   one already used, so nothing seen expired opens again when the wall clock steps back; the
+//!   follower writes its latest time down every [`KEEP_EVERY`].
 
+use super::clock::{Clock, KEEP_EVERY};
 use super::journal;
 use super::ledger::Ledger;
 use super::pending::{pending_path, Pending};
@@ -145,6 +149,8 @@ pub struct Registry {
     /// Wakes the tail to read now rather than after its wait (a revocation waits for its
     /// record to be read back).
     wake_tail: tokio::sync::Notify,
+    /// The time every lifetime check uses.
+    clock: Arc<Clock>,
 }
 
 impl Registry {
@@ -223,7 +229,8 @@ impl Registry {
         if !pending.is_empty() {
             tracing::warn!(pending = pending.len(), store = %store.describe(), "revocations from before the restart wait for the journal; their leases stay closed");
         }
-        ledger.retire_closed(Timestamp::now());
+        let clock = Arc::new(Clock::default());
+        ledger.retire_closed(clock.now());
         // The fold's read buffers, parsed lines and worker arenas are free now.
         crate::memory::release_freed();
         Ok(Registry {
@@ -242,7 +249,24 @@ impl Registry {
             last_read: Mutex::new(None),
             folded: watch::channel(reached).0,
             wake_tail: tokio::sync::Notify::new(),
+            clock,
         })
+    }
+
+    /// Reads time from `clock` (the one a server opened over its floor) instead of the wall
+    /// clock as it is.
+    pub fn with_clock(mut self, clock: Arc<Clock>) -> Registry {
+        self.clock = clock;
+        self
+    }
+
+    /// The time lifetime checks use: never earlier than one already used.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
     }
 
     /// How many revocation records wait for the store.
@@ -501,7 +525,7 @@ impl Registry {
             .count(batch.restarted, batch.len(), &mut problems);
         journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
         if !batch.lines.is_empty() {
-            self.close_where_not_open(Timestamp::now());
+            self.close_where_not_open(self.now());
         }
         self.folded.send_replace(batch.position);
         Ok((batch.lines.len(), batch.position))
@@ -518,7 +542,7 @@ impl Registry {
         reason: &str,
         extra: Map<String, Value>,
     ) -> Result<bool, RevokeError> {
-        let now = Timestamp::now();
+        let now = self.now();
         // Check and close under one lock: of two concurrent revocations, the second sees the
         // first's closure and writes nothing.
         let revocation = self.publish(|next| {
@@ -641,9 +665,29 @@ impl Registry {
                 this.tail(&shutdown),
                 this.expire(&shutdown),
                 this.retry(&shutdown),
-                this.retire(&shutdown)
+                this.retire(&shutdown),
+                this.keep_time(&shutdown)
             );
         }
+    }
+
+    /// Writes the clock's latest time down every [`KEEP_EVERY`] (off the runtime's threads), so
+    /// a restart starts from it.
+    async fn keep_time(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(KEEP_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.keep_clock().await,
+            }
+        }
+    }
+
+    /// Writes the clock's latest time down now (off the runtime's threads).
+    pub async fn keep_clock(&self) {
+        let clock = self.clock.clone();
+        let _ = tokio::task::spawn_blocking(move || clock.keep()).await;
     }
 
     /// Every [`RETIRE_EVERY`], retires the leases whose retention has passed since they closed
@@ -655,7 +699,8 @@ impl Registry {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {
-                    let retired = self.publish(|next| next.ledger.retire_closed(Timestamp::now()));
+                    let now = self.now();
+                    let retired = self.publish(|next| next.ledger.retire_closed(now));
                     if retired > 0 {
                         tracing::debug!(retired, "closed leases past their retention retired");
                     }
@@ -698,13 +743,13 @@ impl Registry {
     async fn expire(&self, shutdown: &CancellationToken) {
         loop {
             let deadline = self.tokens.next_deadline();
-            let left = deadline.saturating_sub(Timestamp::now().as_millis()).max(0);
+            let left = deadline.saturating_sub(self.now().as_millis()).max(0);
             let sleep = Duration::from_millis(left as u64).min(MAX_EXPIRY_SLEEP);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.tokens.rearmed() => {}
                 _ = tokio::time::sleep(sleep) => {
-                    let now = Timestamp::now();
+                    let now = self.now();
                     if now.as_millis() >= deadline {
                         self.close_where_not_open(now);
                     }

@@ -1,5 +1,6 @@
 //! Lease state folded from the journal, the journal store it lives in, and the live registry.
 
+pub mod clock;
 pub mod closing;
 pub mod compact;
 pub mod follower;
@@ -16,6 +17,7 @@ mod shared_policies;
 pub mod store;
 pub mod tokens;
 
+pub use clock::{Clock, ClockError, ClockHealth, WallClock};
 pub use ledger::{
     Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem,
     Status,

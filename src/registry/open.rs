@@ -28,6 +28,9 @@ pub struct StoreOptions {
     /// `--max-journal-line`: a longer line is skipped (`too-long`) by the fold, and by a store
     /// following the journal without ever holding it.
     pub max_line: usize,
+    /// `--max-lease-lifetime`: a lease lives at most this long after its `issued_at`; `None`:
+    /// as long as its `expires_at` says.
+    pub max_lease_lifetime: Option<Duration>,
 }
 
 impl Default for StoreOptions {
@@ -37,6 +40,7 @@ impl Default for StoreOptions {
             data_dir: PathBuf::from(".leasegate"),
             closed_lease_retention: None,
             max_line: journal::MAX_LINE,
+            max_lease_lifetime: None,
         }
     }
 }
@@ -44,7 +48,10 @@ impl Default for StoreOptions {
 impl StoreOptions {
     /// The empty ledger a fold under these options starts from.
     pub fn ledger(&self, keyring: Keyring) -> Ledger {
-        let ledger = Ledger::new(keyring).limiting_lines(self.max_line);
+        let mut ledger = Ledger::new(keyring).limiting_lines(self.max_line);
+        if let Some(max) = self.max_lease_lifetime {
+            ledger = ledger.capping_lifetime(max);
+        }
         match self.closed_lease_retention {
             Some(retention) => ledger.retaining_closed(retention),
             None => ledger,
@@ -79,6 +86,20 @@ impl OpenError {
 /// The queue file of pending revocations for a stream journal: `<data-dir>/<stream>.pending`.
 pub fn stream_pending_path(options: &StoreOptions, stream: &str) -> PathBuf {
     options.data_dir.join(format!("{stream}.pending"))
+}
+
+/// Where a proxy following `location` writes its clock's latest time down (see
+/// [`super::Clock`]): beside a file journal (`<journal>.clock`, as its queue), under
+/// `--data-dir` for a stream (`<data-dir>/<stream>.clock`).
+pub fn clock_path(location: &JournalLocation, options: &StoreOptions) -> PathBuf {
+    match location {
+        JournalLocation::File(path) => {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".clock");
+            PathBuf::from(name)
+        }
+        JournalLocation::Nats(nats) => options.data_dir.join(format!("{}.clock", nats.stream)),
+    }
 }
 
 /// Opens the registry a proxy follows. A file journal keeps its queue beside it; a stream's

@@ -290,9 +290,20 @@ pub struct RegistryFigures {
     pub journal_follow_lag_seconds: f64,
     /// Admin requests answered 503 at a limit, by limit (`connections`, `walks`).
     pub admin_busy: Vec<(&'static str, u64)>,
+    /// Grants whose expiry `--max-lease-lifetime` brought forward.
+    pub capped_grants: u64,
+    /// The proxy's clock: how far the wall clock is behind it, and its steps back.
+    pub clock: crate::registry::ClockHealth,
     pub egress_dropped: u64,
     /// `--egress-stream`'s publisher, when it is on.
     pub egress_stream: Option<super::egress_stream::StreamFigures>,
+    /// Failed accepts by listener (`proxy`, `lease-port`, `admin`).
+    pub accept_errors: Vec<(&'static str, u64)>,
+    /// Connections refused because descriptors ran short.
+    pub descriptor_refusals: u64,
+    /// Descriptors the process holds (`None`: unknown) and may hold.
+    pub open_fds: Option<u64>,
+    pub max_fds: u64,
 }
 
 /// Renders everything as Prometheus text (version 0.0.4).
@@ -474,12 +485,65 @@ impl Collector for Scrape {
             None,
             gauge.metric_type(),
         )?)?;
+        let counter = ConstCounter::new(self.figures.capped_grants);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_journal_capped_grants",
+            "Grants whose lifetime was longer than --max-lease-lifetime (they expire at issued_at plus the ceiling)",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(self.figures.clock.behind.as_secs_f64());
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_clock_behind_seconds",
+            "How far the wall clock is behind the latest time lifetime checks used (a step back; 0 without one)",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.clock.steps_back);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_clock_steps_back",
+            "Times the wall clock stepped back behind the latest time used",
+            None,
+            counter.metric_type(),
+        )?)?;
         let counter = ConstCounter::new(self.figures.egress_dropped);
         counter.encode(encoder.encode_descriptor(
             "leasegate_egress_log_dropped",
             "Egress log lines dropped because the writer was behind",
             None,
             counter.metric_type(),
+        )?)?;
+        let mut family = encoder.encode_descriptor(
+            "leasegate_accept_errors",
+            "Accepts that failed, by listener (out of file descriptors, mostly)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (listener, n) in &self.figures.accept_errors {
+            ConstCounter::new(*n).encode(family.encode_family(&[("listener", *listener)])?)?;
+        }
+        let counter = ConstCounter::new(self.figures.descriptor_refusals);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_descriptor_refusals",
+            "Connections refused (429) because file descriptors nearly ran out",
+            None,
+            counter.metric_type(),
+        )?)?;
+        if let Some(open) = self.figures.open_fds {
+            let gauge = ConstGauge::new(i64::try_from(open).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                gauge.metric_type(),
+            )?)?;
+        }
+        let gauge = ConstGauge::new(i64::try_from(self.figures.max_fds).unwrap_or(i64::MAX));
+        gauge.encode(encoder.encode_descriptor(
+            "process_max_fds",
+            "The file descriptor limit (soft)",
+            None,
+            gauge.metric_type(),
         )?)?;
         if let Some(stream) = self.figures.egress_stream {
             let counter = ConstCounter::new(stream.dropped);
@@ -646,6 +710,9 @@ mod tests {
         let text = render(&metrics, RegistryFigures::default());
         let requests = samples(&text, "leasegate_requests_total");
         assert_eq!(requests.len(), 3, "{text}");
-        assert!(!text.contains(OTHER_LEASES));
+        assert!(
+            !text.contains(&format!("lease_id=\"{OTHER_LEASES}\"")),
+            "{text}"
+        );
     }
 }

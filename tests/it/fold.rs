@@ -695,3 +695,43 @@ fn leases_with_the_same_lists_share_their_compiled_policy() {
     assert!(policy(3).allow.find(&host).is_some());
     assert!(policy(2).allow.find(&host).is_none());
 }
+
+/// `--max-lease-lifetime`: a lease that says it lives longer expires at `issued_at` plus the
+/// ceiling (its own expiry, when sooner, stands); the fold counts the capped grants.
+#[test]
+fn a_lifetime_ceiling_brings_a_far_expiry_forward() {
+    let far = lease(
+        &key(1),
+        &id(1),
+        None,
+        ("2026-09-15T10:00:00.000Z", "9999-12-31T23:59:59.999Z"),
+        &["*.example.com"],
+        &[],
+    );
+    let near = lease(&key(1), &id(2), None, WINDOW, &["*.example.com"], &[]);
+    let lines = [granted_line(&far, AT), granted_line(&near, AT)];
+    let text = lines.join("\n") + "\n";
+    let day = std::time::Duration::from_secs(86_400);
+    let mut capped = ledger().capping_lifetime(30 * day);
+    assert!(fold_bytes(&mut capped, text.as_bytes()).is_empty());
+    let mut uncapped = ledger();
+    assert!(fold_bytes(&mut uncapped, text.as_bytes()).is_empty());
+
+    let last = t("2026-10-15T09:59:59.999Z");
+    let past = t("2026-10-15T10:00:00.000Z");
+    assert_eq!(capped.status(&id(1), last), Some(Status::Open));
+    assert_eq!(capped.status(&id(1), past), Some(Status::Expired));
+    assert!(matches!(
+        capped.check_chain(&id(1), past),
+        Err(ChainError::Expired(_))
+    ));
+    assert_eq!(
+        capped.lease(&id(1)).unwrap().expires_at,
+        t("2026-10-15T10:00:00.000Z")
+    );
+    assert_eq!(uncapped.status(&id(1), past), Some(Status::Open));
+    // Within the ceiling: as signed.
+    assert_eq!(capped.lease(&id(2)).unwrap().expires_at, t(WINDOW.1));
+    assert_eq!(capped.stats().capped_grants, 1);
+    assert_eq!(uncapped.stats().capped_grants, 0);
+}

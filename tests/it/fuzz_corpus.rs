@@ -11,6 +11,8 @@ mod hello;
 mod identify;
 #[path = "../../fuzz/checks/journal_fold.rs"]
 mod journal_fold;
+#[path = "../../fuzz/checks/run_answer.rs"]
+mod run_answer;
 #[path = "../../fuzz/checks/snapshot.rs"]
 mod snapshot;
 #[path = "../../fuzz/checks/stream_record.rs"]
@@ -46,6 +48,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),
         ("journal_fold", journal_fold::check, 10),
+        ("run_answer", run_answer::check, 10),
         ("snapshot", snapshot::check, 5),
         ("stream_record", stream_record::check, 8),
         ("target_parser", target_parser::check, 20),

@@ -333,6 +333,9 @@ impl Harness {
         file.write_all(format!("{line}\n").as_bytes())
             .await
             .unwrap();
+        // tokio's File writes in the background: without this the line may land after a
+        // write the caller makes next (the journal's order is what the tests are about).
+        file.flush().await.unwrap();
     }
 
     /// The proxy config every test starts from: loopback origins reachable via 127.0.0.1
@@ -402,6 +405,8 @@ impl Harness {
             admin_token: None,
             admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
+            wall: Default::default(),
+            max_connections_given: false,
         }
     }
 

@@ -204,7 +204,7 @@ async fn revoking_ends_a_forwarded_body_the_upstream_has_stopped_sending() {
         .starts_with("HTTP/1.1 200"));
     revoke_cli(&h, &lease).await;
     assert!(until_closed(&mut stream, Duration::from_secs(5)).await < Duration::from_secs(1));
-    let line = h.egress_line(0).await;
+    let line = h.egress_line(1).await;
     assert_eq!(line["error"], "closed: the lease no longer opens anything");
 }
 

@@ -94,12 +94,29 @@ pub fn bin() -> &'static str {
 /// defaults removes `LEASEGATE_CONNECT_PORTS` and `LEASEGATE_FORWARD_PORTS`).
 pub fn leasegate_command(args: &[&str]) -> std::process::Command {
     let mut command = std::process::Command::new(bin());
+    command.args(args);
+    with_test_env(&mut command);
     command
-        .args(args)
+}
+
+/// [`leasegate_command`] under a file descriptor limit: `ulimit` runs with `limit` as its
+/// arguments in a shell that then becomes the binary (`-n 256`: soft and hard limit 256).
+pub fn leasegate_command_under(limit: &str, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new("bash");
+    command
+        .arg("-c")
+        .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
+        .arg(bin())
+        .args(args);
+    with_test_env(&mut command);
+    command
+}
+
+fn with_test_env(command: &mut std::process::Command) {
+    command
         .env_remove("RUST_LOG")
         .env("LEASEGATE_CONNECT_PORTS", "1-65535")
         .env("LEASEGATE_FORWARD_PORTS", "1-65535");
-    command
 }
 
 /// `serve` on `journal` under `key` with per-lease ports in `range` (no admin listener, any

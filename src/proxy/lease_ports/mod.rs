@@ -239,7 +239,7 @@ impl LeasePorts {
     ) -> Option<tokio::time::Instant> {
         let snapshot = proxy.registry.snapshot();
         let ledger = &snapshot.ledger;
-        let now = Timestamp::now();
+        let now = proxy.registry.now();
         let instant = Instant::now();
         let mut due = Due::new(now);
         let mut state = self.state();

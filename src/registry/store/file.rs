@@ -1,4 +1,5 @@
-//! The journal as one file: followed by polling, appended to with O_APPEND.
+//! The journal as one file: held open and followed by polling (a poll is a `stat` of its path,
+//! so it needs no descriptor), appended to with O_APPEND.
 //!
 //! Invariant: every complete line of at most `max_line` bytes is handed out exactly once per
 //! file generation; a partial last line is held until its newline arrives, grown in place read
@@ -73,6 +74,10 @@ struct Cursor {
     too_long: u64,
     /// (device, inode) of the file being followed; `None` before it existed.
     identity: Option<(u64, u64)>,
+    /// The file being followed, held open between polls: a poll costs a `stat` of the path,
+    /// not a descriptor, so a process out of descriptors still reads the journal. Dropped
+    /// once the path names no file, so a deleted journal is not held (nor read) forever.
+    file: Option<File>,
     /// Bumped each time the file is read again from its start.
     generation: u64,
     /// Bytes consumed from the current file, `partial` included.
@@ -95,6 +100,7 @@ impl Cursor {
             skipping: None,
             too_long: 0,
             identity: None,
+            file: None,
             generation: 0,
             offset: 0,
             partial: Vec::new(),
@@ -114,27 +120,64 @@ impl Cursor {
         }
     }
 
-    /// Complete lines appended since the last call. A missing file is an empty journal.
-    fn read_new(&mut self, path: &Path) -> io::Result<Batch> {
-        let mut file = match File::open(path) {
-            Ok(file) => file,
+    /// The file `path` names, and its metadata: the one held when the path still names it
+    /// (by device and inode), else the path opened anew. `None`: no file there (any held one
+    /// is let go).
+    fn open(&mut self, path: &Path) -> io::Result<Option<(File, std::fs::Metadata)>> {
+        let named = match std::fs::metadata(path) {
+            Ok(meta) => meta,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.caught_up = true;
-                return Ok(self.batch(false, vec![]));
+                self.file = None;
+                return Ok(None);
             }
             Err(e) => return Err(e),
         };
+        if let Some(file) = self.file.take() {
+            if Some((named.dev(), named.ino())) == self.identity {
+                return Ok(Some((file, named)));
+            }
+        }
+        // A new file, or the first: its own metadata, in case the path changed since the stat.
+        let file = match crate::descriptors::with_spare(|| File::open(path)) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let meta = file.metadata()?;
+        Ok(Some((file, meta)))
+    }
+
+    /// Complete lines appended since the last call. A missing file is an empty journal.
+    fn read_new(&mut self, path: &Path) -> io::Result<Batch> {
+        let Some((mut file, meta)) = self.open(path)? else {
+            self.caught_up = true;
+            return Ok(self.batch(false, vec![]));
+        };
+        let batch = self.read_from(path, &mut file, &meta);
+        // Held for the next poll: the identity now names this file (`read_from` took it).
+        if self.identity == Some((meta.dev(), meta.ino())) {
+            self.file = Some(file);
+        }
+        batch
+    }
+
+    /// [`Cursor::read_new`] on `file`, the file `path` names, whose metadata is `meta`.
+    fn read_from(
+        &mut self,
+        path: &Path,
+        file: &mut File,
+        meta: &std::fs::Metadata,
+    ) -> io::Result<Batch> {
         let identity = Some((meta.dev(), meta.ino()));
         let mut restarted = false;
         // Lines of the old file a compaction replaced, read before the new file's.
         let mut carried = Vec::new();
         if identity != self.identity && self.identity.is_some() {
-            if let Some(lines) = self.follow_compaction(path, &file, &meta) {
+            if let Some(lines) = self.follow_compaction(path, file, meta) {
                 carried = lines;
             }
         }
-        if identity != self.identity || meta.len() < self.offset || !self.is_same_content(&file)? {
+        if identity != self.identity || meta.len() < self.offset || !self.is_same_content(file)? {
             if self.identity.is_some() {
                 tracing::info!(journal = %path.display(), "journal replaced, truncated or rewritten: reading it from the start");
             }
@@ -158,7 +201,7 @@ impl Cursor {
         let kept = bytes.len();
         bytes.reserve((meta.len() - self.offset).min(READ_AT_MOST) as usize);
         // The file may grow while we read: whatever `read_to_end` returns is consumed.
-        let read = (&mut file).take(READ_AT_MOST).read_to_end(&mut bytes)?;
+        let read = file.take(READ_AT_MOST).read_to_end(&mut bytes)?;
         self.offset += read as u64;
         self.witness(&bytes[kept..]);
         self.partial = self.frame(bytes, kept, path, &mut carried);
@@ -347,7 +390,7 @@ pub fn append(path: &Path, record: &Value, fsync: bool) -> io::Result<Appended> 
 /// Appends `line` (one serialized record, no newline) and its newline in one `write`.
 fn append_line(path: &Path, mut line: Vec<u8>, fsync: bool) -> io::Result<Appended> {
     // Shared lock: a compaction's swap (exclusive) waits for it, and it for the swap.
-    let mut file = swap::open_locked_for_append(path)?;
+    let mut file = crate::descriptors::with_spare(|| swap::open_locked_for_append(path))?;
     let meta = file.metadata()?;
     let len = meta.len();
     let mut last = [b'\n'];

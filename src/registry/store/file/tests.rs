@@ -445,3 +445,56 @@ proptest! {
         prop_assert_eq!(out, input);
     }
 }
+
+/// Descriptors of this process open on `path` (or on it deleted).
+fn held(path: &Path) -> usize {
+    let deleted = format!("{} (deleted)", path.display());
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target == path || target.as_os_str() == deleted.as_str())
+        .count()
+}
+
+/// A poll is a `stat` of the path, not an `open`: the file is held between polls (a process
+/// out of descriptors still reads its journal), a replaced file is still noticed by its inode,
+/// and a deleted one is let go rather than held, and read, forever.
+#[test]
+fn the_journal_is_held_open_between_polls_and_let_go_when_its_path_names_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let store = FileStore::new(path.clone(), false);
+    let read = || store.inner.read_new().unwrap();
+    let mut f = writer(&path);
+    f.write_all(b"one\n").unwrap();
+    assert_eq!(lines(&read()), [b"one"]);
+    assert_eq!(held(&path), 2, "ours and the writer's");
+    for _ in 0..10 {
+        assert!(read().lines.is_empty());
+    }
+    f.write_all(b"two\n").unwrap();
+    assert_eq!(lines(&read()), [b"two"]);
+    assert_eq!(held(&path), 2, "one descriptor, kept across polls");
+
+    // Replaced: the new file is read from its start, the old one no longer held.
+    std::fs::rename(&path, dir.path().join("j.1")).unwrap();
+    std::fs::write(&path, b"fresh\n").unwrap();
+    let batch = read();
+    assert!(batch.restarted);
+    assert_eq!(lines(&batch), [b"fresh"]);
+    assert_eq!(held(&path), 1, "the new file only");
+    f.write_all(b"to the old file\n").unwrap();
+    assert!(read().lines.is_empty(), "the old file is not read");
+
+    // Deleted: let go; a line written to it through another descriptor is never read.
+    let mut g = writer(&path);
+    std::fs::remove_file(&path).unwrap();
+    g.write_all(b"after the delete\n").unwrap();
+    assert!(read().lines.is_empty());
+    drop(g);
+    assert_eq!(held(&path), 0, "a deleted journal is not held");
+    std::fs::write(&path, b"new\n").unwrap();
+    let batch = read();
+    assert!(batch.restarted);
+    assert_eq!(lines(&batch), [b"new"]);
+}
