@@ -157,13 +157,14 @@ mod tests {
         let walks = Arc::new(Walks::new().unwrap());
         let mut held = Vec::new();
         let mut started = Vec::new();
+        let mut tasks = Vec::new();
         for _ in 0..AT_ONCE {
             let (release, wait) = oneshot::channel::<()>();
             let (began, begun) = oneshot::channel::<Option<String>>();
             let walks = walks.clone();
             started.push(begun);
             held.push(release);
-            tokio::spawn(async move {
+            tasks.push(tokio::spawn(async move {
                 walks
                     .run(
                         move || {
@@ -174,7 +175,7 @@ mod tests {
                         |_| reply("failed"),
                     )
                     .await
-            });
+            }));
         }
         // The first THREADS run now, on the walks' own threads.
         for begun in started.drain(..THREADS) {
@@ -198,8 +199,9 @@ mod tests {
         assert_eq!(refused.err(), Some(Busy));
         assert_eq!(walks.refused(), 1);
         drop(held);
-        for begun in started {
-            begun.await.unwrap();
+        // A permit goes back when its walk's answer is taken, after the walk itself.
+        for task in tasks {
+            assert!(task.await.unwrap().is_ok());
         }
         let answered = walks.run(|| reply("again"), |_| reply("failed")).await;
         assert!(answered.is_ok(), "admitted again once the others ended");
