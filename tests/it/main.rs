@@ -26,6 +26,7 @@ mod pipeline;
 mod proxy;
 mod run_trust;
 mod scale_out;
+mod starvation;
 mod suggest;
 mod support;
 mod tls_hello;
