@@ -11,8 +11,8 @@
 //! - `bridge`: the issuer's file is mirrored (`journal mirror`) to a stream whose server takes
 //!   at most 64 KiB a message, each revocation behind a line the stream can never take; the
 //!   proxy follows the stream;
-//! - `blocking`: every thread of the runtime's blocking pool (tokio's 512) held by 100 ms jobs,
-//!   with as many again queued.
+//! - `blocking`: every thread of the runtime's blocking pool (tokio's 512) held by 250 ms jobs,
+//!   with three times as many queued (what is queued now waits about 1 s).
 //!
 //! `cargo bench --bench starvation` (`LOADS=admin-flood,descriptors,bridge,blocking`,
 //! `TRIALS=N`, `LEASES=N`, `CLIENTS=N` to choose and scale). Not criterion: long measurements
@@ -487,8 +487,8 @@ fn blocking(key: &Key, origin: SocketAddr, trials: u64) {
         runtime.spawn(async move {
             let mut held = tokio::task::JoinSet::new();
             while !stop.load(Ordering::Relaxed) {
-                while held.len() < 2 * 512 {
-                    held.spawn_blocking(|| std::thread::sleep(Duration::from_millis(100)));
+                while held.len() < 4 * 512 {
+                    held.spawn_blocking(|| std::thread::sleep(Duration::from_millis(250)));
                 }
                 held.join_next().await;
             }

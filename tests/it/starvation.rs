@@ -194,8 +194,9 @@ async fn a_wedged_bridge_line_delays_no_revocation() {
     assert_within_budget("wedged bridge line", &times, String::new);
 }
 
-/// Every thread of the runtime's blocking pool held by work that takes 100 ms, with more
-/// queued behind it, for as long as the revocations take.
+/// Every thread of the runtime's blocking pool held by work that takes 250 ms, with seven
+/// times as much queued behind it (what is queued now waits about 2 s), for as long as the
+/// revocations take.
 #[test]
 fn a_saturated_blocking_pool_delays_no_revocation() {
     small_runtime().block_on(async {
@@ -211,8 +212,8 @@ fn a_saturated_blocking_pool_delays_no_revocation() {
             tokio::spawn(async move {
                 let mut held = tokio::task::JoinSet::new();
                 while !stop.load(Ordering::SeqCst) {
-                    while held.len() < 4 * BLOCKING_THREADS {
-                        held.spawn_blocking(|| std::thread::sleep(Duration::from_millis(100)));
+                    while held.len() < 8 * BLOCKING_THREADS {
+                        held.spawn_blocking(|| std::thread::sleep(Duration::from_millis(250)));
                     }
                     held.join_next().await;
                 }
@@ -220,7 +221,7 @@ fn a_saturated_blocking_pool_delays_no_revocation() {
             })
         };
         // Queued work behind busy threads: the pool is saturated.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
 
         let times = revoke_each(&h, &h.journal, watched, None).await;
         stop.store(true, Ordering::SeqCst);
