@@ -541,6 +541,11 @@ impl Ledger {
         }
     }
 
+    /// The closing that applies to `lease_id` itself (not retired), if any.
+    pub fn closure(&self, lease_id: &str) -> Option<&Closure> {
+        self.closures.get(lease_id)
+    }
+
     /// How many leases have been granted (retired ones included).
     pub fn granted(&self) -> usize {
         self.granted as usize

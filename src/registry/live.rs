@@ -29,10 +29,15 @@
 //! - Expiry is a timer ([`Registry::follow`]), not a poll: it sleeps until the earliest
 //!   `expires_at` in the chains of leases with tokens and is re-armed whenever that may move.
 //!   Nothing here depends on the store having a tick.
+//! - A closing record we write is broadcast to the other replicas ([`Store::broadcast`]) right
+//!   after the lease is torn down here, before the append; one they broadcast is verified
+//!   ([`broadcast::check`]) and closes its lease in memory at once, as the fold of its journal
+//!   line will (which then closes nothing new: one event). Forged ones are dropped and counted.
 //! - Every lifetime decision reads one [`Clock`] ([`Registry::now`]): never a time earlier than
 //!   one already used, so nothing seen expired opens again when the wall clock steps back; the
 //!   follower writes its latest time down every [`KEEP_EVERY`].
 
+use super::broadcast::{self, Heard};
 use super::clock::{Clock, KEEP_EVERY};
 use super::journal;
 use super::ledger::Ledger;
@@ -115,6 +120,7 @@ struct JournalHealth {
     append_errors: Flood,
     read_errors: Flood,
     skipped_lines: Flood,
+    invalid_broadcasts: Flood,
 }
 
 /// The registry of a running proxy.
@@ -140,6 +146,8 @@ pub struct Registry {
     health: Mutex<JournalHealth>,
     /// Appends that failed or timed out (`leasegate_journal_append_failures_total`).
     append_failures: AtomicU64,
+    /// Broadcasts heard, by [`broadcast::OUTCOMES`] (`leasegate_revoke_broadcasts_total`).
+    broadcasts: [AtomicU64; broadcast::OUTCOMES.len()],
     /// Lines read since the store's generation began (counted under `reading`).
     lines_read: Mutex<journal::LineCount>,
     /// When the follower last completed a read of the store; `None` while no follower runs.
@@ -245,6 +253,7 @@ impl Registry {
             flushing: tokio::sync::Mutex::new(()),
             health: Mutex::new(JournalHealth::default()),
             append_failures: AtomicU64::new(0),
+            broadcasts: Default::default(),
             lines_read: Mutex::new(lines_read),
             last_read: Mutex::new(None),
             folded: watch::channel(reached).0,
@@ -277,6 +286,44 @@ impl Registry {
     /// Appends that failed or timed out since start.
     pub fn append_failures(&self) -> u64 {
         self.append_failures.load(Ordering::Relaxed)
+    }
+
+    /// Broadcasts heard since start, by outcome ([`broadcast::OUTCOMES`]).
+    pub fn broadcasts(&self) -> Vec<(&'static str, u64)> {
+        broadcast::OUTCOMES
+            .iter()
+            .zip(&self.broadcasts)
+            .map(|(outcome, n)| (*outcome, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Applies a closing record another replica broadcast for `lease` (its subject's token):
+    /// verified against the current state, it closes the lease in memory and tears it down,
+    /// as the fold of its journal line will; anything else is dropped, counted and logged.
+    pub fn hear(&self, lease: &str, payload: &[u8]) -> Heard {
+        let heard = broadcast::check(&self.snapshot().ledger, lease, payload);
+        self.broadcasts[heard.outcome()].fetch_add(1, Ordering::Relaxed);
+        match &heard {
+            Heard::Closes(closure) => {
+                self.publish(|next| next.ledger.close(lease, closure.clone()));
+                self.close_where_not_open(self.now());
+                tracing::debug!(lease, event = closure.event.as_str(), "closed by another replica's broadcast, ahead of the journal");
+            }
+            Heard::Invalid(why) => {
+                let mut health = self.health();
+                match health.invalid_broadcasts.occurred(1, Instant::now()) {
+                    Say::Start => {
+                        tracing::warn!(lease, why, store = %self.store.describe(), "a closing broadcast that does not verify: dropped (leasegate_revoke_broadcasts_total{{outcome=\"invalid\"}} counts them)")
+                    }
+                    Say::Summary(s) => {
+                        tracing::warn!(dropped = s.repeats, since_first = s.total, store = %self.store.describe(), "more closing broadcasts that do not verify")
+                    }
+                    Say::Quiet => {}
+                }
+            }
+            Heard::AlreadyClosed | Heard::UnknownLease => {}
+        }
+        heard
     }
 
     /// How following the store stands (lag, reconnections, a problem).
@@ -559,6 +606,8 @@ impl Registry {
         // answering (this refusal's, say) closes gracefully: its answer goes out first.
         self.close_where_not_open(now);
         self.changes.send_modify(|v| *v += 1);
+        // The other replicas close it now too, whether or not the journal takes the record.
+        self.store.broadcast(&revocation.record);
         let queued = self.pending.len();
         if queued > 0 {
             // Behind the others: the store gets records in the order they were made.
@@ -666,7 +715,8 @@ impl Registry {
                 this.expire(&shutdown),
                 this.retry(&shutdown),
                 this.retire(&shutdown),
-                this.keep_time(&shutdown)
+                this.keep_time(&shutdown),
+                this.listen(&shutdown)
             );
         }
     }
@@ -722,6 +772,18 @@ impl Registry {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => self.flush_pending().await,
+            }
+        }
+    }
+
+    /// Applies the other replicas' closing broadcasts as they are heard.
+    async fn listen(&self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                heard = self.store.heard() => {
+                    self.hear(&heard.lease, &heard.payload);
+                }
             }
         }
     }

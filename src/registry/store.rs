@@ -8,6 +8,7 @@
 pub mod file;
 pub mod location;
 pub mod nats;
+pub mod nats_broadcast;
 pub mod snapshot;
 
 pub use file::FileStore;
@@ -97,6 +98,18 @@ pub trait Store: Send + Sync + 'static {
         StoreHealth::default()
     }
 
+    /// Tells the other replicas at once that `record`, a closing record we are about to
+    /// append, closes its lease (a stream: a core NATS message, which needs no stream leader).
+    /// Best effort and never waited for: the append still carries the record. A store others
+    /// do not follow live does nothing.
+    fn broadcast(&self, _record: &Value) {}
+
+    /// The next closing record another replica broadcast, unverified (see
+    /// [`crate::registry::broadcast`]). Never resolves for a store without broadcasts.
+    fn heard(&self) -> BoxFuture<'_, Broadcast> {
+        Box::pin(std::future::pending())
+    }
+
     /// How long the follower may go without completing a read (a few of its waits) before
     /// `/readyz` reports it stalled.
     fn stalled_after(&self) -> Duration {
@@ -106,6 +119,14 @@ pub trait Store: Send + Sync + 'static {
 
 /// [`Store::stalled_after`] unless the store says otherwise: twenty of the file's polls.
 pub const STALLED_AFTER: Duration = Duration::from_secs(1);
+
+/// A closing record heard from another replica, as it came.
+#[derive(Debug, Clone)]
+pub struct Broadcast {
+    /// The lease token of its subject.
+    pub lease: String,
+    pub payload: bytes::Bytes,
+}
 
 /// How a store's following stands.
 #[derive(Debug, Clone, Default, PartialEq)]

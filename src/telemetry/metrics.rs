@@ -281,6 +281,8 @@ pub struct RegistryFigures {
     pub journal_invalid_lines: Vec<(&'static str, u64)>,
     /// Appends to the journal that failed or timed out.
     pub journal_append_failures: u64,
+    /// Closing records broadcast by other replicas, by outcome.
+    pub revoke_broadcasts: Vec<(&'static str, u64)>,
     /// Revocation records waiting for the journal to take them.
     pub journal_pending_revocations: u64,
     /// The store's following: lag and reconnections.
@@ -441,6 +443,15 @@ impl Collector for Scrape {
             None,
             counter.metric_type(),
         )?)?;
+        let mut family = encoder.encode_descriptor(
+            "leasegate_revoke_broadcasts",
+            "Closing records other replicas broadcast ahead of the journal, by what they did here",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in &self.figures.revoke_broadcasts {
+            ConstCounter::new(*n).encode(family.encode_family(&[("outcome", *outcome)])?)?;
+        }
         let gauge = ConstGauge::new(self.figures.journal_pending_revocations as i64);
         gauge.encode(encoder.encode_descriptor(
             "leasegate_journal_pending_revocations",

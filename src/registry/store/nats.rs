@@ -23,10 +23,16 @@
 //!   from the sequence after the one it covers: the same fold, without reading what it covers.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
-//!   (`/readyz` 503) while the last folded state stays in force.
+//!   (`/readyz` 503) while the last folded state stays in force. When the stream holds
+//!   messages beyond the last one delivered and nothing arrives for [`STALLED_CONSUMER`] (its
+//!   consumer died with a stream leader), the consumer is replaced then, not after the client's
+//!   ten seconds of missed heartbeats.
+//! - Our closing records are also broadcast on core NATS ([`super::nats_broadcast`]), and the
+//!   other replicas' are heard there, for the registry to verify.
 
 use super::location::{NatsAuth, NatsLocation};
-use super::{Batch, BoxFuture, Position, Store, StoreHealth};
+use super::nats_broadcast::Broadcaster;
+use super::{Batch, Broadcast, BoxFuture, Position, Store, StoreHealth};
 use crate::contract::keys::sha256_hex;
 use crate::contract::Keyring;
 use crate::log_gate::{Flood, Say};
@@ -53,6 +59,13 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 
 /// How long one NATS request may take before it counts as failed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Behind the stream's last sequence with nothing delivered this long: the consumer is
+/// replaced.
+pub const STALLED_CONSUMER: Duration = Duration::from_secs(1);
+
+/// The longest wait between two attempts to replace the journal consumer.
+const MAX_REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How many times a compare-and-set append retries after another writer moved the subject.
 const APPEND_ATTEMPTS: usize = 8;
@@ -547,6 +560,8 @@ pub struct NatsStore {
     keyring: Keyring,
     shared: Arc<Shared>,
     stale_after: Duration,
+    /// Our closing records out, the other replicas' in; `None` if the subscription failed.
+    broadcaster: Option<Broadcaster>,
     /// The follower and the probe; aborted when the store is dropped.
     tasks: Vec<tokio::task::AbortHandle>,
 }
@@ -560,6 +575,8 @@ struct Shared {
     /// The stream's last sequence when we connected: the first read waits for it.
     initial_head: u64,
     contact: Mutex<Contact>,
+    /// Wakes the follower to replace a consumer that stopped delivering.
+    stalled: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -627,7 +644,15 @@ impl NatsStore {
                 head: initial_head,
                 caught_up: now,
             }),
+            stalled: tokio::sync::Notify::new(),
         });
+        let broadcaster = match Broadcaster::subscribe(&stream).await {
+            Ok(broadcaster) => Some(broadcaster),
+            Err(error) => {
+                tracing::warn!(store = %location, %error, "cannot subscribe to the other replicas' closing broadcasts: their revocations arrive through the stream only");
+                None
+            }
+        };
         let messages = stream
             .ordered_from(covers + 1)
             .await
@@ -639,6 +664,7 @@ impl NatsStore {
             keyring: keyring.clone(),
             shared,
             stale_after: options.stale_after,
+            broadcaster,
             tasks: vec![follower.abort_handle(), probe.abort_handle()],
         })
     }
@@ -672,7 +698,15 @@ async fn follow(
     let mut no_metadata = Flood::default();
     let mut not_replaced = Flood::default();
     loop {
-        while let Some(message) = messages.next().await {
+        loop {
+            let message = tokio::select! {
+                message = messages.next() => message,
+                _ = shared.stalled.notified() => {
+                    tracing::info!(store = %described, "the journal consumer delivers nothing while the stream holds more: replacing it");
+                    break;
+                }
+            };
+            let Some(message) = message else { break };
             let message = match message {
                 Ok(message) => message,
                 Err(error)
@@ -742,7 +776,7 @@ async fn follow(
                         Say::Quiet => {}
                     }
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(4));
+                    backoff = (backoff * 2).min(MAX_REPLACE_BACKOFF);
                 }
             }
         };
@@ -753,16 +787,33 @@ async fn follow(
 async fn probe(stream: NatsStream, shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Behind the head: the sequence delivered when we saw it so, and since when.
+    let mut behind: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
         if let Ok(head) = stream.last_sequence().await {
             let delivered = *shared.delivered.borrow();
-            let mut contact = shared.contact();
-            contact.last = Instant::now();
-            contact.head = head;
-            if delivered >= head {
-                contact.caught_up = contact.last;
+            let now = Instant::now();
+            {
+                let mut contact = shared.contact();
+                contact.last = now;
+                contact.head = head;
+                if delivered >= head {
+                    contact.caught_up = contact.last;
+                }
             }
+            behind = match behind {
+                _ if delivered >= head => None,
+                Some((seen, since)) if seen == delivered => {
+                    if now.duration_since(since) < STALLED_CONSUMER {
+                        Some((seen, since))
+                    } else {
+                        shared.stalled.notify_one();
+                        Some((delivered, now))
+                    }
+                }
+                _ => Some((delivered, now)),
+            };
         }
     }
 }
@@ -837,6 +888,21 @@ impl Store for NatsStore {
 
     fn describe(&self) -> String {
         format!("stream {}", self.stream.location)
+    }
+
+    fn broadcast(&self, record: &Value) {
+        if let Some(broadcaster) = &self.broadcaster {
+            broadcaster.publish(record);
+        }
+    }
+
+    fn heard(&self) -> BoxFuture<'_, Broadcast> {
+        Box::pin(async move {
+            match &self.broadcaster {
+                Some(broadcaster) => broadcaster.next().await,
+                None => std::future::pending().await,
+            }
+        })
     }
 
     /// The follower's wait for more ends within a second; like contact with the stream, its
