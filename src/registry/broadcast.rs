@@ -184,6 +184,9 @@ mod tests {
             check(&ledger, unknown, &revoked(unknown, &key, "issuer")),
             Heard::UnknownLease
         );
-        assert_eq!(ledger.status(&lease, Timestamp::now()), Some(crate::registry::Status::Open));
+        assert_eq!(
+            ledger.status(&lease, Timestamp::now()),
+            Some(crate::registry::Status::Open)
+        );
     }
 }

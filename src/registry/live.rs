@@ -307,7 +307,11 @@ impl Registry {
             Heard::Closes(closure) => {
                 self.publish(|next| next.ledger.close(lease, closure.clone()));
                 self.close_where_not_open(self.now());
-                tracing::debug!(lease, event = closure.event.as_str(), "closed by another replica's broadcast, ahead of the journal");
+                tracing::debug!(
+                    lease,
+                    event = closure.event.as_str(),
+                    "closed by another replica's broadcast, ahead of the journal"
+                );
             }
             Heard::Invalid(why) => {
                 let mut health = self.health();

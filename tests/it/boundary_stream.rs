@@ -5,6 +5,7 @@
 use crate::harness::{admin_get, eventually, raw, Harness};
 use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::scale_out::{admin_revoke, refuse, replica};
+use futures_util::StreamExt;
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
 use leasegate::registry::closing::ClosingCheck;
@@ -336,6 +337,47 @@ async fn nats_users_hold_only_what_their_commands_need() {
         3,
         "the two appends"
     );
+    // Closing broadcasts (core NATS, outside every stream): only a replica sends or hears them.
+    let broadcast = format!(
+        "leasegate.revoke.LG.{}",
+        "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c"
+    );
+    let mut heard = operator
+        .client
+        .subscribe("leasegate.revoke.>")
+        .await
+        .unwrap();
+    operator.client.flush().await.unwrap();
+    for role in roles {
+        let client = as_role(role).await.client;
+        let mut listening = client.subscribe("leasegate.revoke.>").await.unwrap();
+        client.flush().await.unwrap();
+        client
+            .publish(broadcast.clone(), format!("{role:?}").into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        operator
+            .client
+            .publish(broadcast.clone(), "operator".into())
+            .await
+            .unwrap();
+        operator.client.flush().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(500), listening.next()).await;
+        assert_eq!(
+            got.ok().flatten().is_some(),
+            role == Role::Replica,
+            "{role:?} hearing a broadcast"
+        );
+    }
+    let mut senders = Vec::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_millis(500), heard.next()).await
+    {
+        senders.push(String::from_utf8_lossy(&message.payload).into_owned());
+    }
+    senders.retain(|sender| sender != "operator");
+    assert_eq!(senders, ["Replica"], "who may broadcast a closing");
     // Not vacuous: the operator may.
     operator.stream.delete_message(1).await.unwrap();
     operator.stream.purge().await.unwrap();

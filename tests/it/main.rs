@@ -15,6 +15,7 @@ mod conformance;
 mod dashboard;
 mod deploy;
 mod descriptors;
+mod failover;
 mod fold;
 mod fuzz_corpus;
 mod harness;

@@ -32,7 +32,7 @@
 
 use super::location::{NatsAuth, NatsLocation};
 use super::nats_broadcast::Broadcaster;
-use super::{Batch, Broadcast, BoxFuture, Position, Store, StoreHealth};
+use super::{Batch, BoxFuture, Broadcast, Position, Store, StoreHealth};
 use crate::contract::keys::sha256_hex;
 use crate::contract::Keyring;
 use crate::log_gate::{Flood, Say};

@@ -109,7 +109,10 @@ mod tests {
         assert_eq!(lease_of("LEASE", &on), None);
         assert_eq!(lease_of("LEASES", "leasegate.revoke.LEASES."), None);
         assert_eq!(lease_of("LEASES", "leasegate.revoke.LEASES.a.b"), None);
-        assert_eq!(lease_of("LEASES", &format!("leasegate.journal.{lease}")), None);
+        assert_eq!(
+            lease_of("LEASES", &format!("leasegate.journal.{lease}")),
+            None
+        );
         assert_eq!(subject("LEASES", Some("a.b")), "leasegate.revoke.LEASES._");
     }
 }
