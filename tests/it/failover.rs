@@ -87,10 +87,11 @@ async fn a_refusal_closes_the_lease_on_another_replica_while_the_stream_has_no_l
         },
     ))
     .await;
-    for (lease, closed) in leases.iter().zip(&closed) {
+    let all = &closed;
+    for (lease, closed) in leases.iter().zip(all) {
         assert!(
             *closed < CLOSED_WITHIN,
-            "{lease}: closed on B {closed:?} after its refusal on A (all: {closed:?})"
+            "{lease}: closed on B {closed:?} after its refusal on A (all: {all:?})"
         );
     }
     for lease in &leases {
