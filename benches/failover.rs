@@ -74,7 +74,11 @@ async fn leader(stream: &NatsStream) -> String {
 
 /// Revokes leases `leases` on `a`, one every [`PACE`], each measured until its token on `c` is
 /// cancelled.
-async fn refusals(a: &Arc<Registry>, c: &Arc<Registry>, leases: std::ops::Range<u64>) -> Vec<Duration> {
+async fn refusals(
+    a: &Arc<Registry>,
+    c: &Arc<Registry>,
+    leases: std::ops::Range<u64>,
+) -> Vec<Duration> {
     let mut samples = Vec::new();
     for n in leases {
         let token = c.token(&lease_id(n), Timestamp::now());
@@ -82,7 +86,10 @@ async fn refusals(a: &Arc<Registry>, c: &Arc<Registry>, leases: std::ops::Range<
         let started = Instant::now();
         let a = a.clone();
         // Not awaited: without a stream leader the append waits, the teardown does not.
-        tokio::spawn(async move { a.revoke(&lease_id(n), "benchmark", Default::default()).await });
+        tokio::spawn(async move {
+            a.revoke(&lease_id(n), "benchmark", Default::default())
+                .await
+        });
         tokio::time::timeout(Duration::from_secs(30), token.cancelled())
             .await
             .expect("the revocation never reached the other replica");
@@ -124,11 +131,20 @@ fn main() {
         let now = Timestamp::now();
         let expires = Timestamp::from_millis(now.as_millis() + 86_400_000);
         for n in 0..2 * trials {
-            let lease = signed_lease(&key, n, (&now.to_string(), &expires.to_string()), &["origin.test"]);
+            let lease = signed_lease(
+                &key,
+                n,
+                (&now.to_string(), &expires.to_string()),
+                &["origin.test"],
+            );
             let line = json!({"schema_version": "1.2", "at": now.to_string(), "event": "granted",
                               "lease_id": lease_id(n), "lease": lease});
             stream
-                .publish(stream.subject(Some(&lease_id(n))), &serde_json::to_vec(&line).unwrap(), None)
+                .publish(
+                    stream.subject(Some(&lease_id(n))),
+                    &serde_json::to_vec(&line).unwrap(),
+                    None,
+                )
                 .await
                 .unwrap();
         }
@@ -143,18 +159,28 @@ fn main() {
         let started = Instant::now();
         report("leader kill", refusals(&a, &c, 0..trials).await);
         let elected = leader(&stream).await;
-        println!("  (new leader {elected} {:.1} s after the kill)", started.elapsed().as_secs_f64());
+        println!(
+            "  (new leader {elected} {:.1} s after the kill)",
+            started.elapsed().as_secs_f64()
+        );
 
         let operator = NatsCluster::location_of(Role::Operator, &cluster.nodes[alive[0]], "LG");
-        let operator = NatsStream::connect(&operator, &Default::default(), &leasegate::registry::store::nats::StreamSpec::JOURNAL)
-            .await
-            .unwrap();
+        let operator = NatsStream::connect(
+            &operator,
+            &Default::default(),
+            &leasegate::registry::store::nats::StreamSpec::JOURNAL,
+        )
+        .await
+        .unwrap();
         let stepdown = operator
             .client
             .request("$JS.API.STREAM.LEADER.STEPDOWN.LG", "".into())
             .await
             .unwrap();
-        println!("  (step-down: {})", String::from_utf8_lossy(&stepdown.payload));
+        println!(
+            "  (step-down: {})",
+            String::from_utf8_lossy(&stepdown.payload)
+        );
         report("step-down", refusals(&a, &c, trials..2 * trials).await);
         shutdown.cancel();
     });
