@@ -9,6 +9,7 @@ pub mod file;
 pub mod location;
 pub mod nats;
 pub mod snapshot;
+pub mod whole;
 
 pub use file::FileStore;
 pub use location::{JournalLocation, NatsAuth, NatsLocation};
