@@ -25,7 +25,6 @@ use crate::registry::journal;
 use crate::registry::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
 use crate::registry::store::whole::{self, Prefer, StartError};
 use crate::registry::store::{FileStore, NatsLocation, Store};
-use window::{Landed, Window};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,6 +32,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use window::{Landed, Window};
 
 /// How many times `import` tries one line before it gives up (about half a minute in all:
 /// enough for a JetStream cluster to elect a new stream leader).
@@ -60,10 +60,7 @@ pub enum BridgeError {
     #[error("reading the stream {location}: {cause}")]
     Stream { location: String, cause: io::Error },
     #[error("reading the stream {location}: {cause}")]
-    Purged {
-        location: String,
-        cause: StartError,
-    },
+    Purged { location: String, cause: StartError },
     #[error("line {line} of {path}: not acknowledged by {location} after {attempts} attempts (lines before it are in the stream but for those of other leases still in flight; run the import again to resume): {cause}")]
     Publish {
         path: String,
@@ -712,7 +709,11 @@ impl Mirror<'_> {
                 }
             }
             attempted = Instant::now();
-            match self.stream.publish(subject.to_owned(), line, Some(id)).await {
+            match self
+                .stream
+                .publish(subject.to_owned(), line, Some(id))
+                .await
+            {
                 Ok(_) => break,
                 Err(error) => {
                     if failing_since.is_none() {

@@ -214,19 +214,17 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
         JournalLocation::File(path) => std::fs::read(path)
             .map(|t| text = t)
             .map_err(anyhow::Error::from),
-        stream => {
-            block_on(open::read_lines(
-                stream,
-                &StoreOptions::from(&args.store),
-                keyring.as_ref(),
-            ))
-            .map(|lines| {
-                for line in lines {
-                    text.extend_from_slice(&line);
-                    text.push(b'\n');
-                }
-            })
-        }
+        stream => block_on(open::read_lines(
+            stream,
+            &StoreOptions::from(&args.store),
+            keyring.as_ref(),
+        ))
+        .map(|lines| {
+            for line in lines {
+                text.extend_from_slice(&line);
+                text.push(b'\n');
+            }
+        }),
     };
     if let Err(e) = read {
         return usage_error(anyhow!("cannot read {name}: {e}"));

@@ -16,8 +16,8 @@ use super::journal::split_lines;
 use super::ledger::{Applied, InvalidReason, Ledger};
 use super::store::file::swap::{self, SwapError, Swapped};
 use super::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
-use super::store::whole::{self, Prefer};
 use super::store::snapshot::{self, Marker};
+use super::store::whole::{self, Prefer};
 use super::store::NatsLocation;
 use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
@@ -245,7 +245,13 @@ pub async fn compact_stream(
         .map(Vec::as_slice)
         .chain(messages.iter().map(|(_, line)| &line[..]))
         .collect();
-    let selection = select(lines.iter().copied(), keyring.clone(), now, retention, max_line);
+    let selection = select(
+        lines.iter().copied(),
+        keyring.clone(),
+        now,
+        retention,
+        max_line,
+    );
     let kept = selection.kept.iter().map(|&i| lines[i]);
     let written = snapshot::publish(&journal, options, covers, kept, &key).await?;
     let purged = match purge {
@@ -292,28 +298,23 @@ async fn purge_behind(
             span.first
         )));
     }
-    let removed = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        journal.stream.purge().sequence(marker.covers + 1),
-    )
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "purge timed out"))?
-    .map_err(std::io::Error::other)?
-    .purged;
-    let snapshots = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        written
-            .stream
-            .stream
-            .purge()
-            .sequence(written.first_sequence()),
-    )
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "purge timed out"))?
-    .map_err(std::io::Error::other)?
-    .purged;
+    let removed = purge_below(journal, marker.covers + 1).await?;
+    let snapshots = purge_below(&written.stream, written.first_sequence()).await?;
     Ok(Purged {
         journal: removed,
         snapshots,
     })
+}
+
+/// Removes `stream`'s messages before sequence `below`; how many. Nothing is asked of the
+/// server when there are none: JetStream takes a purge below sequence 1 for a purge of all.
+async fn purge_below(stream: &NatsStream, below: u64) -> std::io::Result<u64> {
+    if below <= 1 || below <= stream.span().await?.first {
+        return Ok(0);
+    }
+    let purged = tokio::time::timeout(REQUEST_TIMEOUT, stream.stream.purge().sequence(below))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "purge timed out"))?
+        .map_err(std::io::Error::other)?;
+    Ok(purged.purged)
 }

@@ -100,9 +100,9 @@ pub async fn start(
         Ok(None) if span.is_purged() => Err(uncovered(
             "no snapshot of this stream, or none of this incarnation of it".into(),
         )),
-        Err(error) if span.is_purged() => Err(uncovered(format!(
-            "its snapshot cannot be used: {error}"
-        ))),
+        Err(error) if span.is_purged() => {
+            Err(uncovered(format!("its snapshot cannot be used: {error}")))
+        }
         Ok(None) => Ok(from_first),
         Err(error) => {
             tracing::warn!(store = %journal.location, %error, "the journal's snapshot cannot be read: folding the journal from its start");
