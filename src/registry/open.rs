@@ -10,6 +10,7 @@ use super::live::Registry;
 use super::pending::Pending;
 use super::store::location::JournalLocation;
 use super::store::nats::{NatsError, NatsOptions, NatsStore, NatsStream, StreamSpec};
+use super::store::whole::{self, Prefer};
 use crate::contract::Keyring;
 use std::io;
 use std::path::PathBuf;
@@ -176,10 +177,12 @@ pub async fn create_journal_file(
         .map_err(create)
 }
 
-/// Every line of the journal now, without their newlines.
+/// Every line of the journal now, without their newlines: a stream's messages, or once it is
+/// purged, its snapshot's lines (verified under `keyring`) and the messages after them.
 pub async fn read_lines(
     location: &JournalLocation,
     options: &StoreOptions,
+    keyring: Option<&Keyring>,
 ) -> Result<Vec<Vec<u8>>, OpenError> {
     match location {
         JournalLocation::File(path) => {
@@ -198,8 +201,18 @@ pub async fn read_lines(
         }
         JournalLocation::Nats(nats) => {
             let stream = NatsStream::connect(nats, &options.nats, &StreamSpec::JOURNAL).await?;
-            let messages = stream.read_all().await.map_err(OpenError::io(location))?;
-            Ok(messages.into_iter().map(|(_, m)| m.to_vec()).collect())
+            let start = whole::start(&stream, keyring, Prefer::Stream)
+                .await
+                .map_err(|e| OpenError::io(location)(io::Error::other(e)))?;
+            let messages = stream
+                .read_all_from(start.next)
+                .await
+                .map_err(OpenError::io(location))?;
+            let snapshot = start.snapshot.map(|(_, lines)| lines).unwrap_or_default();
+            Ok(snapshot
+                .into_iter()
+                .chain(messages.into_iter().map(|(_, m)| m.to_vec()))
+                .collect())
         }
     }
 }
@@ -220,7 +233,8 @@ pub async fn fold(
         journal::warn_skipped(&problems);
         return Ok((ledger, problems));
     }
-    let lines = read_lines(location, options).await?;
+    let keyring = ledger.keyring().cloned();
+    let lines = read_lines(location, options, keyring.as_ref()).await?;
     let problems = journal::apply_lines(&mut ledger, lines.iter().map(Vec::as_slice));
     journal::warn_skipped(&problems);
     Ok((ledger, problems))

@@ -10,6 +10,7 @@ pub mod location;
 pub mod nats;
 pub mod nats_broadcast;
 pub mod snapshot;
+pub mod whole;
 
 pub use file::FileStore;
 pub use location::{JournalLocation, NatsAuth, NatsLocation};

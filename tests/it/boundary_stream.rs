@@ -268,24 +268,25 @@ async fn a_snapshot_missing_a_line_is_ignored() {
 }
 
 /// The users of `deploy/nats/` can do what their leasegate commands need (the rest of the
-/// scale-out suite runs as them) and nothing destructive: no purge, no deletion of a stream
-/// or a message, no configuration change, no publishing outside their subjects.
+/// scale-out suite runs as them) and nothing destructive: no deletion of a stream or a message,
+/// no configuration change, no publishing outside their subjects, and no purge but the
+/// compactor's of the journal and its snapshot stream (`journal compact --purge`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_users_hold_only_what_their_commands_need() {
     let cluster = NatsCluster::start(1);
-    let operator = cluster.journal("LG").await;
+    let operator = cluster.journal("LEASES").await;
     let subject = operator.subject(Some("3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c"));
     operator
         .publish(subject.clone(), b"{}", None)
         .await
         .unwrap();
     let options = NatsOptions::default();
-    let snapshots = snapshot::location_of(&cluster.location("LG"));
+    let snapshots = snapshot::location_of(&cluster.location("LEASES"));
     NatsStream::connect(&snapshots, &options, &snapshot::SNAPSHOT)
         .await
         .unwrap();
     let as_role = |role| {
-        let location = cluster.location_as(role, "LG");
+        let location = cluster.location_as(role, "LEASES");
         let options = options.clone();
         async move {
             NatsStream::connect(&location, &options, &StreamSpec::JOURNAL)
@@ -300,20 +301,34 @@ async fn nats_users_hold_only_what_their_commands_need() {
         async move {
             let client = client.await;
             let wider = async_nats::jetstream::stream::Config {
-                name: "LG".into(),
+                name: "LEASES".into(),
                 subjects: vec![">".into()],
                 ..Default::default()
             };
             let snapshot = "leasegate.snapshot.done".to_owned();
-            let (purged, deleted, dropped, widened, appended, marked) = tokio::join!(
-                client.stream.purge(),
+            let snapshots = client
+                .jetstream
+                .get_stream("LEASES_SNAPSHOT")
+                .await
+                .unwrap();
+            // Of a subject nothing is on: a purge that removes nothing, but is still a purge
+            // to allow (one below sequence 1 would remove everything).
+            let (purged, trimmed, deleted, dropped, widened, appended, marked) = tokio::join!(
+                client.stream.purge().filter("leasegate.journal.nothing"),
+                snapshots.purge().filter("leasegate.snapshot.nothing"),
                 client.stream.delete_message(1),
-                client.jetstream.delete_stream("LG"),
+                client.jetstream.delete_stream("LEASES"),
                 client.jetstream.update_stream(wider),
                 client.publish(subject.clone(), b"{}", None),
                 client.publish(snapshot, b"{}", None),
             );
-            assert!(purged.is_err(), "{role:?} purged");
+            let may_purge = role == Role::Compactor;
+            assert_eq!(purged.is_ok(), may_purge, "{role:?} purging the journal");
+            assert_eq!(
+                trimmed.is_ok(),
+                may_purge,
+                "{role:?} purging the snapshot stream"
+            );
             assert!(deleted.is_err(), "{role:?} deleted a message");
             assert!(dropped.is_err(), "{role:?} deleted the stream");
             assert!(widened.is_err(), "{role:?} changed the stream");

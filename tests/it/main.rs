@@ -25,6 +25,7 @@ mod nats_support;
 mod operate;
 mod pipeline;
 mod proxy;
+mod purge;
 mod run_trust;
 mod scale_out;
 mod suggest;

@@ -21,6 +21,7 @@
 //!   under an id of its own bytes. A message's `event` alone proves nothing.
 //! - A replica starts from the latest snapshot ([`super::snapshot`]) that applies, then follows
 //!   from the sequence after the one it covers: the same fold, without reading what it covers.
+//!   A stream purged below what a verified snapshot covers is refused ([`super::whole`]).
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
 //!   (`/readyz` 503) while the last folded state stays in force. When the stream holds
@@ -32,6 +33,7 @@
 
 use super::location::{NatsAuth, NatsLocation};
 use super::nats_broadcast::Broadcaster;
+use super::whole::{self, Prefer};
 use super::{Batch, BoxFuture, Broadcast, Position, Store, StoreHealth};
 use crate::contract::keys::sha256_hex;
 use crate::contract::Keyring;
@@ -360,10 +362,27 @@ impl NatsStream {
             && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
     }
 
-    /// Every message of the stream, from the first, up to its last sequence at the call.
-    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
+    /// The sequences the stream holds now: a purge moves `first` past every message it
+    /// removed (`first > last`: the stream holds none).
+    pub async fn span(&self) -> io::Result<Span> {
+        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
+            .map_err(io::Error::other)?;
+        let state = &info.state;
+        Ok(Span {
+            first: match state.messages {
+                0 => state.last_sequence + 1,
+                _ => state.first_sequence,
+            },
+            last: state.last_sequence,
+        })
+    }
+
+    /// Every message of the stream from sequence `start`, up to its last sequence at the call.
+    pub async fn read_all_from(&self, start: u64) -> io::Result<Vec<(u64, bytes::Bytes)>> {
         let mut out = Vec::new();
-        self.read_each(|sequence, payload| {
+        self.read_each_from(start, |sequence, payload| {
             out.push((sequence, payload));
             Ok::<_, io::Error>(())
         })
@@ -371,17 +390,25 @@ impl NatsStream {
         Ok(out)
     }
 
-    /// Hands every message of the stream, from the first up to its last sequence at the call,
-    /// to `each` in order; stops at `each`'s first error. Returns how many were handed out.
-    pub async fn read_each<E: From<io::Error>>(
+    /// Every message the stream holds, up to its last sequence at the call. After a purge that
+    /// is not the whole journal: readers start with [`super::whole::start`].
+    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
+        self.read_all_from(1).await
+    }
+
+    /// Hands every message of the stream from sequence `start` up to its last sequence at the
+    /// call to `each` in order; stops at `each`'s first error. Returns how many were handed out.
+    pub async fn read_each_from<E: From<io::Error>>(
         &self,
+        start: u64,
         mut each: impl FnMut(u64, bytes::Bytes) -> Result<(), E>,
     ) -> Result<usize, E> {
-        let head = self.last_sequence().await?;
-        if head == 0 {
+        let span = self.span().await?;
+        let head = span.last;
+        if span.first > head || start > head {
             return Ok(0);
         }
-        let mut messages = self.ordered_from(1).await?;
+        let mut messages = self.ordered_from(start).await?;
         let mut handed = 0;
         while let Some(message) = messages.next().await {
             let message = match message {
@@ -437,6 +464,23 @@ fn at(sequence: u64) -> Position {
     Position {
         generation: GENERATION,
         offset: sequence,
+    }
+}
+
+/// The sequences a stream holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The first sequence held (past the last when none is).
+    pub first: u64,
+    /// The last sequence stored (kept through a purge).
+    pub last: u64,
+}
+
+impl Span {
+    /// Whether messages were removed from the stream's start: what it holds is not the whole
+    /// journal.
+    pub fn is_purged(&self) -> bool {
+        self.first > 1
     }
 }
 
@@ -616,18 +660,18 @@ impl NatsStore {
             location: location.to_string(),
             reason: e.to_string(),
         };
-        let initial_head = stream.last_sequence().await.map_err(stream_error)?;
-        // A snapshot that cannot be read is not used: the journal holds everything.
-        let (covers, lines) = match super::snapshot::latest(&stream, initial_head, keyring).await {
-            Ok(Some((marker, lines))) => {
+        // A snapshot that cannot be read is not used while the journal holds everything; once
+        // it is purged, nothing partial is folded.
+        let start = whole::start(&stream, Some(keyring), Prefer::Snapshot)
+            .await
+            .map_err(|e| stream_error(io::Error::other(e)))?;
+        let initial_head = start.span.last;
+        let (covers, lines) = match start.snapshot {
+            Some((marker, lines)) => {
                 tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
                 (marker.covers, lines)
             }
-            Ok(None) => (0, Vec::new()),
-            Err(error) => {
-                tracing::warn!(store = %location, %error, "the journal's snapshot cannot be read: folding the journal from its start");
-                (0, Vec::new())
-            }
+            None => (0, Vec::new()),
         };
         let now = Instant::now();
         let shared = Arc::new(Shared {
