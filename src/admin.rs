@@ -614,6 +614,7 @@ fn metrics(state: &AdminState) -> String {
         journal_pending_revocations: state.proxy.registry.pending() as u64,
         store_lag_seconds: store.lag.as_secs_f64(),
         store_reconnects: store.reconnects,
+        store_replaced: store.replaced,
         journal_follow_lag_seconds: state
             .proxy
             .registry

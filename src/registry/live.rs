@@ -33,11 +33,18 @@
 //!   after the lease is torn down here, before the append; one they broadcast is verified
 //!   ([`broadcast::check`]) and closes its lease in memory at once, as the fold of its journal
 //!   line will (which then closes nothing new: one event). Forged ones are dropped and counted.
+//! - A store found replaced (a stream deleted and created again) is folded afresh: its lines
+//!   on a [`Ledger::refolded`] ledger, so every closure already seen stays (a revocation is
+//!   never undone) and a grant only the old store held opens nothing.
+//! - After a pause of the process ([`Pause`]) nothing new is admitted until the fold has
+//!   reached what the store held when the pause was noticed, or the store's
+//!   [`Store::stalled_after`] has passed since.
 //! - Every lifetime decision reads one [`Clock`] ([`Registry::now`]): never a time earlier than
 //!   one already used, so nothing seen expired opens again when the wall clock steps back; the
 //!   follower writes its latest time down every [`KEEP_EVERY`].
 
 use super::broadcast::{self, Heard};
+use super::catch_up::{Pause, BEAT_EVERY};
 use super::clock::{Clock, KEEP_EVERY};
 use super::journal;
 use super::ledger::Ledger;
@@ -159,6 +166,8 @@ pub struct Registry {
     wake_tail: tokio::sync::Notify,
     /// The time every lifetime check uses.
     clock: Arc<Clock>,
+    /// The admission gate after a pause of the process.
+    pause: Pause,
 }
 
 impl Registry {
@@ -196,6 +205,9 @@ impl Registry {
         let reached = loop {
             let batch = store.read_new().await?;
             let position = batch.position;
+            if batch.replaced {
+                ledger = ledger.refolded().0;
+            }
             let mut problems =
                 journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
             ledger.count_too_long(batch.too_long);
@@ -259,6 +271,7 @@ impl Registry {
             folded: watch::channel(reached).0,
             wake_tail: tokio::sync::Notify::new(),
             clock,
+            pause: Pause::default(),
         })
     }
 
@@ -348,6 +361,9 @@ impl Registry {
     /// Why the journal is not in a state to serve from (`/readyz`), or `None`.
     pub fn journal_problem(&self) -> Option<String> {
         if let Some(problem) = self.store.health().problem {
+            return Some(problem);
+        }
+        if let Some(problem) = self.pause.problem(self.store.stalled_after()) {
             return Some(problem);
         }
         let bound = self.store.stalled_after();
@@ -560,12 +576,17 @@ impl Registry {
                 Err(error) => tracing::error!(%error, "rewriting the queue of revocations"),
             }
         }
-        if batch.restarted && self.snapshot().ledger.stats().lines > 0 {
+        if batch.restarted && !batch.replaced && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
-        let mut problems = match batch.len() {
-            0 => Vec::new(),
+        let mut problems = match (batch.len(), batch.replaced) {
+            (0, false) => Vec::new(),
             _ => self.publish(|next| {
+                if batch.replaced {
+                    let (ledger, dropped) = next.ledger.refolded();
+                    tracing::warn!(store = %self.store.describe(), leases_dropped = dropped, "the journal was replaced: folding it afresh; its closures already seen stay in force, leases it no longer grants are refused");
+                    next.ledger = ledger;
+                }
                 next.ledger.count_too_long(batch.too_long);
                 journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice))
             }),
@@ -575,7 +596,7 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .count(batch.restarted, batch.len(), &mut problems);
         journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
-        if !batch.lines.is_empty() {
+        if !batch.lines.is_empty() || batch.replaced {
             self.close_where_not_open(self.now());
         }
         self.folded.send_replace(batch.position);
@@ -708,9 +729,11 @@ impl Registry {
         impl Drop for Following {
             fn drop(&mut self) {
                 *self.0.last_read() = None;
+                self.0.pause.disarm();
             }
         }
         *self.last_read() = Some(Instant::now());
+        self.pause.arm();
         let following = Following(self);
         async move {
             let this = &following.0;
@@ -720,8 +743,66 @@ impl Registry {
                 this.retry(&shutdown),
                 this.retire(&shutdown),
                 this.keep_time(&shutdown),
-                this.listen(&shutdown)
+                this.listen(&shutdown),
+                this.heartbeat(&shutdown),
+                this.catch_up(&shutdown)
             );
+        }
+    }
+
+    /// Lets a request that started at `at` through: at once unless the process was paused (see
+    /// [`Pause`]); then once the fold has caught up with the store, or its
+    /// [`Store::stalled_after`] has passed.
+    pub async fn admission(&self, at: Instant) {
+        if !self.pause.is_open(at) {
+            self.pause.admit(at, self.store.stalled_after()).await;
+        }
+    }
+
+    /// The heartbeat of [`Pause`]: every [`BEAT_EVERY`] on the follower's thread.
+    async fn heartbeat(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(BEAT_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.pause.beat(),
+            }
+        }
+    }
+
+    /// Once a pause is noticed: asks the store what it holds now and reads until the fold has
+    /// reached it (a store that does not answer is asked again), then opens the gate.
+    async fn catch_up(&self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.pause.begun() => {}
+            }
+            while self.pause.is_catching_up() {
+                let caught_up = tokio::time::timeout(self.append_timeout, async {
+                    let head = self.store.head().await?;
+                    let mut folded = self.folded.subscribe();
+                    // Reads what the store delivered (a file: reads it) now, not at a poll.
+                    self.refresh().await?;
+                    folded
+                        .wait_for(|at| *at >= head)
+                        .await
+                        .map_err(std::io::Error::other)?;
+                    Ok::<_, std::io::Error>(())
+                });
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    caught_up = caught_up => match caught_up {
+                        Ok(Ok(())) => self.pause.end(),
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, store = %self.store.describe(), "catching up with the journal; retrying");
+                            tokio::time::sleep(BEAT_EVERY).await;
+                        }
+                        Err(_) => {}
+                    },
+                }
+            }
         }
     }
 

@@ -49,6 +49,10 @@ impl std::fmt::Display for Position {
 pub struct Batch {
     /// The store restarted before these lines: they begin its new generation.
     pub restarted: bool,
+    /// With `restarted`: the store is another one now (a stream deleted and created again), so
+    /// its lines are folded afresh ([`crate::registry::Ledger::refolded`]) instead of on top
+    /// of what was folded.
+    pub replaced: bool,
     /// Complete lines, without their newline, in append order.
     pub lines: Vec<Vec<u8>>,
     /// Lines longer than the store's `--max-journal-line`, skipped without being held (not in
@@ -83,6 +87,12 @@ pub trait Store: Send + Sync + 'static {
     /// Resolves when there may be more to read (the file: a poll interval; a push store: a
     /// notification). May resolve early: a spurious wake only costs an empty read.
     fn wait_for_more(&self) -> BoxFuture<'_, ()>;
+
+    /// The position just after everything the store holds now, asked of the store itself (a
+    /// read reaching it has folded all of it). The default, nothing: one read reaches it.
+    fn head(&self) -> BoxFuture<'_, io::Result<Position>> {
+        Box::pin(async { Ok(Position::default()) })
+    }
 
     /// For logs: "journal /path".
     fn describe(&self) -> String;
@@ -134,9 +144,11 @@ pub struct Broadcast {
 pub struct StoreHealth {
     /// Why the store is not followed now (`/readyz` 503), or `None`.
     pub problem: Option<String>,
-    /// How far behind the store we are: the time since we last had everything it held
-    /// (`leasegate_store_lag_seconds`).
+    /// How far behind the store we are: how long it has held something not folded yet, as
+    /// its last answer says (`leasegate_store_lag_seconds`).
     pub lag: std::time::Duration,
     /// Reconnections to the store since start (`leasegate_store_reconnects_total`).
     pub reconnects: u64,
+    /// Times the store was found replaced and folded afresh (`leasegate_store_replaced_total`).
+    pub replaced: u64,
 }

@@ -288,6 +288,8 @@ pub struct RegistryFigures {
     /// The store's following: lag and reconnections.
     pub store_lag_seconds: f64,
     pub store_reconnects: u64,
+    /// Times the journal store was found replaced (a stream deleted and created again).
+    pub store_replaced: u64,
     /// Time since the journal follower last completed a read.
     pub journal_follow_lag_seconds: f64,
     /// Admin requests answered 503 at a limit, by limit (`connections`, `walks`).
@@ -470,6 +472,13 @@ impl Collector for Scrape {
         counter.encode(encoder.encode_descriptor(
             "leasegate_store_reconnects",
             "Reconnections to the journal store",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.store_replaced);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_store_replaced",
+            "Times the journal store was found replaced (a stream deleted and created again) and folded afresh",
             None,
             counter.metric_type(),
         )?)?;

@@ -7,6 +7,7 @@ mod boundary_stream;
 mod boundary_tls;
 mod bounded;
 mod bridges;
+mod catch_up;
 mod cli;
 mod clients;
 mod clock;

@@ -30,6 +30,13 @@
 //!   ten seconds of missed heartbeats.
 //! - Our closing records are also broadcast on core NATS ([`super::nats_broadcast`]), and the
 //!   other replicas' are heard there, for the registry to verify.
+//! - Lag is the stream's, not ours: once an answer names a last sequence not handed out yet,
+//!   the store is behind from that answer until it hands that sequence out; behind longer
+//!   than [`LAG_GRACE`] is a problem.
+//! - A stream deleted and created again (another creation time, or a last sequence below what
+//!   was handed out) is a new store: its first read is a [`Batch::replaced`] generation from
+//!   its first message, nothing of the old one is handed out after it, and the store is not
+//!   settled (a problem) until it has handed out what the new stream held when it was found.
 
 use super::location::{NatsAuth, NatsLocation};
 use super::nats_broadcast::Broadcaster;
@@ -59,6 +66,10 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// How often the stream's state is asked for (contact and lag).
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 
+/// How long the stream may hold a message that a probe saw and we have not handed out before
+/// the store reports itself behind (a probe's answer can come before the message does).
+pub const LAG_GRACE: Duration = Duration::from_millis(250);
+
 /// How long one NATS request may take before it counts as failed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -72,7 +83,8 @@ const MAX_REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 /// How many times a compare-and-set append retries after another writer moved the subject.
 const APPEND_ATTEMPTS: usize = 8;
 
-/// Every stream handed out here starts generation 1 (0 is "nothing read").
+/// A stream opened here starts at generation 1 (0 is "nothing read"); each replacement of
+/// the stream found while following it is the next one.
 const GENERATION: u64 = 1;
 
 /// Connection settings shared by every NATS user (`--nats-*`).
@@ -232,11 +244,19 @@ impl NatsStream {
 
     /// The stream's last sequence now (0 when empty).
     pub async fn last_sequence(&self) -> io::Result<u64> {
+        Ok(self.incarnation().await?.head)
+    }
+
+    /// Which stream answers under our stream's name now, and its last sequence.
+    pub async fn incarnation(&self) -> io::Result<Incarnation> {
         let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
             .map_err(io::Error::other)?;
-        Ok(info.state.last_sequence)
+        Ok(Incarnation {
+            created: info.created.unix_timestamp_nanos(),
+            head: info.state.last_sequence,
+        })
     }
 
     /// Publishes `line` to `subject` and waits for the stream's ack; `id` (when given) is the
@@ -460,6 +480,15 @@ impl NatsStream {
     }
 }
 
+/// One stream under a name, as a stream info answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Incarnation {
+    /// Its creation time (Unix nanoseconds): another one is another stream.
+    pub created: i128,
+    /// Its last sequence (0 when empty).
+    pub head: u64,
+}
+
 fn at(sequence: u64) -> Position {
     Position {
         generation: GENERATION,
@@ -616,14 +645,14 @@ struct Shared {
     received: Mutex<Received>,
     /// The last sequence delivered (readers wait on it).
     delivered: watch::Sender<u64>,
-    /// The stream's last sequence when we connected: the first read waits for it.
-    initial_head: u64,
     contact: Mutex<Contact>,
     /// Wakes the follower to replace a consumer that stopped delivering.
     stalled: tokio::sync::Notify,
+    /// Bumped when the stream is found replaced: the follower starts over from its first
+    /// message.
+    replaced: watch::Sender<u64>,
 }
 
-#[derive(Default)]
 struct Received {
     lines: Vec<Vec<u8>>,
     /// Messages longer than `--max-journal-line` skipped since the last read.
@@ -632,6 +661,13 @@ struct Received {
     last: u64,
     /// Sequence of the last message handed out.
     handed: u64,
+    /// What the stream held when it was opened (or found replaced): reads wait for new
+    /// messages until it is handed out, and the store is settled once it is.
+    settle_at: u64,
+    /// The generation of the stream being handed out; messages of an earlier one are dropped.
+    generation: u64,
+    /// The stream was found replaced and the next read begins its generation.
+    restarted: bool,
 }
 
 struct Contact {
@@ -639,8 +675,12 @@ struct Contact {
     last: Instant,
     /// The stream's last sequence as last seen.
     head: u64,
-    /// The last instant we had delivered everything the stream held.
-    caught_up: Instant,
+    /// Since when the stream has held a message not handed out, and that message's sequence:
+    /// the first answer that named a last sequence beyond what was handed out, kept until
+    /// that sequence is handed out.
+    behind: Option<(Instant, u64)>,
+    /// The creation time of the stream followed.
+    created: i128,
 }
 
 impl NatsStore {
@@ -660,12 +700,13 @@ impl NatsStore {
             location: location.to_string(),
             reason: e.to_string(),
         };
+        let incarnation = stream.incarnation().await.map_err(stream_error)?;
         // A snapshot that cannot be read is not used while the journal holds everything; once
         // it is purged, nothing partial is folded.
         let start = whole::start(&stream, Some(keyring), Prefer::Snapshot)
             .await
             .map_err(|e| stream_error(io::Error::other(e)))?;
-        let initial_head = start.span.last;
+        let initial_head = incarnation.head;
         let (covers, lines) = match start.snapshot {
             Some((marker, lines)) => {
                 tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
@@ -673,22 +714,25 @@ impl NatsStore {
             }
             None => (0, Vec::new()),
         };
-        let now = Instant::now();
         let shared = Arc::new(Shared {
             received: Mutex::new(Received {
                 lines,
                 too_long: 0,
                 last: covers,
                 handed: 0,
+                settle_at: initial_head,
+                generation: GENERATION,
+                restarted: false,
             }),
             delivered: watch::channel(covers).0,
-            initial_head,
             contact: Mutex::new(Contact {
-                last: now,
+                last: Instant::now(),
                 head: initial_head,
-                caught_up: now,
+                behind: None,
+                created: incarnation.created,
             }),
             stalled: tokio::sync::Notify::new(),
+            replaced: watch::channel(0).0,
         });
         let broadcaster = match Broadcaster::subscribe(&stream).await {
             Ok(broadcaster) => Some(broadcaster),
@@ -730,7 +774,8 @@ impl Drop for NatsStore {
 /// Hands every delivered message to `shared`, in order. The ordered consumer re-creates
 /// itself after a reconnect or a gap, from the sequence after the last one delivered; when its
 /// heartbeats stop while the connection stays up (the server holding the consumer went away),
-/// it is replaced here, from the same place.
+/// it is replaced here, from the same place; when the stream is found replaced, from the new
+/// stream's first message.
 async fn follow(
     stream: NatsStream,
     mut messages: consumer::push::Ordered,
@@ -741,16 +786,22 @@ async fn follow(
     // Said once, then counted (a summary at most once a minute), then said ended.
     let mut no_metadata = Flood::default();
     let mut not_replaced = Flood::default();
+    let mut replaced = shared.replaced.subscribe();
+    let mut consuming = GENERATION;
     loop {
         loop {
             let message = tokio::select! {
-                message = messages.next() => message,
+                biased;
+                _ = replaced.changed() => break,
                 _ = shared.stalled.notified() => {
                     tracing::info!(store = %described, "the journal consumer delivers nothing while the stream holds more: replacing it");
                     break;
                 }
+                message = messages.next() => match message {
+                    Some(message) => message,
+                    None => break,
+                },
             };
-            let Some(message) = message else { break };
             let message = match message {
                 Ok(message) => message,
                 Err(error)
@@ -784,6 +835,10 @@ async fn follow(
             }
             {
                 let mut received = shared.received();
+                if received.generation != consuming {
+                    // The stream was replaced under this consumer: nothing of it is handed out.
+                    break;
+                }
                 if sequence <= received.last {
                     continue;
                 }
@@ -798,15 +853,21 @@ async fn follow(
             shared.touch(Some(sequence));
             shared.delivered.send_replace(sequence);
         }
-        // Replaced from the message after the last one handed to us, retried until it works.
+        // Replaced from the message after the last one handed to us (the first, for a stream
+        // found replaced), retried until it works.
         let mut backoff = Duration::from_millis(250);
         messages = loop {
-            let next = shared.received().last + 1;
+            let (next, generation) = {
+                let received = shared.received();
+                (received.last + 1, received.generation)
+            };
+            replaced.mark_unchanged();
             match stream.ordered_from(next).await {
                 Ok(messages) => {
                     if let Some(s) = not_replaced.end(Instant::now()) {
                         tracing::info!(store = %described, failed_tries = s.total, lasted = ?s.lasted, "the journal consumer is replaced");
                     }
+                    consuming = generation;
                     break messages;
                 }
                 Err(error) => {
@@ -819,7 +880,8 @@ async fn follow(
                         }
                         Say::Quiet => {}
                     }
-                    tokio::time::sleep(backoff).await;
+                    // A replacement found meanwhile is tried at once.
+                    let _ = tokio::time::timeout(backoff, replaced.changed()).await;
                     backoff = (backoff * 2).min(MAX_REPLACE_BACKOFF);
                 }
             }
@@ -827,7 +889,8 @@ async fn follow(
     }
 }
 
-/// Asks the stream for its state every [`PROBE_EVERY`]: contact and lag.
+/// Asks the stream for its state every [`PROBE_EVERY`]: contact, lag, and whether it is still
+/// the stream we follow.
 async fn probe(stream: NatsStream, shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -835,17 +898,11 @@ async fn probe(stream: NatsStream, shared: Arc<Shared>) {
     let mut behind: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
-        if let Ok(head) = stream.last_sequence().await {
+        if let Ok(incarnation) = stream.incarnation().await {
+            let head = incarnation.head;
+            shared.observe(incarnation, &stream.location);
             let delivered = *shared.delivered.borrow();
             let now = Instant::now();
-            {
-                let mut contact = shared.contact();
-                contact.last = now;
-                contact.head = head;
-                if delivered >= head {
-                    contact.caught_up = contact.last;
-                }
-            }
             behind = match behind {
                 _ if delivered >= head => None,
                 Some((seen, since)) if seen == delivered => {
@@ -871,16 +928,50 @@ impl Shared {
         self.contact.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A message arrived: the stream is in contact, and caught up if it was the head.
+    /// A message arrived: the stream is in contact.
     fn touch(&self, delivered: Option<u64>) {
         let mut contact = self.contact();
         contact.last = Instant::now();
         if let Some(delivered) = delivered {
             contact.head = contact.head.max(delivered);
-            if delivered >= contact.head {
-                contact.caught_up = contact.last;
-            }
         }
+    }
+
+    /// The stream answered with `now`: contact, lag, and a replacement (another creation
+    /// time, or a last sequence below what was delivered: a stream never goes back) starts a
+    /// new generation from the new stream's first message. Returns the generation `now` is
+    /// in.
+    fn observe(&self, now: Incarnation, location: &NatsLocation) -> u64 {
+        // Lock order: received, then contact (as `health`).
+        let mut received = self.received();
+        let mut contact = self.contact();
+        contact.last = Instant::now();
+        if now.created != contact.created || now.head < received.last {
+            let (old_created, old_last) = (contact.created, received.last);
+            *received = Received {
+                lines: Vec::new(),
+                too_long: 0,
+                last: 0,
+                handed: 0,
+                settle_at: now.head,
+                generation: received.generation + 1,
+                restarted: true,
+            };
+            contact.created = now.created;
+            contact.head = now.head;
+            contact.behind = (now.head > 0).then_some((contact.last, now.head));
+            tracing::warn!(store = %location, was_created = old_created, created = now.created, folded_up_to = old_last, holds = now.head, "the journal stream was deleted and created again: folding the new one from its start (leases only the old one granted are no longer admitted; closures already seen stay in force)");
+            self.delivered.send_replace(0);
+            self.replaced.send_modify(|n| *n += 1);
+            return received.generation;
+        }
+        contact.head = now.head;
+        let handed = received.handed;
+        match contact.behind {
+            Some((_, target)) if handed < target => {}
+            _ => contact.behind = (handed < now.head).then_some((contact.last, now.head)),
+        }
+        received.generation
     }
 }
 
@@ -890,8 +981,11 @@ impl Store for NatsStore {
             // Until the store settles, a read waits for something new (the initial fold reads
             // batch by batch); after, it takes what is there. Cancel-safe: nothing is taken
             // before the await.
-            let handed = self.shared.received().handed;
-            if handed < self.shared.initial_head {
+            let (handed, settle_at, restarted) = {
+                let received = self.shared.received();
+                (received.handed, received.settle_at, received.restarted)
+            };
+            if handed < settle_at && !restarted {
                 let mut delivered = self.shared.delivered.subscribe();
                 delivered
                     .wait_for(|d| *d > handed)
@@ -900,11 +994,16 @@ impl Store for NatsStore {
             }
             let mut received = self.shared.received();
             received.handed = received.last;
+            let restarted = std::mem::take(&mut received.restarted);
             Ok(Batch {
-                restarted: false,
+                restarted,
+                replaced: restarted,
                 lines: std::mem::take(&mut received.lines),
                 too_long: std::mem::take(&mut received.too_long),
-                position: at(received.last),
+                position: Position {
+                    generation: received.generation,
+                    offset: received.last,
+                },
             })
         })
     }
@@ -914,19 +1013,43 @@ impl Store for NatsStore {
         let (stream, record) = (self.stream.clone(), record.clone());
         let keyring = self.keyring.clone();
         let task = tokio::spawn(async move { stream.append_record(record, &keyring).await });
-        Box::pin(async move { task.await.map_err(io::Error::other)? })
+        Box::pin(async move {
+            let at = task.await.map_err(io::Error::other)??;
+            Ok(Position {
+                generation: self.shared.received().generation,
+                ..at
+            })
+        })
+    }
+
+    fn head(&self) -> BoxFuture<'_, io::Result<Position>> {
+        Box::pin(async move {
+            let now = self.stream.incarnation().await?;
+            let generation = self.shared.observe(now, &self.stream.location);
+            Ok(Position {
+                generation,
+                offset: now.head,
+            })
+        })
     }
 
     fn settled(&self) -> bool {
-        self.shared.received().handed >= self.shared.initial_head
+        let received = self.shared.received();
+        !received.restarted && received.handed >= received.settle_at
     }
 
     fn wait_for_more(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let mut delivered = self.shared.delivered.subscribe();
+            let mut replaced = self.shared.replaced.subscribe();
             let seen = self.shared.received().handed;
-            let _ = tokio::time::timeout(Duration::from_secs(1), delivered.wait_for(|d| *d > seen))
-                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                tokio::select! {
+                    _ = delivered.wait_for(|d| *d > seen) => {}
+                    _ = replaced.changed() => {}
+                }
+            })
+            .await;
         })
     }
 
@@ -956,11 +1079,22 @@ impl Store for NatsStore {
     }
 
     fn health(&self) -> StoreHealth {
-        let folded = self.settled();
+        let settled = self.settled();
+        let received = self.shared.received();
         let contact = self.shared.contact();
         let silent = contact.last.elapsed();
-        let lag = contact.caught_up.elapsed().saturating_sub(PROBE_EVERY * 2);
-        let problem = if !folded {
+        let lag = match contact.behind {
+            Some((since, target)) if received.handed < target => since.elapsed(),
+            _ => Duration::ZERO,
+        };
+        let problem = if !settled && received.generation > GENERATION {
+            Some(format!(
+                "{}: the stream was deleted and created again; folding the new one from its start ({} of {} messages)",
+                self.describe(),
+                received.handed,
+                received.settle_at
+            ))
+        } else if !settled {
             Some(format!("{}: initial fold not done", self.describe()))
         } else if silent > self.stale_after {
             Some(format!(
@@ -969,12 +1103,13 @@ impl Store for NatsStore {
                 silent.as_secs_f64(),
                 self.stale_after
             ))
-        } else if lag > self.stale_after {
+        } else if lag > LAG_GRACE {
             Some(format!(
-                "{}: {:.1} s behind the stream (--store-stale-after {:?}); the last known lease state is enforced",
+                "{}: behind the stream for {:.1} s: folded up to sequence {}, the stream holds {}; the last known lease state is enforced",
                 self.describe(),
                 lag.as_secs_f64(),
-                self.stale_after
+                received.handed,
+                contact.head
             ))
         } else {
             None
@@ -983,6 +1118,7 @@ impl Store for NatsStore {
             problem,
             lag,
             reconnects: self.stream.reconnects(),
+            replaced: received.generation - GENERATION,
         }
     }
 }
