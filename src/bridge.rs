@@ -287,7 +287,7 @@ pub async fn export(
     options: &NatsOptions,
     out: Option<&Path>,
 ) -> Result<usize, BridgeError> {
-    let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+    let stream = NatsStream::connect_existing(location, options, &StreamSpec::JOURNAL).await?;
     let Some(path) = out else {
         let mut stdout = io::BufWriter::new(io::stdout().lock());
         let copied = copy_stream(&stream, &mut stdout)

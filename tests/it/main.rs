@@ -24,6 +24,7 @@ mod nats_support;
 mod operate;
 mod pipeline;
 mod proxy;
+mod quorum_loss;
 mod run_trust;
 mod scale_out;
 mod suggest;
