@@ -19,6 +19,7 @@ mod fold;
 mod fuzz_corpus;
 mod harness;
 mod lease_ports;
+mod missing_stream;
 mod live;
 mod nats_support;
 mod operate;
