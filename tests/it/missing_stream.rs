@@ -36,7 +36,10 @@ async fn read_only_commands_do_not_create_a_missing_stream() {
     let egress = cluster.url_as(Role::Operator, "NOPE_EGRESS");
     let lease = "00000000-0000-4000-8000-000000000000";
     let commands: [(&str, Vec<&str>); 5] = [
-        ("leases", vec!["leases", "--journal", &journal, "--key-file", key]),
+        (
+            "leases",
+            vec!["leases", "--journal", &journal, "--key-file", key],
+        ),
         (
             "check",
             vec![
