@@ -21,6 +21,10 @@
 //!   under an id of its own bytes. A message's `event` alone proves nothing.
 //! - A replica starts from the latest snapshot ([`super::snapshot`]) that applies, then follows
 //!   from the sequence after the one it covers: the same fold, without reading what it covers.
+//! - A replica opens its journal stream patiently: every step of the open is retried for
+//!   `--store-start-timeout` whatever the error (a cluster without quorum answers 10008 or
+//!   nothing), except those waiting cannot mend; giving up names the last error. A command
+//!   that only reads ([`IfMissing::Refuse`]) never creates a stream.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
 //!   (`/readyz` 503) while the last folded state stays in force.
