@@ -393,7 +393,7 @@ pub async fn export(
     keyring: Option<&Keyring>,
     out: Option<&Path>,
 ) -> Result<usize, BridgeError> {
-    let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+    let stream = NatsStream::connect_existing(location, options, &StreamSpec::JOURNAL).await?;
     let start = whole::start(&stream, keyring, Prefer::Stream)
         .await
         .map_err(|cause| BridgeError::Purged {

@@ -664,6 +664,10 @@ pub struct StoreArgs {
     /// state stays enforced).
     #[arg(long, env = "LEASEGATE_STORE_STALE_AFTER", default_value = "5s", value_parser = humantime::parse_duration)]
     pub store_stale_after: std::time::Duration,
+    /// At start, how long a stream journal is retried, whatever the error (a cluster that is
+    /// starting or has lost its quorum), before `serve` exits naming the last error.
+    #[arg(long, env = "LEASEGATE_STORE_START_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub store_start_timeout: std::time::Duration,
     /// Local state: a stream journal's queue of pending revocations, the per-lease port
     /// assignments (`lease-ports`).
     #[arg(long, env = "LEASEGATE_DATA_DIR", default_value = ".leasegate")]

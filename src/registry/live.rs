@@ -14,11 +14,13 @@
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
 //!   ledger, no journal counter moved: nothing new is admitted) and cancels its subtree's
 //!   tokens (nothing open goes on; a client connection closes gracefully, so the refusal that
-//!   caused it is still answered), then appends. A failed append is an error for the caller, never
-//!   a lease left open: the record goes to the durable [`Pending`] queue (behind any already
-//!   there, so order is kept), which a retry task appends once the store takes it again, each
-//!   record once; a record of the queue that a read shows already in the store leaves it
-//!   unappended. The queue's closures are applied at open, before anything is served.
+//!   caused it is still answered), then stages its record in the durable [`Pending`] queue
+//!   (fsynced) and only then appends: a process killed while the append waits still has the
+//!   record. It leaves the queue once the store holds it. A failed append is an error for the
+//!   caller, never a lease left open: the record stays queued (in order), and a retry task
+//!   appends it once the store takes it again, each record once; a record of the queue that a
+//!   read shows already in the store leaves it unappended. The queue's closures are applied at
+//!   open, before anything is served.
 //! - The journal's health (writable or failing, readable or not, and why) changes state on an
 //!   append's or a read's outcome; an error is logged once per change, not per failed attempt,
 //!   and `/readyz` names the cause while either fails.
@@ -48,7 +50,7 @@ use super::catch_up::{Pause, BEAT_EVERY};
 use super::clock::{Clock, KEEP_EVERY};
 use super::journal;
 use super::ledger::Ledger;
-use super::pending::{pending_path, Pending};
+use super::pending::{pending_path, Pending, Staged};
 use super::revocation::{issuer_revocation, RevocationError};
 use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
@@ -458,19 +460,47 @@ impl Registry {
         }
     }
 
-    /// Queues a record the store did not take (blocking file I/O off the runtime). With
-    /// `in_flight`, only if no read has handed it out since its append began.
-    async fn enqueue(&self, record: &Value, in_flight: bool) {
+    /// Queues a record behind those already queued (blocking file I/O off the runtime).
+    async fn enqueue(&self, record: &Value) {
         let (queue, record) = (self.pending.clone(), record.clone());
-        let queued = tokio::task::spawn_blocking(move || match in_flight {
-            true => queue.give_up(&record).map(drop),
-            false => queue.push(&record),
-        })
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|r| r);
+        let queued = tokio::task::spawn_blocking(move || queue.push(&record))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
         if let Err(error) = queued {
             tracing::error!(%error, "queued a revocation in memory only: its queue file cannot be written");
+        }
+    }
+
+    /// Stages a record whose append is about to be tried: on disk in the queue before this
+    /// returns (blocking file I/O off the runtime). Dropped without [`Staged::landed`], the
+    /// record stays queued; the retry task offers it.
+    async fn stage(&self, record: &Value) -> Option<Staged> {
+        let (queue, record) = (self.pending.clone(), record.clone());
+        match tokio::task::spawn_blocking(move || queue.stage(&record)).await {
+            Ok((staged, Ok(()))) => Some(staged),
+            Ok((staged, Err(error))) => {
+                tracing::error!(%error, "a revocation is staged in memory only: its queue file cannot be written");
+                Some(staged)
+            }
+            // The blocking task panicked: nothing staged; the append goes on without it.
+            Err(error) => {
+                tracing::error!(%error, "staging a revocation in its queue");
+                None
+            }
+        }
+    }
+
+    /// The store holds a staged record: it leaves the queue (off the runtime; the rewrite goes
+    /// through even if our caller stops waiting).
+    async fn landed(&self, staged: Option<Staged>) {
+        let Some(staged) = staged else { return };
+        let removed = tokio::task::spawn_blocking(move || staged.landed())
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        if let Err(error) = removed {
+            tracing::error!(%error, "a revocation reached the journal but its queue file was not rewritten");
         }
     }
 
@@ -604,10 +634,11 @@ impl Registry {
     }
 
     /// Revokes a lease: closes it in memory and tears down its subtree at once (nothing new is
-    /// admitted, nothing open goes on), then appends a signed `revoked` record (`by: "issuer"`,
-    /// under the lease's own key) and reads the journal until the record has been folded.
-    /// Returns `false`, writing nothing, if the lease is already revoked. On an append error or
-    /// timeout the lease stays revoked in memory and its record is queued.
+    /// admitted, nothing open goes on), then stages a signed `revoked` record (`by: "issuer"`,
+    /// under the lease's own key) in the durable queue, appends it and reads the journal until
+    /// the record has been folded. Returns `false`, writing nothing, if the lease is already
+    /// revoked. On an append error or timeout the lease stays revoked in memory and its record
+    /// stays queued.
     pub async fn revoke(
         &self,
         lease_id: &str,
@@ -636,7 +667,7 @@ impl Registry {
         let queued = self.pending.len();
         if queued > 0 {
             // Behind the others: the store gets records in the order they were made.
-            self.enqueue(&revocation.record, false).await;
+            self.enqueue(&revocation.record).await;
             tracing::warn!(
                 lease = lease_id,
                 queued,
@@ -644,27 +675,27 @@ impl Registry {
             );
             return Err(RevokeError::Queued(queued));
         }
-        // Polled right away, in the same poll as the closure above: once it is visible the
-        // append is under way even if our caller stops waiting.
-        self.pending.begin(&revocation.record);
+        // On disk before the append is tried: a kill while it waits loses nothing. If our
+        // caller stops waiting from here on, the guard's drop leaves the record queued.
+        let staged = self.stage(&revocation.record).await;
         let appended =
             tokio::time::timeout(self.append_timeout, self.store.append(&revocation.record)).await;
         let at = match appended {
             Ok(Ok(at)) => at,
             Ok(Err(error)) => {
                 tracing::warn!(%error, lease = lease_id, store = %self.store.describe(), "revoked in memory, but the journal did not take the record: queued");
-                self.enqueue(&revocation.record, true).await;
+                drop(staged);
                 self.append_failed(error.to_string());
                 return Err(RevokeError::Journal(error));
             }
             Err(_) => {
                 tracing::warn!(lease = lease_id, timeout = ?self.append_timeout, store = %self.store.describe(), "revoked in memory, but appending the record timed out: queued");
-                self.enqueue(&revocation.record, true).await;
+                drop(staged);
                 self.append_failed(format!("no append within {:?}", self.append_timeout));
                 return Err(RevokeError::Timeout(self.append_timeout));
             }
         };
-        self.pending.end(&revocation.record);
+        self.landed(staged).await;
         self.append_succeeded();
         self.read_until(at).await;
         Ok(true)

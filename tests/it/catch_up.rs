@@ -141,6 +141,7 @@ async fn readiness_follows_the_streams_last_sequence_not_the_last_message_receiv
         &options,
         &keyring,
         1 << 20,
+        leasegate::registry::store::nats::IfMissing::Create,
     )
     .await
     .unwrap();

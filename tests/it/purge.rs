@@ -246,6 +246,7 @@ async fn a_purged_stream_without_a_covering_snapshot_is_refused_by_every_reader(
         &NatsOptions::default(),
         &keyring,
         1 << 20,
+        leasegate::registry::store::nats::IfMissing::Create,
     )
     .await;
     let error = opened

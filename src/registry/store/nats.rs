@@ -22,6 +22,10 @@
 //! - A replica starts from the latest snapshot ([`super::snapshot`]) that applies, then follows
 //!   from the sequence after the one it covers: the same fold, without reading what it covers.
 //!   A stream purged below what a verified snapshot covers is refused ([`super::whole`]).
+//! - A replica opens its journal stream patiently: every step of the open is retried for
+//!   `--store-start-timeout` whatever the error (a cluster without quorum answers 10008 or
+//!   nothing), except those waiting cannot mend; giving up names the last error. A command
+//!   that only reads ([`IfMissing::Refuse`]) never creates a stream.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
 //!   (`/readyz` 503) while the last folded state stays in force. When the stream holds
@@ -98,6 +102,9 @@ pub struct NatsOptions {
     pub replicas: usize,
     /// `--store-stale-after`: without contact this long, the store reports a problem.
     pub stale_after: Duration,
+    /// `--store-start-timeout`: how long a replica keeps trying to open its journal stream at
+    /// start.
+    pub start_timeout: Duration,
 }
 
 impl Default for NatsOptions {
@@ -107,6 +114,7 @@ impl Default for NatsOptions {
             tls_ca: None,
             replicas: 1,
             stale_after: Duration::from_secs(5),
+            start_timeout: START_TIMEOUT,
         }
     }
 }
@@ -137,9 +145,29 @@ pub enum NatsError {
     Connect { location: String, reason: String },
     #[error("{location}: {reason}")]
     Stream { location: String, reason: String },
-    /// The stream exists but is not one leasegate may use.
+    /// The stream exists but is not one leasegate may use (other subjects; purged with no
+    /// snapshot covering what is gone).
     #[error("{location}: {reason}")]
     Foreign { location: String, reason: String },
+    /// The stream does not exist, and a command that only reads does not create it.
+    #[error("{location}: the stream {stream} does not exist (a command that only reads does not create it)")]
+    Missing { location: String, stream: String },
+    /// The stream could not be opened within `--store-start-timeout`.
+    #[error("{location}: not open after {waited:.1?} of retries (--store-start-timeout); the last error: {last}")]
+    GaveUp {
+        location: String,
+        waited: Duration,
+        last: Box<NatsError>,
+    },
+}
+
+/// Whether opening a stream that does not exist creates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfMissing {
+    /// `serve`, `issue`, `journal import` and `mirror`: the stream is made, per its spec.
+    Create,
+    /// The commands that only read: [`NatsError::Missing`].
+    Refuse,
 }
 
 /// A connection to one stream.
@@ -188,6 +216,26 @@ impl NatsStream {
         options: &NatsOptions,
         spec: &StreamSpec,
     ) -> Result<NatsStream, NatsError> {
+        NatsStream::open(location, options, spec, IfMissing::Create).await
+    }
+
+    /// [`NatsStream::connect`] for a command that only reads: a missing stream is
+    /// [`NatsError::Missing`], and stays missing.
+    pub async fn connect_existing(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        spec: &StreamSpec,
+    ) -> Result<NatsStream, NatsError> {
+        NatsStream::open(location, options, spec, IfMissing::Refuse).await
+    }
+
+    /// Connects to `location` and opens its stream; what a missing one does is `missing`'s.
+    pub async fn open(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        spec: &StreamSpec,
+        missing: IfMissing,
+    ) -> Result<NatsStream, NatsError> {
         let reconnects = Arc::new(AtomicU64::new(0));
         let client = connect_client(location, options, reconnects.clone()).await?;
         let jetstream = jetstream::new(client.clone());
@@ -205,13 +253,30 @@ impl NatsStream {
             max_age: spec.max_age.unwrap_or_default(),
             ..Default::default()
         };
-        let mut stream = tokio::time::timeout(
-            options.stale_after.max(REQUEST_TIMEOUT),
-            jetstream.get_or_create_stream(config),
-        )
-        .await
-        .map_err(|_| stream_error("JetStream did not answer (is it enabled?)".into()))?
-        .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?;
+        let patience = options.stale_after.max(REQUEST_TIMEOUT);
+        let no_answer = |_| stream_error("JetStream did not answer (is it enabled?)".into());
+        let mut stream = match missing {
+            IfMissing::Create => {
+                tokio::time::timeout(patience, jetstream.get_or_create_stream(config))
+                    .await
+                    .map_err(no_answer)?
+                    .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?
+            }
+            IfMissing::Refuse => tokio::time::timeout(patience, jetstream.get_stream(&config.name))
+                .await
+                .map_err(no_answer)?
+                .map_err(|e| match e.kind() {
+                    jetstream::context::GetStreamErrorKind::JetStream(e)
+                        if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                    {
+                        NatsError::Missing {
+                            location: location.to_string(),
+                            stream: location.stream.clone(),
+                        }
+                    }
+                    _ => stream_error(format!("cannot open the stream: {e}")),
+                })?,
+        };
         let held = stream
             .info()
             .await
@@ -598,31 +663,63 @@ async fn connect_client(
         })
 }
 
-/// How long a replica keeps trying to reach its journal stream at start (a cluster that is
-/// itself starting elects its leaders first).
-pub const START_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a replica keeps trying to open its journal stream at start, by default (a cluster
+/// that is itself starting, or that has lost its quorum, elects its leaders first).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// [`NatsStream::connect`] for the journal, retried with backoff for [`START_PATIENCE`] while
-/// the servers or JetStream do not answer. A stream leasegate may not use fails at once.
-async fn connect_patiently(
+/// Runs `attempt` until it succeeds, with backoff, for `options.start_timeout` whatever the
+/// error, except those that waiting cannot mend (credentials that cannot be read, a stream
+/// leasegate may not use or is not to create): those are returned at once. Past the timeout
+/// the error names the last attempt's.
+async fn patiently<T, F, Fut>(
     location: &NatsLocation,
     options: &NatsOptions,
-) -> Result<NatsStream, NatsError> {
-    let deadline = Instant::now() + START_PATIENCE;
+    mut attempt: F,
+) -> Result<T, NatsError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, NatsError>>,
+{
+    let started = Instant::now();
+    let deadline = started + options.start_timeout;
     let mut backoff = Duration::from_millis(250);
     loop {
-        match NatsStream::connect(location, options, &StreamSpec::JOURNAL).await {
-            Ok(stream) => return Ok(stream),
-            Err(error @ (NatsError::Connect { .. } | NatsError::Stream { .. }))
-                if Instant::now() + backoff < deadline =>
-            {
-                tracing::warn!(%error, retry_in = ?backoff, "the journal stream is not reachable yet");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(4));
-            }
-            Err(error) => return Err(error),
+        let error = match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(
+                error @ (NatsError::Creds { .. }
+                | NatsError::Foreign { .. }
+                | NatsError::Missing { .. }),
+            ) => return Err(error),
+            Err(error) => error,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NatsError::GaveUp {
+                location: location.to_string(),
+                waited: started.elapsed(),
+                last: Box::new(error),
+            });
         }
+        let wait = backoff.min(left);
+        tracing::warn!(%error, retry_in = ?wait, "the journal stream cannot be opened yet");
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(Duration::from_secs(4));
     }
+}
+
+/// What opening the journal stream yields: the stream, its last sequence then, the sequence
+/// the snapshot covers and its lines, and the consumer of what follows.
+struct Opened {
+    stream: NatsStream,
+    /// The stream's last sequence when it was opened: the first read waits for it.
+    initial_head: u64,
+    /// The stream's creation time (a stream created again under the same name differs).
+    created: i128,
+    /// The sequence the snapshot's `lines` cover (0: none).
+    covers: u64,
+    lines: Vec<Vec<u8>>,
+    messages: consumer::push::Ordered,
 }
 
 /// The journal stream, followed: what [`Store`] needs.
@@ -689,31 +786,26 @@ impl NatsStore {
     /// sequence it covers, or from the first message. Closing records appended through it are
     /// checked against what the stream holds under `keyring` (see the module invariants). A
     /// message longer than `max_line` bytes is skipped, counted and logged, never held.
+    /// Retried as [`patiently`] says, for `--store-start-timeout`; with [`IfMissing::Refuse`]
+    /// a missing stream is an error at once.
     pub async fn open(
         location: &NatsLocation,
         options: &NatsOptions,
         keyring: &Keyring,
         max_line: usize,
+        missing: IfMissing,
     ) -> Result<NatsStore, NatsError> {
-        let stream = connect_patiently(location, options).await?;
-        let stream_error = |e: io::Error| NatsError::Stream {
-            location: location.to_string(),
-            reason: e.to_string(),
-        };
-        let incarnation = stream.incarnation().await.map_err(stream_error)?;
-        // A snapshot that cannot be read is not used while the journal holds everything; once
-        // it is purged, nothing partial is folded.
-        let start = whole::start(&stream, Some(keyring), Prefer::Snapshot)
-            .await
-            .map_err(|e| stream_error(io::Error::other(e)))?;
-        let initial_head = incarnation.head;
-        let (covers, lines) = match start.snapshot {
-            Some((marker, lines)) => {
-                tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
-                (marker.covers, lines)
-            }
-            None => (0, Vec::new()),
-        };
+        let Opened {
+            stream,
+            initial_head,
+            created,
+            covers,
+            lines,
+            messages,
+        } = patiently(location, options, || {
+            NatsStore::open_once(location, options, keyring, missing)
+        })
+        .await?;
         let shared = Arc::new(Shared {
             received: Mutex::new(Received {
                 lines,
@@ -729,7 +821,7 @@ impl NatsStore {
                 last: Instant::now(),
                 head: initial_head,
                 behind: None,
-                created: incarnation.created,
+                created,
             }),
             stalled: tokio::sync::Notify::new(),
             replaced: watch::channel(0).0,
@@ -741,10 +833,6 @@ impl NatsStore {
                 None
             }
         };
-        let messages = stream
-            .ordered_from(covers + 1)
-            .await
-            .map_err(stream_error)?;
         let follower = tokio::spawn(follow(stream.clone(), messages, shared.clone(), max_line));
         let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
         Ok(NatsStore {
@@ -754,6 +842,53 @@ impl NatsStore {
             stale_after: options.stale_after,
             broadcaster,
             tasks: vec![follower.abort_handle(), probe.abort_handle()],
+        })
+    }
+
+    /// One attempt at everything [`NatsStore::open`] asks of the cluster.
+    async fn open_once(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        keyring: &Keyring,
+        missing: IfMissing,
+    ) -> Result<Opened, NatsError> {
+        let stream = NatsStream::open(location, options, &StreamSpec::JOURNAL, missing).await?;
+        let stream_error = |e: io::Error| NatsError::Stream {
+            location: location.to_string(),
+            reason: e.to_string(),
+        };
+        let incarnation = stream.incarnation().await.map_err(stream_error)?;
+        // A snapshot that cannot be read is not used while the journal holds everything; once
+        // it is purged, nothing partial is folded.
+        // Waiting mends a failed read, not a purged stream without its snapshot.
+        let start = whole::start(&stream, Some(keyring), Prefer::Snapshot)
+            .await
+            .map_err(|e| match e {
+                whole::StartError::Io(e) => stream_error(e),
+                purged => NatsError::Foreign {
+                    location: location.to_string(),
+                    reason: purged.to_string(),
+                },
+            })?;
+        let initial_head = incarnation.head;
+        let (covers, lines) = match start.snapshot {
+            Some((marker, lines)) => {
+                tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
+                (marker.covers, lines)
+            }
+            None => (0, Vec::new()),
+        };
+        let messages = stream
+            .ordered_from(covers + 1)
+            .await
+            .map_err(stream_error)?;
+        Ok(Opened {
+            stream,
+            initial_head,
+            created: incarnation.created,
+            covers,
+            lines,
+            messages,
         })
     }
 
