@@ -12,6 +12,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::nats::Nats;
 use common::{keyring, lease_id, serve_config, signed_lease};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -23,7 +24,6 @@ use leasegate::registry::store::NatsLocation;
 use leasegate::registry::{JournalLocation, Registry, StoreOptions};
 use leasegate::server::Server;
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -61,57 +61,14 @@ fn line(key: &Key, i: u64) -> Value {
     }
 }
 
-/// One `nats-server -js` on a free loopback port, killed on drop.
-struct Nats {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Nats {
-    fn start() -> Nats {
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("nats-server (Debian's package) is needed: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Nats {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-
-    fn location(&self, stream: &str) -> NatsLocation {
-        format!("nats://127.0.0.1:{}/{stream}", self.port)
-            .parse()
-            .unwrap()
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The journal location of `stream` on `nats`.
+fn location(nats: &Nats, stream: &str) -> NatsLocation {
+    nats.url(stream).parse().unwrap()
 }
 
 async fn stream(nats: &Nats, name: &str) -> NatsStream {
     NatsStream::connect(
-        &nats.location(name),
+        &location(nats, name),
         &NatsOptions::default(),
         &StreamSpec::JOURNAL,
     )
@@ -163,7 +120,7 @@ async fn catch_up(nats: &Nats, key: &Key, records: u64) {
     let options = StoreOptions::default();
     let started = Instant::now();
     let registry = open_registry(
-        &JournalLocation::Nats(nats.location("CATCHUP")),
+        &JournalLocation::Nats(location(nats, "CATCHUP")),
         keyring(key),
         &options,
         false,
@@ -194,7 +151,7 @@ async fn propagation(nats: &Nats, key: &Key, trials: u64) {
         }),
     )
     .await;
-    let location = JournalLocation::Nats(nats.location("PROPAGATION"));
+    let location = JournalLocation::Nats(location(nats, "PROPAGATION"));
     let options = StoreOptions::default();
     let shutdown = CancellationToken::new();
     let open = || async {
@@ -310,7 +267,7 @@ async fn request_path(nats: &Nats, key: &Key) {
     let file = Server::start(config(JournalLocation::File(journal.clone())))
         .await
         .unwrap();
-    let stream = Server::start(config(JournalLocation::Nats(nats.location("REQUESTS"))))
+    let stream = Server::start(config(JournalLocation::Nats(location(nats, "REQUESTS"))))
         .await
         .unwrap();
     let lease = lease_id(0);
@@ -341,8 +298,8 @@ fn main() {
     let key = Key::from_bytes([7; 32]);
     // One server each: journal streams share their subjects, so one account holds one.
     runtime.block_on(async {
-        request_path(&Nats::start(), &key).await;
-        propagation(&Nats::start(), &key, 200).await;
-        catch_up(&Nats::start(), &key, records).await;
+        request_path(&Nats::start_with(""), &key).await;
+        propagation(&Nats::start_with(""), &key, 200).await;
+        catch_up(&Nats::start_with(""), &key, records).await;
     });
 }

@@ -3,6 +3,8 @@
 //!
 //! Invariant: a lease built here passes `Lease::load` under [`keyring`] of the same key.
 
+pub mod nats;
+
 use leasegate::config::ServeConfig;
 use leasegate::contract::lease::sign;
 use leasegate::contract::{Key, Keyring};

@@ -20,18 +20,18 @@ use std::time::Duration;
 const LEASES: u32 = 5_000;
 
 /// Clients asking at once, each in a loop.
-const FLOODERS: usize = 64;
+pub(crate) const FLOODERS: usize = 64;
 
 /// Blocking threads of the runtime the server runs on: `serve`'s control runtime has tokio's
 /// 512, and the flood that filled them was 2,000 clients; both are scaled down together.
-const BLOCKING_THREADS: usize = 16;
+pub(crate) const BLOCKING_THREADS: usize = 16;
 
 /// How soon the revocation must close the tunnel, flood or not. Without a flood it takes one
 /// poll (50 ms); behind the flood it took seconds.
 const TEARDOWN_WITHIN: Duration = Duration::from_millis(1500);
 
 /// Appends `LEASES` leases open for an hour, signed with the harness's key.
-fn many_leases(h: &Harness) {
+pub(crate) fn many_leases(h: &Harness) {
     let now = Timestamp::now();
     let window = (
         Timestamp::from_millis(now.as_millis() - 60_000).to_string(),
@@ -75,8 +75,8 @@ fn get(admin: SocketAddr, path: &str) -> Option<(u16, String)> {
 
 /// What the flood was answered.
 #[derive(Default)]
-struct Answers {
-    ok: AtomicUsize,
+pub(crate) struct Answers {
+    pub(crate) ok: AtomicUsize,
     busy: AtomicUsize,
     other: AtomicUsize,
     /// One 503 answer, as it came.
@@ -85,7 +85,7 @@ struct Answers {
 
 /// `FLOODERS` threads asking for `/leases?limit=1000&counts=true` and `/metrics` in a loop
 /// until `stop`; `started` counts those that sent a first request.
-fn flood(
+pub(crate) fn flood(
     admin: SocketAddr,
     stop: Arc<AtomicBool>,
     started: Arc<AtomicUsize>,

@@ -66,7 +66,7 @@ async fn until_holds(stream: &NatsStream, n: u64, limit: Duration) -> u64 {
 }
 
 /// `journal mirror FILE --to URL`, started; returns once it has caught up, with its report.
-async fn start_mirror(file: &Path, url: &str) -> (Child, String) {
+pub(crate) async fn start_mirror(file: &Path, url: &str) -> (Child, String) {
     let mut command = tokio::process::Command::from(leasegate_command(&[
         "journal",
         "mirror",

@@ -14,9 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A `serve` child under a descriptor limit, and its stderr, collected line by line.
-struct Served {
+pub(crate) struct Served {
     child: Child,
-    proxy: SocketAddr,
+    pub(crate) proxy: SocketAddr,
     admin: SocketAddr,
     stderr: Arc<Mutex<Vec<String>>>,
 }
@@ -49,7 +49,7 @@ fn serve_args<'a>(h: &'a Harness, more: &[&'a str]) -> Vec<&'a str> {
 
 impl Served {
     /// [`serve_args`] under `ulimit {limit}`.
-    fn start(h: &Harness, limit: &str, more: &[&str]) -> Served {
+    pub(crate) fn start(h: &Harness, limit: &str, more: &[&str]) -> Served {
         let mut child = leasegate_command_under(limit, &serve_args(h, more))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -93,7 +93,7 @@ impl Served {
         }
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
     }
 
@@ -126,7 +126,7 @@ impl Drop for Served {
 }
 
 /// An origin that echoes what it is sent.
-async fn echo_origin() -> u16 {
+pub(crate) async fn echo_origin() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -142,7 +142,7 @@ async fn echo_origin() -> u16 {
 
 /// A CONNECT tunnel of `lease` to the echo origin, echoing, or `None` (refused, or not
 /// answered within 5 s).
-async fn tunnel(proxy: SocketAddr, lease: &str, port: u16) -> Option<TcpStream> {
+pub(crate) async fn tunnel(proxy: SocketAddr, lease: &str, port: u16) -> Option<TcpStream> {
     let attempt = async {
         let mut stream = TcpStream::connect(proxy).await.ok()?;
         let request = format!("CONNECT origin.test:{port} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n");
@@ -171,7 +171,7 @@ async fn tunnel(proxy: SocketAddr, lease: &str, port: u16) -> Option<TcpStream> 
 }
 
 /// As many of `n` tunnels at once as open and echo.
-async fn tunnels(proxy: SocketAddr, lease: &str, port: u16, n: usize) -> Vec<TcpStream> {
+pub(crate) async fn tunnels(proxy: SocketAddr, lease: &str, port: u16, n: usize) -> Vec<TcpStream> {
     let attempts = (0..n).map(|_| tunnel(proxy, lease, port));
     futures_util::future::join_all(attempts)
         .await
@@ -181,7 +181,7 @@ async fn tunnels(proxy: SocketAddr, lease: &str, port: u16, n: usize) -> Vec<Tcp
 }
 
 /// Connections that send half a request head and wait, as many of `n` as connect in 5 s.
-async fn pending(proxy: SocketAddr, n: usize) -> Vec<TcpStream> {
+pub(crate) async fn pending(proxy: SocketAddr, n: usize) -> Vec<TcpStream> {
     let attempts = (0..n).map(|_| async move {
         let attempt = async {
             let mut stream = TcpStream::connect(proxy).await.ok()?;

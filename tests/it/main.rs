@@ -31,6 +31,7 @@ mod purge;
 mod quorum_loss;
 mod run_trust;
 mod scale_out;
+mod starvation;
 mod suggest;
 mod support;
 mod tls_hello;
