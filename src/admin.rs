@@ -610,9 +610,11 @@ fn metrics(state: &AdminState) -> String {
             .map(|(r, n)| (r.as_str(), n))
             .collect(),
         journal_append_failures: state.proxy.registry.append_failures(),
+        revoke_broadcasts: state.proxy.registry.broadcasts(),
         journal_pending_revocations: state.proxy.registry.pending() as u64,
         store_lag_seconds: store.lag.as_secs_f64(),
         store_reconnects: store.reconnects,
+        store_replaced: store.replaced,
         journal_follow_lag_seconds: state
             .proxy
             .registry

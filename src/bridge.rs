@@ -4,22 +4,35 @@
 //! Invariant: the stream never holds a line of the file more times than the file does, and the
 //! lines it gains from us arrive in file order, byte for byte. A line is published only while
 //! the stream holds fewer copies of it than the file has shown so far (a multiset of sha256s,
-//! read from the stream at start); one line at a time, each acknowledged before the next is
-//! sent; under a `Nats-Msg-Id` (its sha256 and its occurrence in the file) that makes a retry
-//! after a lost ack, or a second bridge on the same file, a no-op within the duplicate window.
+//! read from the stream at start: the snapshot's lines and the messages after it once the
+//! stream is purged, see [`whole`]); many at once, but never two lines of one lease in flight
+//! ([`window`]); under a `Nats-Msg-Id` (its sha256 and its occurrence in the file) that makes a
+//! retry after a lost ack, or a second bridge on the same file, a no-op within the duplicate
+//! window. A line that a compaction dropped from the snapshot (a record that changes no status,
+//! a duplicate grant, a lease past the retention) is no longer counted once its message is
+//! purged: a bridge started after the purge publishes it again, and the fold ignores it as it
+//! did the first time.
 //! A line that can never be published ([`Unpublishable`]: larger than the server takes) is a
 //! permanent error of that line alone: logged, counted, and the lines after it go on, so one
 //! line never wedges the revocations behind it.
 
+mod window;
+
+pub use window::WINDOW;
+
+use crate::contract::Keyring;
 use crate::registry::journal;
 use crate::registry::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
+use crate::registry::store::whole::{self, Prefer, StartError};
 use crate::registry::store::{FileStore, NatsLocation, Store};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use window::{Landed, Window};
 
 /// How many times `import` tries one line before it gives up (about half a minute in all:
 /// enough for a JetStream cluster to elect a new stream leader).
@@ -46,7 +59,9 @@ pub enum BridgeError {
     Write { path: String, cause: io::Error },
     #[error("reading the stream {location}: {cause}")]
     Stream { location: String, cause: io::Error },
-    #[error("line {line} of {path}: not acknowledged by {location} after {attempts} attempts (lines before it are in the stream; run the import again to resume): {cause}")]
+    #[error("reading the stream {location}: {cause}")]
+    Purged { location: String, cause: StartError },
+    #[error("line {line} of {path}: not acknowledged by {location} after {attempts} attempts (lines before it are in the stream but for those of other leases still in flight; run the import again to resume): {cause}")]
     Publish {
         path: String,
         line: usize,
@@ -99,7 +114,12 @@ pub enum Step {
     /// The stream already holds this occurrence.
     Already,
     /// Publish it under this `Nats-Msg-Id`, then call [`Tally::published`].
-    Publish { id: String, hash: LineHash },
+    Publish {
+        id: String,
+        hash: LineHash,
+        /// Which copy of the line in the file this is (1 for the first).
+        occurrence: u64,
+    },
 }
 
 impl Tally {
@@ -135,6 +155,7 @@ impl Tally {
         Step::Publish {
             id: message_id(&hash, *seen),
             hash,
+            occurrence: *seen,
         }
     }
 
@@ -143,10 +164,40 @@ impl Tally {
         self.file.get(hash).copied().unwrap_or(0) <= self.stream.get(hash).copied().unwrap_or(0)
     }
 
+    /// How many copies of `hash` the stream holds, as counted.
+    pub fn stream_copies(&self, hash: &LineHash) -> u64 {
+        self.stream.get(hash).copied().unwrap_or(0)
+    }
+
     /// The stream acknowledged one more copy of `hash`.
     pub fn published(&mut self, hash: LineHash) {
         *self.stream.entry(hash).or_default() += 1;
     }
+}
+
+/// Every line the journal in the stream holds: the messages, or once the stream is purged, the
+/// snapshot's lines (its marker verified under `keyring`) and the messages after it.
+pub async fn journal_lines(
+    stream: &NatsStream,
+    keyring: Option<&Keyring>,
+) -> Result<Vec<bytes::Bytes>, BridgeError> {
+    let location = stream.location.to_string();
+    let start = whole::start(stream, keyring, Prefer::Stream)
+        .await
+        .map_err(|cause| BridgeError::Purged {
+            location: location.clone(),
+            cause,
+        })?;
+    let held = stream
+        .read_all_from(start.next)
+        .await
+        .map_err(|cause| BridgeError::Stream { location, cause })?;
+    let snapshot = start.snapshot.map(|(_, lines)| lines).unwrap_or_default();
+    Ok(snapshot
+        .into_iter()
+        .map(bytes::Bytes::from)
+        .chain(held.into_iter().map(|(_, line)| line))
+        .collect())
 }
 
 fn hash(line: &[u8]) -> LineHash {
@@ -188,12 +239,26 @@ pub struct Imported {
     pub skipped: Vec<Skipped>,
 }
 
-/// Publishes every line of the file at `path` the stream does not hold yet, in file order.
-/// Empty lines carry no record and are skipped; so is a last line without a newline.
+/// Publishes every line of the file at `path` the stream does not hold yet, each lease's lines
+/// in file order, up to [`WINDOW`] acknowledgements awaited at once. Empty lines carry no record
+/// and are skipped; so is a last line without a newline. `keyring`: what a purged stream's
+/// snapshot must verify under.
 pub async fn import(
     path: &Path,
     location: &NatsLocation,
     options: &NatsOptions,
+    keyring: Option<&Keyring>,
+) -> Result<Imported, BridgeError> {
+    import_windowed(path, location, options, keyring, WINDOW).await
+}
+
+/// [`import`] with at most `window` lines in flight.
+pub async fn import_windowed(
+    path: &Path,
+    location: &NatsLocation,
+    options: &NatsOptions,
+    keyring: Option<&Keyring>,
+    window: usize,
 ) -> Result<Imported, BridgeError> {
     let file_error = |cause| BridgeError::File {
         path: path.display().to_string(),
@@ -206,20 +271,35 @@ pub async fn import(
         .and_then(|r| r)
         .map_err(file_error)?;
     let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
-    let held = stream
-        .read_all()
-        .await
-        .map_err(|cause| BridgeError::Stream {
-            location: location.to_string(),
-            cause,
-        })?;
-    let mut tally = Tally::of_stream(held.iter().map(|(_, line)| &line[..]));
+    let held = journal_lines(&stream, keyring).await?;
+    let mut tally = Tally::of_stream(held.iter().map(|line| &line[..]));
+    drop(held);
     let (lines, rest) = journal::split_lines(&bytes);
     let mut imported = Imported {
         unterminated: !rest.is_empty(),
         ..Imported::default()
     };
     let max_payload = stream.max_payload();
+    let mut window = Window::new(window);
+    // The first line given up on: nothing more is sent after it.
+    let mut failed: Option<(usize, io::Error)> = None;
+    let landed = |tally: &mut Tally,
+                  imported: &mut Imported,
+                  failed: &mut Option<(usize, io::Error)>,
+                  done: Landed<(LineHash, usize)>| {
+        let (hash, line) = done.tag;
+        match done.result {
+            Ok(()) => {
+                tally.published(hash);
+                imported.published += 1;
+            }
+            Err(cause) => {
+                if failed.as_ref().is_none_or(|(first, _)| line < *first) {
+                    *failed = Some((line, cause));
+                }
+            }
+        }
+    };
     for (index, line) in lines.enumerate() {
         if line.is_empty() {
             continue;
@@ -232,21 +312,45 @@ pub async fn import(
             });
             continue;
         }
-        let Step::Publish { id, hash } = tally.next(line) else {
+        let Step::Publish { id, hash, .. } = tally.next(line) else {
             imported.already += 1;
             continue;
         };
-        publish_attempts(&stream, line, &id, IMPORT_ATTEMPTS)
-            .await
-            .map_err(|cause| BridgeError::Publish {
-                path: path.display().to_string(),
-                line: index + 1,
-                location: location.to_string(),
-                attempts: IMPORT_ATTEMPTS,
-                cause,
-            })?;
-        tally.published(hash);
-        imported.published += 1;
+        let subject = subject_of(&stream, line);
+        let mut settled = Vec::new();
+        window.ready(&subject, |done| settled.push(done)).await;
+        for done in settled {
+            landed(&mut tally, &mut imported, &mut failed, done);
+        }
+        if failed.is_some() {
+            break;
+        }
+        let stream = &stream;
+        let sent = subject.clone();
+        window.send(subject, async move {
+            let result = publish_attempts(stream, &sent, line, &id, IMPORT_ATTEMPTS)
+                .await
+                .map(drop);
+            Landed {
+                subject: sent,
+                tag: (hash, index + 1),
+                result,
+            }
+        });
+    }
+    let mut settled = Vec::new();
+    window.drain(|done| settled.push(done)).await;
+    for done in settled {
+        landed(&mut tally, &mut imported, &mut failed, done);
+    }
+    if let Some((line, cause)) = failed {
+        return Err(BridgeError::Publish {
+            path: path.display().to_string(),
+            line,
+            location: location.to_string(),
+            attempts: IMPORT_ATTEMPTS,
+            cause,
+        });
     }
     if imported.unterminated {
         tracing::warn!(file = %path.display(), "the last line has no newline (still being written?): not imported");
@@ -254,18 +358,18 @@ pub async fn import(
     Ok(imported)
 }
 
-/// Publishes `line` until acknowledged, at most `attempts` times, with backoff.
+/// Publishes `line` to `subject` until acknowledged, at most `attempts` times, with backoff.
 async fn publish_attempts(
     stream: &NatsStream,
+    subject: &str,
     line: &[u8],
     id: &str,
     attempts: usize,
 ) -> io::Result<u64> {
-    let subject = subject_of(stream, line);
     let mut delay = MIN_BACKOFF;
     let mut attempt = 1;
     loop {
-        match stream.publish(subject.clone(), line, Some(id)).await {
+        match stream.publish(subject.to_owned(), line, Some(id)).await {
             Ok(sequence) => return Ok(sequence),
             Err(e) if attempt >= attempts => return Err(e),
             Err(e) => {
@@ -278,19 +382,27 @@ async fn publish_attempts(
     }
 }
 
-/// Writes every message of the stream, each followed by a newline, in stream order, to `out`
-/// (`None`: stdout, where a reader that goes away early ends the export quietly); a file is
-/// written beside its final name and renamed into place, so it is never seen half-written.
-/// Returns how many messages were written.
+/// Writes the journal the stream holds, each line followed by a newline, in stream order, to
+/// `out` (`None`: stdout, where a reader that goes away early ends the export quietly): every
+/// message, or once the stream is purged, the snapshot's lines (verified under `keyring`) and
+/// the messages after what it covers. A file is written beside its final name and renamed into
+/// place, so it is never seen half-written. Returns how many lines were written.
 pub async fn export(
     location: &NatsLocation,
     options: &NatsOptions,
+    keyring: Option<&Keyring>,
     out: Option<&Path>,
 ) -> Result<usize, BridgeError> {
-    let stream = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
+    let stream = NatsStream::connect_existing(location, options, &StreamSpec::JOURNAL).await?;
+    let start = whole::start(&stream, keyring, Prefer::Stream)
+        .await
+        .map_err(|cause| BridgeError::Purged {
+            location: location.to_string(),
+            cause,
+        })?;
     let Some(path) = out else {
         let mut stdout = io::BufWriter::new(io::stdout().lock());
-        let copied = copy_stream(&stream, &mut stdout)
+        let copied = copy_journal(&stream, &start, &mut stdout)
             .await
             .and_then(|written| stdout.flush().map(|()| written).map_err(CopyError::Write));
         return match copied {
@@ -307,7 +419,7 @@ pub async fn export(
     let written = async {
         let file = std::fs::File::create(&temp).map_err(write_error)?;
         let mut writer = io::BufWriter::new(file);
-        let written = copy_stream(&stream, &mut writer)
+        let written = copy_journal(&stream, &start, &mut writer)
             .await
             .map_err(|e| e.naming(location, &path.display().to_string()))?;
         let file = writer
@@ -361,15 +473,25 @@ impl CopyError {
     }
 }
 
-/// Copies the stream's messages up to its last sequence at the call.
-async fn copy_stream(stream: &NatsStream, out: &mut impl Write) -> Result<usize, CopyError> {
-    stream
-        .read_each(|_, payload| {
-            out.write_all(&payload)
-                .and_then(|()| out.write_all(b"\n"))
-                .map_err(CopyError::Write)
-        })
-        .await
+/// Copies the snapshot's lines, then the stream's messages from where `start` says up to its
+/// last sequence at the call.
+async fn copy_journal(
+    stream: &NatsStream,
+    start: &whole::Start,
+    out: &mut impl Write,
+) -> Result<usize, CopyError> {
+    let mut write = |line: &[u8]| {
+        out.write_all(line)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(CopyError::Write)
+    };
+    for line in start.snapshot_lines() {
+        write(line)?;
+    }
+    let copied = stream
+        .read_each_from(start.next, |_, payload| write(&payload))
+        .await?;
+    Ok(start.snapshot_lines().len() + copied)
 }
 
 /// What `mirror` reports as it goes.
@@ -393,14 +515,17 @@ struct Mirrored {
 }
 
 /// Follows the file at `path` (which may not exist yet) and publishes each line the stream
-/// lacks, until `shutdown` resolves (a line cut off mid-publish is settled by the next start).
-/// While the stream is unreachable it retries the same line with backoff, never skipping or
-/// reordering one; it gives up only on credentials it cannot read. A line longer than
+/// lacks, up to [`WINDOW`] at once and each lease's lines in file order, until `shutdown`
+/// resolves (a line cut off mid-publish is settled by the next start). While the stream is
+/// unreachable it retries each line with backoff, never skipping or reordering one of a lease;
+/// it gives up only on credentials it cannot read, or a purged stream it cannot read whole
+/// (no snapshot that verifies under `keyring` covers the purged messages). A line longer than
 /// `max_line` is skipped unheld, as `serve` skips it.
 pub async fn mirror(
     path: &Path,
     location: &NatsLocation,
     options: &NatsOptions,
+    keyring: Option<&Keyring>,
     max_line: usize,
     shutdown: impl Future<Output = ()>,
     mut report: impl FnMut(MirrorEvent),
@@ -409,15 +534,17 @@ pub async fn mirror(
     let run = async {
         let stream = connect_until_ready(location, options).await?;
         let mut tally = Tally::of_stream(
-            read_all_until_ready(&stream, location)
-                .await
+            lines_until_ready(&stream, keyring, location)
+                .await?
                 .iter()
-                .map(|(_, line)| &line[..]),
+                .map(|line| &line[..]),
         );
         let mut mirror = Mirror {
             path,
             location,
             stream,
+            keyring,
+            recount: tokio::sync::Mutex::new(None),
             mirrored: Mirrored::default(),
             line: 0,
         };
@@ -445,12 +572,7 @@ pub async fn mirror(
                 tally.restart_file();
                 mirror.line = 0;
             }
-            for line in &batch.lines {
-                mirror.line += 1;
-                if !line.is_empty() {
-                    mirror.carry(&mut tally, line).await;
-                }
-            }
+            mirror.carry(&mut tally, &batch.lines).await;
             if !caught_up {
                 caught_up = true;
                 report(MirrorEvent::CaughtUp {
@@ -473,69 +595,138 @@ struct Mirror<'a> {
     path: &'a Path,
     location: &'a NatsLocation,
     stream: NatsStream,
+    /// What a purged stream's snapshot must verify under.
+    keyring: Option<&'a Keyring>,
+    /// The stream's lines counted again after a long failure, and when (shared by the lines in
+    /// flight, so that an outage ends with one read of the stream, not one per line).
+    recount: tokio::sync::Mutex<Option<(Instant, Arc<Tally>)>>,
     mirrored: Mirrored,
-    /// 1-based number of the file line being carried.
+    /// 1-based number of the last file line taken.
     line: usize,
 }
 
+/// How a line in flight ended for the mirror.
+enum Carried {
+    Published,
+    /// An earlier attempt had landed after all (found by counting the stream again).
+    Already,
+}
+
 impl Mirror<'_> {
-    /// Publishes `line` if the stream lacks it, retrying until it is acknowledged; a line that
-    /// can never be published is skipped (logged and counted).
-    async fn carry(&mut self, tally: &mut Tally, line: &[u8]) {
-        if let Some(why) = unpublishable(line, self.stream.max_payload()) {
-            self.mirrored.skipped += 1;
-            tracing::error!(
-                file = %self.path.display(),
-                line = self.line,
-                stream = %self.location,
-                %why,
-                skipped = self.mirrored.skipped,
-                "this line can never be published: skipped; the lines after it are published"
-            );
-            return;
+    /// Publishes each of `lines` the stream lacks, retrying each until it is acknowledged; a
+    /// line that can never be published is skipped (logged and counted).
+    async fn carry(&mut self, tally: &mut Tally, lines: &[Vec<u8>]) {
+        let mut window = Window::new(WINDOW);
+        let mut settled = Vec::new();
+        let this = &*self;
+        let mut first = self.line;
+        let mut mirrored = Mirrored::default();
+        for line in lines {
+            first += 1;
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(why) = unpublishable(line, this.stream.max_payload()) {
+                mirrored.skipped += 1;
+                tracing::error!(
+                    file = %this.path.display(),
+                    line = first,
+                    stream = %this.location,
+                    %why,
+                    skipped = self.mirrored.skipped + mirrored.skipped,
+                    "this line can never be published: skipped; the lines after it are published"
+                );
+                continue;
+            }
+            let Step::Publish {
+                id,
+                hash,
+                occurrence,
+            } = tally.next(line)
+            else {
+                mirrored.already += 1;
+                continue;
+            };
+            let subject = subject_of(&this.stream, line);
+            window.ready(&subject, |done| settled.push(done)).await;
+            let number = first;
+            let sent = subject.clone();
+            window.send(subject, async move {
+                let carried = this
+                    .until_acked(&sent, line, &id, (hash, occurrence), number)
+                    .await;
+                Landed {
+                    subject: sent,
+                    tag: (hash, carried),
+                    result: Ok(()),
+                }
+            });
         }
-        let Step::Publish { id, hash } = tally.next(line) else {
-            self.mirrored.already += 1;
-            return;
-        };
-        let subject = subject_of(&self.stream, line);
+        window.drain(|done| settled.push(done)).await;
+        drop(window);
+        for done in settled {
+            let (hash, carried) = done.tag;
+            tally.published(hash);
+            match carried {
+                Carried::Published => mirrored.published += 1,
+                Carried::Already => mirrored.already += 1,
+            }
+        }
+        self.line = first;
+        self.mirrored.published += mirrored.published;
+        self.mirrored.already += mirrored.already;
+        self.mirrored.skipped += mirrored.skipped;
+    }
+
+    /// Publishes `line` (the `occurrence`-th copy of `hash` in the file) until it is
+    /// acknowledged. After failing for [`RESYNC_AFTER`], the stream is counted again before
+    /// each attempt: an attempt whose ack was lost may be about to leave the duplicate window.
+    async fn until_acked(
+        &self,
+        subject: &str,
+        line: &[u8],
+        id: &str,
+        (hash, occurrence): (LineHash, u64),
+        number: usize,
+    ) -> Carried {
         let mut delay = MIN_BACKOFF;
-        // When the first attempt whose outcome is unknown was made.
+        // When the first attempt whose outcome is unknown was made, and the latest.
         let mut failing_since: Option<Instant> = None;
+        let mut attempted = Instant::now();
         loop {
             if failing_since.is_some_and(|since| since.elapsed() > RESYNC_AFTER) {
-                match self.stream.read_all().await {
-                    Ok(held) => {
-                        tally.recount_stream(held.iter().map(|(_, line)| &line[..]));
-                        failing_since = Some(Instant::now());
-                        if tally.is_accounted(&hash) {
-                            tracing::info!(line = self.line, "the stream holds the line after all");
-                            self.mirrored.already += 1;
-                            return;
-                        }
+                match self.recounted(attempted).await {
+                    Some(counted) if counted.stream_copies(&hash) >= occurrence => {
+                        tracing::info!(line = number, "the stream holds the line after all");
+                        return Carried::Already;
                     }
-                    Err(error) => {
-                        tracing::debug!(%error, "reading the stream again");
+                    Some(_) => {}
+                    None => {
                         tokio::time::sleep(delay).await;
                         delay = next_backoff(delay);
                         continue;
                     }
                 }
             }
-            match self.stream.publish(subject.clone(), line, Some(&id)).await {
+            attempted = Instant::now();
+            match self
+                .stream
+                .publish(subject.to_owned(), line, Some(id))
+                .await
+            {
                 Ok(_) => break,
                 Err(error) => {
                     if failing_since.is_none() {
                         failing_since = Some(Instant::now());
                         tracing::warn!(
                             file = %self.path.display(),
-                            line = self.line,
+                            line = number,
                             stream = %self.location,
                             %error,
                             "cannot publish; retrying this line until it is acknowledged"
                         );
                     } else {
-                        tracing::debug!(line = self.line, %error, "publish failed again");
+                        tracing::debug!(line = number, %error, "publish failed again");
                     }
                     tokio::time::sleep(delay).await;
                     delay = next_backoff(delay);
@@ -544,14 +735,36 @@ impl Mirror<'_> {
         }
         if let Some(since) = failing_since {
             tracing::info!(
-                line = self.line,
+                line = number,
                 stream = %self.location,
                 after = ?since.elapsed(),
                 "publishing again"
             );
         }
-        tally.published(hash);
-        self.mirrored.published += 1;
+        Carried::Published
+    }
+
+    /// The stream's lines counted after `after` (read now unless a line in flight just did);
+    /// `None` when the stream cannot be read.
+    async fn recounted(&self, after: Instant) -> Option<Arc<Tally>> {
+        let mut recount = self.recount.lock().await;
+        if let Some((at, counted)) = recount.as_ref() {
+            if *at > after {
+                return Some(counted.clone());
+            }
+        }
+        let read = Instant::now();
+        match journal_lines(&self.stream, self.keyring).await {
+            Ok(held) => {
+                let counted = Arc::new(Tally::of_stream(held.iter().map(|line| &line[..])));
+                *recount = Some((read, counted.clone()));
+                Some(counted)
+            }
+            Err(error) => {
+                tracing::debug!(%error, "reading the stream again");
+                None
+            }
+        }
     }
 }
 
@@ -585,16 +798,24 @@ async fn connect_until_ready(
     }
 }
 
-/// The stream's messages, retrying with backoff until they could be read.
-async fn read_all_until_ready(
+/// The journal's lines in the stream ([`journal_lines`]), retrying with backoff until they
+/// could be read; a purged stream that cannot be read whole ends it.
+async fn lines_until_ready(
     stream: &NatsStream,
+    keyring: Option<&Keyring>,
     location: &NatsLocation,
-) -> Vec<(u64, bytes::Bytes)> {
+) -> Result<Vec<bytes::Bytes>, BridgeError> {
     let mut delay = MIN_BACKOFF;
     let mut failing = false;
     loop {
-        match stream.read_all().await {
-            Ok(held) => return held,
+        match journal_lines(stream, keyring).await {
+            Ok(held) => return Ok(held),
+            Err(
+                error @ BridgeError::Purged {
+                    cause: StartError::NeedKey { .. } | StartError::Uncovered { .. },
+                    ..
+                },
+            ) => return Err(error),
             Err(error) => {
                 if !std::mem::replace(&mut failing, true) {
                     tracing::warn!(stream = %location, %error, "cannot read the stream; retrying");
@@ -616,7 +837,7 @@ mod tests {
         assert_eq!(tally.next(b"a"), Step::Already);
         assert_eq!(tally.next(b"b"), Step::Already);
         assert_eq!(tally.next(b"a"), Step::Already);
-        let Step::Publish { id, hash } = tally.next(b"a") else {
+        let Step::Publish { id, hash, .. } = tally.next(b"a") else {
             panic!("the third a is not in the stream")
         };
         assert_eq!(

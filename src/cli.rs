@@ -177,6 +177,25 @@ pub struct CompactArgs {
     /// `24h`, `7d`.
     #[arg(long, env = "LEASEGATE_COMPACT_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
     pub retention: std::time::Duration,
+    /// A stream journal only: once the snapshot is published and reads back verified, remove
+    /// the journal's messages it covers and the older snapshots (the role needs the purge
+    /// permission on the journal stream).
+    #[arg(long, env = "LEASEGATE_COMPACT_PURGE")]
+    pub purge: bool,
+}
+
+/// The keys a purged stream's snapshot may be vouched for by: a bridge or export reads a
+/// stream that `journal compact --purge` trimmed from its snapshot, and uses that only if its
+/// marker verifies under one of them.
+#[derive(Debug, Args)]
+pub struct SnapshotKeyArgs {
+    /// Keys a snapshot's marker may be made under (repeatable); needed only once the stream is
+    /// purged.
+    #[arg(long = "key-file", env = "LEASEGATE_KEY_FILE", value_delimiter = ',')]
+    pub key_files: Vec<PathBuf>,
+    /// Accept a snapshot made under the published test key.
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
 }
 
 #[derive(Debug, Args)]
@@ -188,6 +207,8 @@ pub struct ImportArgs {
     pub to: NatsLocation,
     #[command(flatten)]
     pub store: StoreArgs,
+    #[command(flatten)]
+    pub keys: SnapshotKeyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +220,8 @@ pub struct ExportArgs {
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub store: StoreArgs,
+    #[command(flatten)]
+    pub keys: SnapshotKeyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -210,6 +233,8 @@ pub struct MirrorArgs {
     pub to: NatsLocation,
     #[command(flatten)]
     pub store: StoreArgs,
+    #[command(flatten)]
+    pub keys: SnapshotKeyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -639,6 +664,10 @@ pub struct StoreArgs {
     /// state stays enforced).
     #[arg(long, env = "LEASEGATE_STORE_STALE_AFTER", default_value = "5s", value_parser = humantime::parse_duration)]
     pub store_stale_after: std::time::Duration,
+    /// At start, how long a stream journal is retried, whatever the error (a cluster that is
+    /// starting or has lost its quorum), before `serve` exits naming the last error.
+    #[arg(long, env = "LEASEGATE_STORE_START_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub store_start_timeout: std::time::Duration,
     /// Local state: a stream journal's queue of pending revocations, the per-lease port
     /// assignments (`lease-ports`).
     #[arg(long, env = "LEASEGATE_DATA_DIR", default_value = ".leasegate")]

@@ -240,6 +240,7 @@ impl From<&cli::StoreArgs> for StoreOptions {
                 tls_ca: args.nats_tls_ca.clone(),
                 replicas: usize::from(args.nats_replicas),
                 stale_after: args.store_stale_after,
+                start_timeout: args.store_start_timeout,
             },
             data_dir: args.data_dir.clone(),
             closed_lease_retention: None,

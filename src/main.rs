@@ -214,14 +214,17 @@ fn verify(args: cli::VerifyArgs) -> ExitCode {
         JournalLocation::File(path) => std::fs::read(path)
             .map(|t| text = t)
             .map_err(anyhow::Error::from),
-        stream => {
-            block_on(open::read_lines(stream, &StoreOptions::from(&args.store))).map(|lines| {
-                for line in lines {
-                    text.extend_from_slice(&line);
-                    text.push(b'\n');
-                }
-            })
-        }
+        stream => block_on(open::read_lines(
+            stream,
+            &StoreOptions::from(&args.store),
+            keyring.as_ref(),
+        ))
+        .map(|lines| {
+            for line in lines {
+                text.extend_from_slice(&line);
+                text.push(b'\n');
+            }
+        }),
     };
     if let Err(e) = read {
         return usage_error(anyhow!("cannot read {name}: {e}"));
@@ -440,7 +443,13 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
         cli::JournalCommand::Compact(args) => compact(args),
         cli::JournalCommand::Import(args) => {
             let options = StoreOptions::from(&args.store).nats;
-            let imported = block_on(bridge::import(&args.file, &args.to, &options))?;
+            let keyring = snapshot_keys(&args.keys)?;
+            let imported = block_on(bridge::import(
+                &args.file,
+                &args.to,
+                &options,
+                keyring.as_ref(),
+            ))?;
             let unterminated = match imported.unterminated {
                 true => "; the last line has no newline and was left out",
                 false => "",
@@ -465,7 +474,13 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
         }
         cli::JournalCommand::Export(args) => {
             let options = StoreOptions::from(&args.store).nats;
-            let written = block_on(bridge::export(&args.stream, &options, args.out.as_deref()))?;
+            let keyring = snapshot_keys(&args.keys)?;
+            let written = block_on(bridge::export(
+                &args.stream,
+                &options,
+                keyring.as_ref(),
+                args.out.as_deref(),
+            ))?;
             if let Some(out) = &args.out {
                 eprintln!("exported {written} lines to {}", out.display());
             }
@@ -474,10 +489,12 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
         cli::JournalCommand::Mirror(args) => {
             let options = StoreOptions::from(&args.store);
             let file = args.file.display().to_string();
+            let keyring = snapshot_keys(&args.keys)?;
             block_on(bridge::mirror(
                 &args.file,
                 &args.to,
                 &options.nats,
+                keyring.as_ref(),
                 options.max_line,
                 shutdown_signal(),
                 |event| match event {
@@ -505,6 +522,14 @@ fn journal(args: cli::JournalArgs) -> Result<()> {
     }
 }
 
+/// The keys a purged stream's snapshot may be vouched for by (`None`: none given).
+fn snapshot_keys(args: &cli::SnapshotKeyArgs) -> Result<Option<Keyring>> {
+    if args.key_files.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Keyring::load(&args.key_files, args.allow_test_key)?))
+}
+
 /// `journal compact`: one summary line on stdout, what was skipped on stderr.
 fn compact(args: cli::CompactArgs) -> Result<()> {
     require_journal(&args.ledger.journal)?;
@@ -512,6 +537,9 @@ fn compact(args: cli::CompactArgs) -> Result<()> {
     let retention = args.retention;
     let options = StoreOptions::from(&args.ledger.store);
     let path = match &args.ledger.journal {
+        JournalLocation::File(_) if args.purge => {
+            anyhow::bail!("--purge is for a stream journal (a file's compaction keeps the old file beside it)")
+        }
         JournalLocation::File(path) => path,
         JournalLocation::Nats(location) => {
             let done = block_on(compact::compact_stream(
@@ -521,11 +549,19 @@ fn compact(args: cli::CompactArgs) -> Result<()> {
                 retention,
                 Timestamp::now(),
                 options.max_line,
+                args.purge,
             ))?;
             let (s, marker) = (&done.selection, &done.marker);
             report_skipped(s);
+            let journal = match done.purged {
+                Some(purged) => format!(
+                    "verified and purged behind: {} journal messages up to sequence {} and {} messages of older snapshots removed",
+                    purged.journal, marker.covers, purged.snapshots
+                ),
+                None => "the journal is unchanged".to_owned(),
+            };
             println!(
-                "snapshot of {location} up to sequence {}: {} of {} lines kept; {} leases kept, {} dropped past the retention of {}; published to {} (new replicas start from it; the journal is unchanged)",
+                "snapshot of {location} up to sequence {}: {} of {} lines kept; {} leases kept, {} dropped past the retention of {}; published to {} (new replicas start from it; {journal})",
                 marker.covers,
                 marker.lines,
                 s.lines,

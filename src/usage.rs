@@ -233,7 +233,7 @@ pub enum UsageError {
 /// Feeds `tally` the egress stream's lines that can pass its filter: only the filtered
 /// lease's subject, and only messages stored since `--since` (a line is stored after it is
 /// logged, so none that passes is left out; the line's own time decides in [`Tally::add`]).
-/// A stream that does not exist yet is created, as `serve --egress-stream` would.
+/// A stream that does not exist is an error (it is not created).
 pub async fn read_stream(
     location: &NatsLocation,
     options: &NatsOptions,
@@ -243,7 +243,7 @@ pub async fn read_stream(
         location: location.to_string(),
         reason,
     };
-    let stream = NatsStream::connect(
+    let stream = NatsStream::connect_existing(
         location,
         options,
         &egress_stream::spec(egress_stream::DEFAULT_MAX_AGE),

@@ -50,6 +50,12 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    /// When the request was read: what the admission gate after a pause compares its
+    /// heartbeat with.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
     pub fn new(
         telemetry: Arc<Telemetry>,
         kind: Kind,

@@ -98,6 +98,9 @@ impl Proxy {
         if let Ok(target) = parse_authority(authority, default_port) {
             ex.target = Some(target);
         }
+        // Nothing new is admitted on a state the process may have missed changes to while it
+        // was not running (an atomic check unless it was).
+        self.registry.admission(ex.started()).await;
         let admitted = self.admit(conn, headers, ex)?;
         if ex.kind == Kind::Http && is_trace(ex.method.as_str()) {
             return Err(Refusal::new(

@@ -73,21 +73,24 @@ impl ClosingCheck {
         if payload == self.ours.as_slice() {
             return true;
         }
-        let Some(key) = &self.key else {
-            return false;
-        };
-        let Ok(record) = std::str::from_utf8(payload)
-            .map_err(drop)
-            .and_then(|text| Record::parse(text).map_err(drop))
-        else {
-            return false;
-        };
-        let by_issuer = record.by.as_deref() == Some("issuer");
-        record.event.is_closing()
-            && record.lease_id == self.lease_id
-            && (record.event != Event::Revoked || by_issuer)
-            && verify_signature(&record.value, key).unwrap_or(false)
+        self.key
+            .as_ref()
+            .is_some_and(|key| signed_closing(&self.lease_id, key, payload).is_some())
     }
+}
+
+/// `payload` as a closing record of `lease_id` that every fold applies after its grant: it
+/// parses and validates, it is a closing event naming `lease_id`, a `revoked` one is by the
+/// issuer, and its signature verifies under `key` (the lease's). `None` for anything else.
+pub fn signed_closing(lease_id: &str, key: &Key, payload: &[u8]) -> Option<Record> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let record = Record::parse(text).ok()?;
+    let by_issuer = record.by.as_deref() == Some("issuer");
+    (record.event.is_closing()
+        && record.lease_id == lease_id
+        && (record.event != Event::Revoked || by_issuer)
+        && verify_signature(&record.value, key).unwrap_or(false))
+    .then_some(record)
 }
 
 #[cfg(test)]

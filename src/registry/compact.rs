@@ -1,6 +1,6 @@
 //! Compaction: which lines of a journal a compacted journal keeps, and `journal compact` for a
 //! file (read, choose, swap in under a running follower) or a stream (read, choose, publish as
-//! the snapshot new replicas start from).
+//! the snapshot new replicas start from, and with `--purge` remove what it covers).
 //!
 //! Invariant: kept lines are the original bytes, in their original order, and folding them
 //! gives every kept lease the status and chain check that folding the whole journal gives. A
@@ -15,8 +15,9 @@
 use super::journal::split_lines;
 use super::ledger::{Applied, InvalidReason, Ledger};
 use super::store::file::swap::{self, SwapError, Swapped};
-use super::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
+use super::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
 use super::store::snapshot::{self, Marker};
+use super::store::whole::{self, Prefer};
 use super::store::NatsLocation;
 use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
@@ -194,11 +195,25 @@ pub struct Snapshotted {
     pub marker: Marker,
     /// Where the snapshot went.
     pub location: NatsLocation,
+    /// What `--purge` removed, when given.
+    pub purged: Option<Purged>,
 }
 
-/// Compacts the journal stream at `location` into a snapshot of everything it holds now,
-/// published to its snapshot stream, its marker's MAC under the keyring's first key (every
-/// replica must hold that key to start from it). The journal itself is left as it is.
+/// What `--purge` removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    /// Journal messages removed (every one up to the sequence the snapshot covers).
+    pub journal: u64,
+    /// Messages of older snapshots removed from the snapshot stream.
+    pub snapshots: u64,
+}
+
+/// Compacts the journal stream at `location` into a snapshot of everything it holds now (from
+/// the snapshot it was last purged behind, if it was), published to its snapshot stream, its
+/// marker's MAC under the keyring's first key (every replica must hold that key to start from
+/// it). With `purge`, the snapshot is read back and verified (MAC, digest, journal
+/// incarnation) before the journal's messages up to the sequence it covers, and older
+/// snapshots, are removed; without it, the journal is left as it is.
 pub async fn compact_stream(
     location: &NatsLocation,
     options: &NatsOptions,
@@ -206,24 +221,100 @@ pub async fn compact_stream(
     retention: Duration,
     now: Timestamp,
     max_line: usize,
+    purge: bool,
 ) -> Result<Snapshotted, CompactError> {
     let key = keyring.keys().next().cloned().ok_or(CompactError::NoKey)?;
     let journal = NatsStream::connect(location, options, &StreamSpec::JOURNAL).await?;
-    let messages = journal
-        .read_all()
+    let stream_error = |cause: std::io::Error| CompactError::Stream {
+        location: location.to_string(),
+        cause,
+    };
+    let start = whole::start(&journal, Some(&keyring), Prefer::Stream)
         .await
-        .map_err(|cause| CompactError::Stream {
-            location: location.to_string(),
-            cause,
-        })?;
-    let covers = messages.last().map_or(0, |(sequence, _)| *sequence);
-    let lines: Vec<&[u8]> = messages.iter().map(|(_, line)| &line[..]).collect();
-    let selection = select(lines.iter().copied(), keyring, now, retention, max_line);
+        .map_err(|e| stream_error(std::io::Error::other(e)))?;
+    let messages = journal
+        .read_all_from(start.next)
+        .await
+        .map_err(stream_error)?;
+    let covers = messages
+        .last()
+        .map_or(start.next - 1, |(sequence, _)| *sequence);
+    let lines: Vec<&[u8]> = start
+        .snapshot_lines()
+        .iter()
+        .map(Vec::as_slice)
+        .chain(messages.iter().map(|(_, line)| &line[..]))
+        .collect();
+    let selection = select(
+        lines.iter().copied(),
+        keyring.clone(),
+        now,
+        retention,
+        max_line,
+    );
     let kept = selection.kept.iter().map(|&i| lines[i]);
-    let marker = snapshot::publish(&journal, options, covers, kept, &key).await?;
+    let written = snapshot::publish(&journal, options, covers, kept, &key).await?;
+    let purged = match purge {
+        true => Some(
+            purge_behind(&journal, &written, &keyring)
+                .await
+                .map_err(stream_error)?,
+        ),
+        false => None,
+    };
     Ok(Snapshotted {
         selection,
-        marker,
+        marker: written.marker,
         location: snapshot::location_of(location),
+        purged,
     })
+}
+
+/// Removes the journal's messages up to what `written` covers, and the older snapshots, once
+/// the snapshot reads back as written: its marker is the latest, verifies under `keyring`,
+/// names this journal's incarnation, and its lines are the ones its digest names. Never past
+/// what it covers; nothing at all when another compaction purged the journal further.
+async fn purge_behind(
+    journal: &NatsStream,
+    written: &snapshot::Written,
+    keyring: &Keyring,
+) -> std::io::Result<Purged> {
+    let marker = &written.marker;
+    let refuse = |why: String| {
+        std::io::Error::other(format!(
+            "not purged: {why}; the snapshot is published, the journal and older snapshots are unchanged"
+        ))
+    };
+    match snapshot::latest(journal, marker.covers, keyring).await {
+        Ok(Some((read, _))) if read == *marker => {}
+        Ok(Some(_)) => return Err(refuse("another snapshot was published meanwhile".into())),
+        Ok(None) => return Err(refuse("the snapshot does not read back".into())),
+        Err(error) => return Err(refuse(format!("the snapshot does not verify: {error}"))),
+    }
+    let span = journal.span().await?;
+    if span.first > marker.covers + 1 {
+        return Err(refuse(format!(
+            "the journal is already purged below sequence {}, past what this snapshot covers",
+            span.first
+        )));
+    }
+    let removed = purge_below(journal, marker.covers + 1).await?;
+    let snapshots = purge_below(&written.stream, written.first_sequence()).await?;
+    Ok(Purged {
+        journal: removed,
+        snapshots,
+    })
+}
+
+/// Removes `stream`'s messages before sequence `below`; how many. Nothing is asked of the
+/// server when there are none: JetStream takes a purge below sequence 1 for a purge of all.
+async fn purge_below(stream: &NatsStream, below: u64) -> std::io::Result<u64> {
+    if below <= 1 || below <= stream.span().await?.first {
+        return Ok(0);
+    }
+    let purged = tokio::time::timeout(REQUEST_TIMEOUT, stream.stream.purge().sequence(below))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "purge timed out"))?
+        .map_err(std::io::Error::other)?;
+    Ok(purged.purged)
 }

@@ -541,6 +541,23 @@ impl Ledger {
         }
     }
 
+    /// The closing that applies to `lease_id` itself (not retired), if any.
+    pub fn closure(&self, lease_id: &str) -> Option<&Closure> {
+        self.closures.get(lease_id)
+    }
+
+    /// The ledger a fold of a replaced journal (a stream deleted and created again) starts
+    /// from: the same settings, counters and grant numbering, every closure and retired lease
+    /// kept (a revocation is never undone by a journal's replacement), and no lease loaded: a
+    /// grant opens again only once the new journal holds it. Returns the leases dropped.
+    pub fn refolded(&self) -> (Ledger, usize) {
+        let mut next = self.clone();
+        next.leases = PersistentMap::default();
+        next.order = imbl::OrdMap::new();
+        next.shared = SharedPolicies::default();
+        (next, self.order.len())
+    }
+
     /// How many leases have been granted (retired ones included).
     pub fn granted(&self) -> usize {
         self.granted as usize

@@ -14,11 +14,13 @@
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
 //!   ledger, no journal counter moved: nothing new is admitted) and cancels its subtree's
 //!   tokens (nothing open goes on; a client connection closes gracefully, so the refusal that
-//!   caused it is still answered), then appends. A failed append is an error for the caller, never
-//!   a lease left open: the record goes to the durable [`Pending`] queue (behind any already
-//!   there, so order is kept), which a retry task appends once the store takes it again, each
-//!   record once; a record of the queue that a read shows already in the store leaves it
-//!   unappended. The queue's closures are applied at open, before anything is served.
+//!   caused it is still answered), then stages its record in the durable [`Pending`] queue
+//!   (fsynced) and only then appends: a process killed while the append waits still has the
+//!   record. It leaves the queue once the store holds it. A failed append is an error for the
+//!   caller, never a lease left open: the record stays queued (in order), and a retry task
+//!   appends it once the store takes it again, each record once; a record of the queue that a
+//!   read shows already in the store leaves it unappended. The queue's closures are applied at
+//!   open, before anything is served.
 //! - The journal's health (writable or failing, readable or not, and why) changes state on an
 //!   append's or a read's outcome; an error is logged once per change, not per failed attempt,
 //!   and `/readyz` names the cause while either fails.
@@ -29,14 +31,26 @@
 //! - Expiry is a timer ([`Registry::follow`]), not a poll: it sleeps until the earliest
 //!   `expires_at` in the chains of leases with tokens and is re-armed whenever that may move.
 //!   Nothing here depends on the store having a tick.
+//! - A closing record we write is broadcast to the other replicas ([`Store::broadcast`]) right
+//!   after the lease is torn down here, before the append; one they broadcast is verified
+//!   ([`broadcast::check`]) and closes its lease in memory at once, as the fold of its journal
+//!   line will (which then closes nothing new: one event). Forged ones are dropped and counted.
+//! - A store found replaced (a stream deleted and created again) is folded afresh: its lines
+//!   on a [`Ledger::refolded`] ledger, so every closure already seen stays (a revocation is
+//!   never undone) and a grant only the old store held opens nothing.
+//! - After a pause of the process ([`Pause`]) nothing new is admitted until the fold has
+//!   reached what the store held when the pause was noticed, or the store's
+//!   [`Store::stalled_after`] has passed since.
 //! - Every lifetime decision reads one [`Clock`] ([`Registry::now`]): never a time earlier than
 //!   one already used, so nothing seen expired opens again when the wall clock steps back; the
 //!   follower writes its latest time down every [`KEEP_EVERY`].
 
+use super::broadcast::{self, Heard};
+use super::catch_up::{Pause, BEAT_EVERY};
 use super::clock::{Clock, KEEP_EVERY};
 use super::journal;
 use super::ledger::Ledger;
-use super::pending::{pending_path, Pending};
+use super::pending::{pending_path, Pending, Staged};
 use super::revocation::{issuer_revocation, RevocationError};
 use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
@@ -115,6 +129,7 @@ struct JournalHealth {
     append_errors: Flood,
     read_errors: Flood,
     skipped_lines: Flood,
+    invalid_broadcasts: Flood,
 }
 
 /// The registry of a running proxy.
@@ -140,6 +155,8 @@ pub struct Registry {
     health: Mutex<JournalHealth>,
     /// Appends that failed or timed out (`leasegate_journal_append_failures_total`).
     append_failures: AtomicU64,
+    /// Broadcasts heard, by [`broadcast::OUTCOMES`] (`leasegate_revoke_broadcasts_total`).
+    broadcasts: [AtomicU64; broadcast::OUTCOMES.len()],
     /// Lines read since the store's generation began (counted under `reading`).
     lines_read: Mutex<journal::LineCount>,
     /// When the follower last completed a read of the store; `None` while no follower runs.
@@ -151,6 +168,8 @@ pub struct Registry {
     wake_tail: tokio::sync::Notify,
     /// The time every lifetime check uses.
     clock: Arc<Clock>,
+    /// The admission gate after a pause of the process.
+    pause: Pause,
 }
 
 impl Registry {
@@ -188,6 +207,9 @@ impl Registry {
         let reached = loop {
             let batch = store.read_new().await?;
             let position = batch.position;
+            if batch.replaced {
+                ledger = ledger.refolded().0;
+            }
             let mut problems =
                 journal::apply_lines(&mut ledger, batch.lines.iter().map(Vec::as_slice));
             ledger.count_too_long(batch.too_long);
@@ -245,11 +267,13 @@ impl Registry {
             flushing: tokio::sync::Mutex::new(()),
             health: Mutex::new(JournalHealth::default()),
             append_failures: AtomicU64::new(0),
+            broadcasts: Default::default(),
             lines_read: Mutex::new(lines_read),
             last_read: Mutex::new(None),
             folded: watch::channel(reached).0,
             wake_tail: tokio::sync::Notify::new(),
             clock,
+            pause: Pause::default(),
         })
     }
 
@@ -279,6 +303,48 @@ impl Registry {
         self.append_failures.load(Ordering::Relaxed)
     }
 
+    /// Broadcasts heard since start, by outcome ([`broadcast::OUTCOMES`]).
+    pub fn broadcasts(&self) -> Vec<(&'static str, u64)> {
+        broadcast::OUTCOMES
+            .iter()
+            .zip(&self.broadcasts)
+            .map(|(outcome, n)| (*outcome, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Applies a closing record another replica broadcast for `lease` (its subject's token):
+    /// verified against the current state, it closes the lease in memory and tears it down,
+    /// as the fold of its journal line will; anything else is dropped, counted and logged.
+    pub fn hear(&self, lease: &str, payload: &[u8]) -> Heard {
+        let heard = broadcast::check(&self.snapshot().ledger, lease, payload);
+        self.broadcasts[heard.outcome()].fetch_add(1, Ordering::Relaxed);
+        match &heard {
+            Heard::Closes(closure) => {
+                self.publish(|next| next.ledger.close(lease, closure.clone()));
+                self.close_where_not_open(self.now());
+                tracing::debug!(
+                    lease,
+                    event = closure.event.as_str(),
+                    "closed by another replica's broadcast, ahead of the journal"
+                );
+            }
+            Heard::Invalid(why) => {
+                let mut health = self.health();
+                match health.invalid_broadcasts.occurred(1, Instant::now()) {
+                    Say::Start => {
+                        tracing::warn!(lease, why, store = %self.store.describe(), "a closing broadcast that does not verify: dropped (leasegate_revoke_broadcasts_total{{outcome=\"invalid\"}} counts them)")
+                    }
+                    Say::Summary(s) => {
+                        tracing::warn!(dropped = s.repeats, since_first = s.total, store = %self.store.describe(), "more closing broadcasts that do not verify")
+                    }
+                    Say::Quiet => {}
+                }
+            }
+            Heard::AlreadyClosed | Heard::UnknownLease => {}
+        }
+        heard
+    }
+
     /// How following the store stands (lag, reconnections, a problem).
     pub fn store_health(&self) -> super::store::StoreHealth {
         self.store.health()
@@ -297,6 +363,9 @@ impl Registry {
     /// Why the journal is not in a state to serve from (`/readyz`), or `None`.
     pub fn journal_problem(&self) -> Option<String> {
         if let Some(problem) = self.store.health().problem {
+            return Some(problem);
+        }
+        if let Some(problem) = self.pause.problem(self.store.stalled_after()) {
             return Some(problem);
         }
         let bound = self.store.stalled_after();
@@ -391,19 +460,47 @@ impl Registry {
         }
     }
 
-    /// Queues a record the store did not take (blocking file I/O off the runtime). With
-    /// `in_flight`, only if no read has handed it out since its append began.
-    async fn enqueue(&self, record: &Value, in_flight: bool) {
+    /// Queues a record behind those already queued (blocking file I/O off the runtime).
+    async fn enqueue(&self, record: &Value) {
         let (queue, record) = (self.pending.clone(), record.clone());
-        let queued = tokio::task::spawn_blocking(move || match in_flight {
-            true => queue.give_up(&record).map(drop),
-            false => queue.push(&record),
-        })
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|r| r);
+        let queued = tokio::task::spawn_blocking(move || queue.push(&record))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
         if let Err(error) = queued {
             tracing::error!(%error, "queued a revocation in memory only: its queue file cannot be written");
+        }
+    }
+
+    /// Stages a record whose append is about to be tried: on disk in the queue before this
+    /// returns (blocking file I/O off the runtime). Dropped without [`Staged::landed`], the
+    /// record stays queued; the retry task offers it.
+    async fn stage(&self, record: &Value) -> Option<Staged> {
+        let (queue, record) = (self.pending.clone(), record.clone());
+        match tokio::task::spawn_blocking(move || queue.stage(&record)).await {
+            Ok((staged, Ok(()))) => Some(staged),
+            Ok((staged, Err(error))) => {
+                tracing::error!(%error, "a revocation is staged in memory only: its queue file cannot be written");
+                Some(staged)
+            }
+            // The blocking task panicked: nothing staged; the append goes on without it.
+            Err(error) => {
+                tracing::error!(%error, "staging a revocation in its queue");
+                None
+            }
+        }
+    }
+
+    /// The store holds a staged record: it leaves the queue (off the runtime; the rewrite goes
+    /// through even if our caller stops waiting).
+    async fn landed(&self, staged: Option<Staged>) {
+        let Some(staged) = staged else { return };
+        let removed = tokio::task::spawn_blocking(move || staged.landed())
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        if let Err(error) = removed {
+            tracing::error!(%error, "a revocation reached the journal but its queue file was not rewritten");
         }
     }
 
@@ -509,12 +606,17 @@ impl Registry {
                 Err(error) => tracing::error!(%error, "rewriting the queue of revocations"),
             }
         }
-        if batch.restarted && self.snapshot().ledger.stats().lines > 0 {
+        if batch.restarted && !batch.replaced && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
-        let mut problems = match batch.len() {
-            0 => Vec::new(),
+        let mut problems = match (batch.len(), batch.replaced) {
+            (0, false) => Vec::new(),
             _ => self.publish(|next| {
+                if batch.replaced {
+                    let (ledger, dropped) = next.ledger.refolded();
+                    tracing::warn!(store = %self.store.describe(), leases_dropped = dropped, "the journal was replaced: folding it afresh; its closures already seen stay in force, leases it no longer grants are refused");
+                    next.ledger = ledger;
+                }
                 next.ledger.count_too_long(batch.too_long);
                 journal::apply_lines(&mut next.ledger, batch.lines.iter().map(Vec::as_slice))
             }),
@@ -524,7 +626,7 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .count(batch.restarted, batch.len(), &mut problems);
         journal::warn_skipped_gated(&mut self.health().skipped_lines, &problems, Instant::now());
-        if !batch.lines.is_empty() {
+        if !batch.lines.is_empty() || batch.replaced {
             self.close_where_not_open(self.now());
         }
         self.folded.send_replace(batch.position);
@@ -532,10 +634,11 @@ impl Registry {
     }
 
     /// Revokes a lease: closes it in memory and tears down its subtree at once (nothing new is
-    /// admitted, nothing open goes on), then appends a signed `revoked` record (`by: "issuer"`,
-    /// under the lease's own key) and reads the journal until the record has been folded.
-    /// Returns `false`, writing nothing, if the lease is already revoked. On an append error or
-    /// timeout the lease stays revoked in memory and its record is queued.
+    /// admitted, nothing open goes on), then stages a signed `revoked` record (`by: "issuer"`,
+    /// under the lease's own key) in the durable queue, appends it and reads the journal until
+    /// the record has been folded. Returns `false`, writing nothing, if the lease is already
+    /// revoked. On an append error or timeout the lease stays revoked in memory and its record
+    /// stays queued.
     pub async fn revoke(
         &self,
         lease_id: &str,
@@ -559,10 +662,12 @@ impl Registry {
         // answering (this refusal's, say) closes gracefully: its answer goes out first.
         self.close_where_not_open(now);
         self.changes.send_modify(|v| *v += 1);
+        // The other replicas close it now too, whether or not the journal takes the record.
+        self.store.broadcast(&revocation.record);
         let queued = self.pending.len();
         if queued > 0 {
             // Behind the others: the store gets records in the order they were made.
-            self.enqueue(&revocation.record, false).await;
+            self.enqueue(&revocation.record).await;
             tracing::warn!(
                 lease = lease_id,
                 queued,
@@ -570,27 +675,27 @@ impl Registry {
             );
             return Err(RevokeError::Queued(queued));
         }
-        // Polled right away, in the same poll as the closure above: once it is visible the
-        // append is under way even if our caller stops waiting.
-        self.pending.begin(&revocation.record);
+        // On disk before the append is tried: a kill while it waits loses nothing. If our
+        // caller stops waiting from here on, the guard's drop leaves the record queued.
+        let staged = self.stage(&revocation.record).await;
         let appended =
             tokio::time::timeout(self.append_timeout, self.store.append(&revocation.record)).await;
         let at = match appended {
             Ok(Ok(at)) => at,
             Ok(Err(error)) => {
                 tracing::warn!(%error, lease = lease_id, store = %self.store.describe(), "revoked in memory, but the journal did not take the record: queued");
-                self.enqueue(&revocation.record, true).await;
+                drop(staged);
                 self.append_failed(error.to_string());
                 return Err(RevokeError::Journal(error));
             }
             Err(_) => {
                 tracing::warn!(lease = lease_id, timeout = ?self.append_timeout, store = %self.store.describe(), "revoked in memory, but appending the record timed out: queued");
-                self.enqueue(&revocation.record, true).await;
+                drop(staged);
                 self.append_failed(format!("no append within {:?}", self.append_timeout));
                 return Err(RevokeError::Timeout(self.append_timeout));
             }
         };
-        self.pending.end(&revocation.record);
+        self.landed(staged).await;
         self.append_succeeded();
         self.read_until(at).await;
         Ok(true)
@@ -655,9 +760,11 @@ impl Registry {
         impl Drop for Following {
             fn drop(&mut self) {
                 *self.0.last_read() = None;
+                self.0.pause.disarm();
             }
         }
         *self.last_read() = Some(Instant::now());
+        self.pause.arm();
         let following = Following(self);
         async move {
             let this = &following.0;
@@ -666,8 +773,67 @@ impl Registry {
                 this.expire(&shutdown),
                 this.retry(&shutdown),
                 this.retire(&shutdown),
-                this.keep_time(&shutdown)
+                this.keep_time(&shutdown),
+                this.listen(&shutdown),
+                this.heartbeat(&shutdown),
+                this.catch_up(&shutdown)
             );
+        }
+    }
+
+    /// Lets a request that started at `at` through: at once unless the process was paused (see
+    /// [`Pause`]); then once the fold has caught up with the store, or its
+    /// [`Store::stalled_after`] has passed.
+    pub async fn admission(&self, at: Instant) {
+        if !self.pause.is_open(at) {
+            self.pause.admit(at, self.store.stalled_after()).await;
+        }
+    }
+
+    /// The heartbeat of [`Pause`]: every [`BEAT_EVERY`] on the follower's thread.
+    async fn heartbeat(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(BEAT_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.pause.beat(),
+            }
+        }
+    }
+
+    /// Once a pause is noticed: asks the store what it holds now and reads until the fold has
+    /// reached it (a store that does not answer is asked again), then opens the gate.
+    async fn catch_up(&self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.pause.begun() => {}
+            }
+            while self.pause.is_catching_up() {
+                let caught_up = tokio::time::timeout(self.append_timeout, async {
+                    let head = self.store.head().await?;
+                    let mut folded = self.folded.subscribe();
+                    // Reads what the store delivered (a file: reads it) now, not at a poll.
+                    self.refresh().await?;
+                    folded
+                        .wait_for(|at| *at >= head)
+                        .await
+                        .map_err(std::io::Error::other)?;
+                    Ok::<_, std::io::Error>(())
+                });
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    caught_up = caught_up => match caught_up {
+                        Ok(Ok(())) => self.pause.end(),
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, store = %self.store.describe(), "catching up with the journal; retrying");
+                            tokio::time::sleep(BEAT_EVERY).await;
+                        }
+                        Err(_) => {}
+                    },
+                }
+            }
         }
     }
 
@@ -722,6 +888,18 @@ impl Registry {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => self.flush_pending().await,
+            }
+        }
+    }
+
+    /// Applies the other replicas' closing broadcasts as they are heard.
+    async fn listen(&self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                heard = self.store.heard() => {
+                    self.hear(&heard.lease, &heard.payload);
+                }
             }
         }
     }

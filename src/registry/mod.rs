@@ -1,5 +1,7 @@
 //! Lease state folded from the journal, the journal store it lives in, and the live registry.
 
+pub mod broadcast;
+pub mod catch_up;
 pub mod clock;
 pub mod closing;
 pub mod compact;

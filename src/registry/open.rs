@@ -9,7 +9,8 @@ use super::ledger::Ledger;
 use super::live::Registry;
 use super::pending::Pending;
 use super::store::location::JournalLocation;
-use super::store::nats::{NatsError, NatsOptions, NatsStore, NatsStream, StreamSpec};
+use super::store::nats::{IfMissing, NatsError, NatsOptions, NatsStore, NatsStream, StreamSpec};
+use super::store::whole::{self, Prefer};
 use crate::contract::Keyring;
 use std::io;
 use std::path::PathBuf;
@@ -104,7 +105,7 @@ pub fn clock_path(location: &JournalLocation, options: &StoreOptions) -> PathBuf
 
 /// Opens the registry a proxy follows. A file journal keeps its queue beside it; a stream's
 /// queue is under `--data-dir` (made if missing). With `durable` false (`check`), nothing is
-/// ever appended, so the queue is only in memory.
+/// ever appended, so the queue is only in memory, and a missing stream is an error, not made.
 pub async fn open_registry(
     location: &JournalLocation,
     keyring: Keyring,
@@ -117,7 +118,13 @@ pub async fn open_registry(
             .await
             .map_err(OpenError::io(location)),
         JournalLocation::Nats(nats) => {
-            let store = NatsStore::open(nats, &options.nats, &keyring, options.max_line).await?;
+            // `check` only reads: it does not create a missing stream.
+            let missing = match durable {
+                true => IfMissing::Create,
+                false => IfMissing::Refuse,
+            };
+            let store =
+                NatsStore::open(nats, &options.nats, &keyring, options.max_line, missing).await?;
             let pending = match durable {
                 true => {
                     let dir = options.data_dir.clone();
@@ -176,10 +183,13 @@ pub async fn create_journal_file(
         .map_err(create)
 }
 
-/// Every line of the journal now, without their newlines.
+/// Every line of the journal now, without their newlines: a stream's messages, or once it is
+/// purged, its snapshot's lines (verified under `keyring`) and the messages after them. A missing
+/// stream is an error (it is not created).
 pub async fn read_lines(
     location: &JournalLocation,
     options: &StoreOptions,
+    keyring: Option<&Keyring>,
 ) -> Result<Vec<Vec<u8>>, OpenError> {
     match location {
         JournalLocation::File(path) => {
@@ -197,9 +207,20 @@ pub async fn read_lines(
             Ok(lines)
         }
         JournalLocation::Nats(nats) => {
-            let stream = NatsStream::connect(nats, &options.nats, &StreamSpec::JOURNAL).await?;
-            let messages = stream.read_all().await.map_err(OpenError::io(location))?;
-            Ok(messages.into_iter().map(|(_, m)| m.to_vec()).collect())
+            let stream =
+                NatsStream::connect_existing(nats, &options.nats, &StreamSpec::JOURNAL).await?;
+            let start = whole::start(&stream, keyring, Prefer::Stream)
+                .await
+                .map_err(|e| OpenError::io(location)(io::Error::other(e)))?;
+            let messages = stream
+                .read_all_from(start.next)
+                .await
+                .map_err(OpenError::io(location))?;
+            let snapshot = start.snapshot.map(|(_, lines)| lines).unwrap_or_default();
+            Ok(snapshot
+                .into_iter()
+                .chain(messages.into_iter().map(|(_, m)| m.to_vec()))
+                .collect())
         }
     }
 }
@@ -220,7 +241,8 @@ pub async fn fold(
         journal::warn_skipped(&problems);
         return Ok((ledger, problems));
     }
-    let lines = read_lines(location, options).await?;
+    let keyring = ledger.keyring().cloned();
+    let lines = read_lines(location, options, keyring.as_ref()).await?;
     let problems = journal::apply_lines(&mut ledger, lines.iter().map(Vec::as_slice));
     journal::warn_skipped(&problems);
     Ok((ledger, problems))

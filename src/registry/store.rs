@@ -8,7 +8,9 @@
 pub mod file;
 pub mod location;
 pub mod nats;
+pub mod nats_broadcast;
 pub mod snapshot;
+pub mod whole;
 
 pub use file::FileStore;
 pub use location::{JournalLocation, NatsAuth, NatsLocation};
@@ -47,6 +49,10 @@ impl std::fmt::Display for Position {
 pub struct Batch {
     /// The store restarted before these lines: they begin its new generation.
     pub restarted: bool,
+    /// With `restarted`: the store is another one now (a stream deleted and created again), so
+    /// its lines are folded afresh ([`crate::registry::Ledger::refolded`]) instead of on top
+    /// of what was folded.
+    pub replaced: bool,
     /// Complete lines, without their newline, in append order.
     pub lines: Vec<Vec<u8>>,
     /// Lines longer than the store's `--max-journal-line`, skipped without being held (not in
@@ -82,6 +88,12 @@ pub trait Store: Send + Sync + 'static {
     /// notification). May resolve early: a spurious wake only costs an empty read.
     fn wait_for_more(&self) -> BoxFuture<'_, ()>;
 
+    /// The position just after everything the store holds now, asked of the store itself (a
+    /// read reaching it has folded all of it). The default, nothing: one read reaches it.
+    fn head(&self) -> BoxFuture<'_, io::Result<Position>> {
+        Box::pin(async { Ok(Position::default()) })
+    }
+
     /// For logs: "journal /path".
     fn describe(&self) -> String;
 
@@ -97,6 +109,18 @@ pub trait Store: Send + Sync + 'static {
         StoreHealth::default()
     }
 
+    /// Tells the other replicas at once that `record`, a closing record we are about to
+    /// append, closes its lease (a stream: a core NATS message, which needs no stream leader).
+    /// Best effort and never waited for: the append still carries the record. A store others
+    /// do not follow live does nothing.
+    fn broadcast(&self, _record: &Value) {}
+
+    /// The next closing record another replica broadcast, unverified (see
+    /// [`crate::registry::broadcast`]). Never resolves for a store without broadcasts.
+    fn heard(&self) -> BoxFuture<'_, Broadcast> {
+        Box::pin(std::future::pending())
+    }
+
     /// How long the follower may go without completing a read (a few of its waits) before
     /// `/readyz` reports it stalled.
     fn stalled_after(&self) -> Duration {
@@ -107,14 +131,24 @@ pub trait Store: Send + Sync + 'static {
 /// [`Store::stalled_after`] unless the store says otherwise: twenty of the file's polls.
 pub const STALLED_AFTER: Duration = Duration::from_secs(1);
 
+/// A closing record heard from another replica, as it came.
+#[derive(Debug, Clone)]
+pub struct Broadcast {
+    /// The lease token of its subject.
+    pub lease: String,
+    pub payload: bytes::Bytes,
+}
+
 /// How a store's following stands.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoreHealth {
     /// Why the store is not followed now (`/readyz` 503), or `None`.
     pub problem: Option<String>,
-    /// How far behind the store we are: the time since we last had everything it held
-    /// (`leasegate_store_lag_seconds`).
+    /// How far behind the store we are: how long it has held something not folded yet, as
+    /// its last answer says (`leasegate_store_lag_seconds`).
     pub lag: std::time::Duration,
     /// Reconnections to the store since start (`leasegate_store_reconnects_total`).
     pub reconnects: u64,
+    /// Times the store was found replaced and folded afresh (`leasegate_store_replaced_total`).
+    pub replaced: u64,
 }

@@ -281,11 +281,15 @@ pub struct RegistryFigures {
     pub journal_invalid_lines: Vec<(&'static str, u64)>,
     /// Appends to the journal that failed or timed out.
     pub journal_append_failures: u64,
+    /// Closing records broadcast by other replicas, by outcome.
+    pub revoke_broadcasts: Vec<(&'static str, u64)>,
     /// Revocation records waiting for the journal to take them.
     pub journal_pending_revocations: u64,
     /// The store's following: lag and reconnections.
     pub store_lag_seconds: f64,
     pub store_reconnects: u64,
+    /// Times the journal store was found replaced (a stream deleted and created again).
+    pub store_replaced: u64,
     /// Time since the journal follower last completed a read.
     pub journal_follow_lag_seconds: f64,
     /// Admin requests answered 503 at a limit, by limit (`connections`, `walks`).
@@ -441,6 +445,15 @@ impl Collector for Scrape {
             None,
             counter.metric_type(),
         )?)?;
+        let mut family = encoder.encode_descriptor(
+            "leasegate_revoke_broadcasts",
+            "Closing records other replicas broadcast ahead of the journal, by what they did here",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in &self.figures.revoke_broadcasts {
+            ConstCounter::new(*n).encode(family.encode_family(&[("outcome", *outcome)])?)?;
+        }
         let gauge = ConstGauge::new(self.figures.journal_pending_revocations as i64);
         gauge.encode(encoder.encode_descriptor(
             "leasegate_journal_pending_revocations",
@@ -459,6 +472,13 @@ impl Collector for Scrape {
         counter.encode(encoder.encode_descriptor(
             "leasegate_store_reconnects",
             "Reconnections to the journal store",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.store_replaced);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_store_replaced",
+            "Times the journal store was found replaced (a stream deleted and created again) and folded afresh",
             None,
             counter.metric_type(),
         )?)?;

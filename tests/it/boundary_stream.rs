@@ -5,6 +5,7 @@
 use crate::harness::{admin_get, eventually, raw, Harness};
 use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::scale_out::{admin_revoke, refuse, replica};
+use futures_util::StreamExt;
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
 use leasegate::registry::closing::ClosingCheck;
@@ -267,24 +268,25 @@ async fn a_snapshot_missing_a_line_is_ignored() {
 }
 
 /// The users of `deploy/nats/` can do what their leasegate commands need (the rest of the
-/// scale-out suite runs as them) and nothing destructive: no purge, no deletion of a stream
-/// or a message, no configuration change, no publishing outside their subjects.
+/// scale-out suite runs as them) and nothing destructive: no deletion of a stream or a message,
+/// no configuration change, no publishing outside their subjects, and no purge but the
+/// compactor's of the journal and its snapshot stream (`journal compact --purge`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_users_hold_only_what_their_commands_need() {
     let cluster = NatsCluster::start(1);
-    let operator = cluster.journal("LG").await;
+    let operator = cluster.journal("LEASES").await;
     let subject = operator.subject(Some("3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c"));
     operator
         .publish(subject.clone(), b"{}", None)
         .await
         .unwrap();
     let options = NatsOptions::default();
-    let snapshots = snapshot::location_of(&cluster.location("LG"));
+    let snapshots = snapshot::location_of(&cluster.location("LEASES"));
     NatsStream::connect(&snapshots, &options, &snapshot::SNAPSHOT)
         .await
         .unwrap();
     let as_role = |role| {
-        let location = cluster.location_as(role, "LG");
+        let location = cluster.location_as(role, "LEASES");
         let options = options.clone();
         async move {
             NatsStream::connect(&location, &options, &StreamSpec::JOURNAL)
@@ -299,20 +301,34 @@ async fn nats_users_hold_only_what_their_commands_need() {
         async move {
             let client = client.await;
             let wider = async_nats::jetstream::stream::Config {
-                name: "LG".into(),
+                name: "LEASES".into(),
                 subjects: vec![">".into()],
                 ..Default::default()
             };
             let snapshot = "leasegate.snapshot.done".to_owned();
-            let (purged, deleted, dropped, widened, appended, marked) = tokio::join!(
-                client.stream.purge(),
+            let snapshots = client
+                .jetstream
+                .get_stream("LEASES_SNAPSHOT")
+                .await
+                .unwrap();
+            // Of a subject nothing is on: a purge that removes nothing, but is still a purge
+            // to allow (one below sequence 1 would remove everything).
+            let (purged, trimmed, deleted, dropped, widened, appended, marked) = tokio::join!(
+                client.stream.purge().filter("leasegate.journal.nothing"),
+                snapshots.purge().filter("leasegate.snapshot.nothing"),
                 client.stream.delete_message(1),
-                client.jetstream.delete_stream("LG"),
+                client.jetstream.delete_stream("LEASES"),
                 client.jetstream.update_stream(wider),
                 client.publish(subject.clone(), b"{}", None),
                 client.publish(snapshot, b"{}", None),
             );
-            assert!(purged.is_err(), "{role:?} purged");
+            let may_purge = role == Role::Compactor;
+            assert_eq!(purged.is_ok(), may_purge, "{role:?} purging the journal");
+            assert_eq!(
+                trimmed.is_ok(),
+                may_purge,
+                "{role:?} purging the snapshot stream"
+            );
             assert!(deleted.is_err(), "{role:?} deleted a message");
             assert!(dropped.is_err(), "{role:?} deleted the stream");
             assert!(widened.is_err(), "{role:?} changed the stream");
@@ -336,6 +352,47 @@ async fn nats_users_hold_only_what_their_commands_need() {
         3,
         "the two appends"
     );
+    // Closing broadcasts (core NATS, outside every stream): only a replica sends or hears them.
+    let broadcast = format!(
+        "leasegate.revoke.LG.{}",
+        "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c"
+    );
+    let mut heard = operator
+        .client
+        .subscribe("leasegate.revoke.>")
+        .await
+        .unwrap();
+    operator.client.flush().await.unwrap();
+    for role in roles {
+        let client = as_role(role).await.client;
+        let mut listening = client.subscribe("leasegate.revoke.>").await.unwrap();
+        client.flush().await.unwrap();
+        client
+            .publish(broadcast.clone(), format!("{role:?}").into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        operator
+            .client
+            .publish(broadcast.clone(), "operator".into())
+            .await
+            .unwrap();
+        operator.client.flush().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(500), listening.next()).await;
+        assert_eq!(
+            got.ok().flatten().is_some(),
+            role == Role::Replica,
+            "{role:?} hearing a broadcast"
+        );
+    }
+    let mut senders = Vec::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_millis(500), heard.next()).await
+    {
+        senders.push(String::from_utf8_lossy(&message.payload).into_owned());
+    }
+    senders.retain(|sender| sender != "operator");
+    assert_eq!(senders, ["Replica"], "who may broadcast a closing");
     // Not vacuous: the operator may.
     operator.stream.delete_message(1).await.unwrap();
     operator.stream.purge().await.unwrap();

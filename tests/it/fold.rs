@@ -735,3 +735,32 @@ fn a_lifetime_ceiling_brings_a_far_expiry_forward() {
     assert_eq!(capped.stats().capped_grants, 1);
     assert_eq!(uncapped.stats().capped_grants, 0);
 }
+
+/// A replaced journal is folded on `Ledger::refolded`: closures stay, grants go until the new
+/// journal grants them again, and the grant numbering goes on.
+#[test]
+fn a_refolded_ledger_keeps_closures_and_drops_grants() {
+    let other = lease(&key(1), &id(2), None, WINDOW, &["*.example.com"], &[]);
+    let closing = event_line(
+        "revoked",
+        &id(1),
+        AT,
+        json!({"by": "issuer", "reason": "test"}),
+    );
+    let (ledger, problems) = fold(&[granted_line(&root(), AT), granted_line(&other, AT), closing]);
+    assert_eq!(problems, 0);
+    let (mut next, dropped) = ledger.refolded();
+    assert_eq!(dropped, 2);
+    assert!(next.lease(&id(1)).is_none() && next.lease(&id(2)).is_none());
+    assert!(matches!(
+        next.check_chain(&id(2), t(AT)),
+        Err(ChainError::Unknown(_))
+    ));
+    // The new journal grants both again, without the closing: lease 1 stays revoked.
+    for grant in [granted_line(&root(), AT), granted_line(&other, AT)] {
+        next.apply_line_bytes(grant.as_bytes()).unwrap();
+    }
+    assert_eq!(next.status(&id(1), t(AT)), Some(Status::Revoked));
+    assert_eq!(next.status(&id(2), t(AT)), Some(Status::Open));
+    assert_eq!(next.granted(), 4);
+}

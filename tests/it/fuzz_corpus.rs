@@ -3,6 +3,8 @@
 
 #[path = "../../fuzz/checks/admin_origin.rs"]
 mod admin_origin;
+#[path = "../../fuzz/checks/broadcast.rs"]
+mod broadcast;
 #[path = "../../fuzz/checks/canonical.rs"]
 mod canonical;
 #[path = "../../fuzz/checks/hello.rs"]
@@ -47,6 +49,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("canonical", canonical::check, 20),
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),
+        ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
         ("run_answer", run_answer::check, 10),
         ("snapshot", snapshot::check, 5),

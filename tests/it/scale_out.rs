@@ -6,6 +6,7 @@ use crate::harness::{
 };
 use crate::nats_support::{publish_file, NatsCluster, Role};
 use leasegate::registry::store::nats::NatsStream;
+use leasegate::registry::store::NatsLocation;
 use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
 use serde_json::Value;
@@ -18,13 +19,24 @@ pub(crate) async fn replica(
     stream: &str,
     data: &str,
 ) -> Server {
+    let location = cluster.location_as(Role::Replica, stream);
+    replica_at(h, location, cluster.nodes.len(), data).await
+}
+
+/// A replica of the proxy on the stream at `location` (of `replicas` replicas).
+pub(crate) async fn replica_at(
+    h: &Harness,
+    location: NatsLocation,
+    replicas: usize,
+    data: &str,
+) -> Server {
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
-    config.journal = JournalLocation::Nats(cluster.location_as(Role::Replica, stream));
+    config.journal = JournalLocation::Nats(location);
     config.store = StoreOptions {
         data_dir: h.dir.path().join(data),
         ..StoreOptions::default()
     };
-    config.store.nats.replicas = cluster.nodes.len();
+    config.store.nats.replicas = replicas;
     Server::start(config).await.unwrap()
 }
 
@@ -39,7 +51,7 @@ async fn records(stream: &NatsStream) -> Vec<Value> {
         .collect()
 }
 
-fn proxy_revocations(records: &[Value], lease: &str) -> usize {
+pub(crate) fn proxy_revocations(records: &[Value], lease: &str) -> usize {
     records
         .iter()
         .filter(|r| r["event"] == "revoked" && r["lease_id"] == lease)
@@ -199,7 +211,12 @@ pub(crate) async fn admin_revoke(server: &Server, lease: &str) {
 }
 
 /// Waits until `lease` has `status` on `server`'s admin API.
-async fn until_status(server: &Server, lease: &str, status: &str, limit: Duration) -> bool {
+pub(crate) async fn until_status(
+    server: &Server,
+    lease: &str,
+    status: &str,
+    limit: Duration,
+) -> bool {
     eventually(limit, || async {
         let (_, view) = admin_get(server, &format!("/leases/{lease}")).await;
         (view["status"] == status).then_some(())

@@ -403,6 +403,102 @@ async fn a_restart_with_queued_revocations_keeps_their_leases_closed() {
     assert_eq!(setup.revoked_lines(), 1, "no duplicate");
 }
 
+/// The record is on disk in the queue before its append is tried: a process killed while the
+/// append waits (a leaderless stream, a hung disk) restarts with the lease closed and the
+/// record still to append; once the append lands, the record leaves the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_is_queued_on_disk_while_its_append_waits() {
+    let setup = Setup::new();
+    let registry = Arc::new(
+        setup
+            .durable_registry()
+            .await
+            .with_append_timeout(Duration::from_secs(60)),
+    );
+    let revoking = tokio::spawn({
+        let (registry, lease) = (registry.clone(), setup.lease.clone());
+        async move { registry.revoke(&lease, "refused", Map::new()).await }
+    });
+    let queue = pending_path(&setup.path);
+    let staged = async {
+        while !std::fs::read_to_string(&queue).is_ok_and(|t| t.contains(&setup.lease)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), staged)
+        .await
+        .expect("the record is not on disk while its append waits");
+    assert!(!revoking.is_finished(), "the append is still waiting");
+    assert_eq!(
+        registry.pending(),
+        0,
+        "its own append is under way: not queued"
+    );
+    assert_eq!(registry.journal_problem(), None);
+
+    // What a restart now (a kill while the append waits) finds: the lease closed, the record
+    // queued for the journal.
+    let restarted = setup.durable_registry().await;
+    assert_eq!(restarted.pending(), 1);
+    assert_eq!(
+        restarted
+            .snapshot()
+            .ledger
+            .status(&setup.lease, Timestamp::now()),
+        Some(Status::Revoked)
+    );
+    drop(restarted);
+
+    setup.gate.add_permits(10);
+    assert!(revoking.await.unwrap().unwrap());
+    assert_eq!(setup.revoked_lines(), 1);
+    assert!(!queue.exists(), "the record left the queue once appended");
+    assert_eq!(registry.pending(), 0);
+}
+
+/// A revocation whose caller stops waiting while its append waits leaves its record queued:
+/// the retry appends it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_whose_caller_goes_away_is_still_appended_once() {
+    let setup = Setup::new();
+    let registry = Arc::new(
+        setup
+            .durable_registry()
+            .await
+            .with_append_timeout(Duration::from_secs(60)),
+    );
+    let queue = pending_path(&setup.path);
+    let revoking = tokio::spawn({
+        let (registry, lease) = (registry.clone(), setup.lease.clone());
+        async move { registry.revoke(&lease, "refused", Map::new()).await }
+    });
+    let staged = async {
+        while !queue.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), staged)
+        .await
+        .unwrap();
+    revoking.abort();
+    assert!(revoking.await.unwrap_err().is_cancelled());
+    // Queued once its own append is gone (the staging task may still be handing its guard
+    // back to nobody).
+    let queued = async {
+        while registry.pending() != 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the record of an abandoned revocation is never queued");
+    setup.gate.add_permits(10);
+    registry.flush_pending().await;
+    assert_eq!(setup.revoked_lines(), 1);
+    assert_eq!(registry.pending(), 0);
+    assert!(!queue.exists());
+}
+
 /// An append that times out but lands: the read that hands it out keeps it from being queued
 /// (or takes it out of the queue), so the retry never writes it a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -363,6 +363,7 @@ impl Cursor {
             lines,
             too_long: std::mem::take(&mut self.too_long),
             position: self.position(),
+            replaced: false,
         }
     }
 }
@@ -482,6 +483,7 @@ impl Inner {
             lines: std::mem::take(&mut undelivered.lines),
             too_long: std::mem::take(&mut undelivered.too_long),
             position: undelivered.position,
+            replaced: false,
         }
     }
 

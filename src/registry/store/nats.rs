@@ -21,12 +21,31 @@
 //!   under an id of its own bytes. A message's `event` alone proves nothing.
 //! - A replica starts from the latest snapshot ([`super::snapshot`]) that applies, then follows
 //!   from the sequence after the one it covers: the same fold, without reading what it covers.
+//!   A stream purged below what a verified snapshot covers is refused ([`super::whole`]).
+//! - A replica opens its journal stream patiently: every step of the open is retried for
+//!   `--store-start-timeout` whatever the error (a cluster without quorum answers 10008 or
+//!   nothing), except those waiting cannot mend; giving up names the last error. A command
+//!   that only reads ([`IfMissing::Refuse`]) never creates a stream.
 //! - Contact is known, not assumed: a probe asks for the stream's state every
 //!   [`PROBE_EVERY`]; without an answer for `stale_after` the store reports a problem
-//!   (`/readyz` 503) while the last folded state stays in force.
+//!   (`/readyz` 503) while the last folded state stays in force. When the stream holds
+//!   messages beyond the last one delivered and nothing arrives for [`STALLED_CONSUMER`] (its
+//!   consumer died with a stream leader), the consumer is replaced then, not after the client's
+//!   ten seconds of missed heartbeats.
+//! - Our closing records are also broadcast on core NATS ([`super::nats_broadcast`]), and the
+//!   other replicas' are heard there, for the registry to verify.
+//! - Lag is the stream's, not ours: once an answer names a last sequence not handed out yet,
+//!   the store is behind from that answer until it hands that sequence out; behind longer
+//!   than [`LAG_GRACE`] is a problem.
+//! - A stream deleted and created again (another creation time, or a last sequence below what
+//!   was handed out) is a new store: its first read is a [`Batch::replaced`] generation from
+//!   its first message, nothing of the old one is handed out after it, and the store is not
+//!   settled (a problem) until it has handed out what the new stream held when it was found.
 
 use super::location::{NatsAuth, NatsLocation};
-use super::{Batch, BoxFuture, Position, Store, StoreHealth};
+use super::nats_broadcast::Broadcaster;
+use super::whole::{self, Prefer};
+use super::{Batch, BoxFuture, Broadcast, Position, Store, StoreHealth};
 use crate::contract::keys::sha256_hex;
 use crate::contract::Keyring;
 use crate::log_gate::{Flood, Say};
@@ -51,13 +70,25 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// How often the stream's state is asked for (contact and lag).
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 
+/// How long the stream may hold a message that a probe saw and we have not handed out before
+/// the store reports itself behind (a probe's answer can come before the message does).
+pub const LAG_GRACE: Duration = Duration::from_millis(250);
+
 /// How long one NATS request may take before it counts as failed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Behind the stream's last sequence with nothing delivered this long: the consumer is
+/// replaced.
+pub const STALLED_CONSUMER: Duration = Duration::from_secs(1);
+
+/// The longest wait between two attempts to replace the journal consumer.
+const MAX_REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How many times a compare-and-set append retries after another writer moved the subject.
 const APPEND_ATTEMPTS: usize = 8;
 
-/// Every stream handed out here starts generation 1 (0 is "nothing read").
+/// A stream opened here starts at generation 1 (0 is "nothing read"); each replacement of
+/// the stream found while following it is the next one.
 const GENERATION: u64 = 1;
 
 /// Connection settings shared by every NATS user (`--nats-*`).
@@ -71,6 +102,9 @@ pub struct NatsOptions {
     pub replicas: usize,
     /// `--store-stale-after`: without contact this long, the store reports a problem.
     pub stale_after: Duration,
+    /// `--store-start-timeout`: how long a replica keeps trying to open its journal stream at
+    /// start.
+    pub start_timeout: Duration,
 }
 
 impl Default for NatsOptions {
@@ -80,6 +114,7 @@ impl Default for NatsOptions {
             tls_ca: None,
             replicas: 1,
             stale_after: Duration::from_secs(5),
+            start_timeout: START_TIMEOUT,
         }
     }
 }
@@ -110,9 +145,29 @@ pub enum NatsError {
     Connect { location: String, reason: String },
     #[error("{location}: {reason}")]
     Stream { location: String, reason: String },
-    /// The stream exists but is not one leasegate may use.
+    /// The stream exists but is not one leasegate may use (other subjects; purged with no
+    /// snapshot covering what is gone).
     #[error("{location}: {reason}")]
     Foreign { location: String, reason: String },
+    /// The stream does not exist, and a command that only reads does not create it.
+    #[error("{location}: the stream {stream} does not exist (a command that only reads does not create it)")]
+    Missing { location: String, stream: String },
+    /// The stream could not be opened within `--store-start-timeout`.
+    #[error("{location}: not open after {waited:.1?} of retries (--store-start-timeout); the last error: {last}")]
+    GaveUp {
+        location: String,
+        waited: Duration,
+        last: Box<NatsError>,
+    },
+}
+
+/// Whether opening a stream that does not exist creates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfMissing {
+    /// `serve`, `issue`, `journal import` and `mirror`: the stream is made, per its spec.
+    Create,
+    /// The commands that only read: [`NatsError::Missing`].
+    Refuse,
 }
 
 /// A connection to one stream.
@@ -161,6 +216,26 @@ impl NatsStream {
         options: &NatsOptions,
         spec: &StreamSpec,
     ) -> Result<NatsStream, NatsError> {
+        NatsStream::open(location, options, spec, IfMissing::Create).await
+    }
+
+    /// [`NatsStream::connect`] for a command that only reads: a missing stream is
+    /// [`NatsError::Missing`], and stays missing.
+    pub async fn connect_existing(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        spec: &StreamSpec,
+    ) -> Result<NatsStream, NatsError> {
+        NatsStream::open(location, options, spec, IfMissing::Refuse).await
+    }
+
+    /// Connects to `location` and opens its stream; what a missing one does is `missing`'s.
+    pub async fn open(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        spec: &StreamSpec,
+        missing: IfMissing,
+    ) -> Result<NatsStream, NatsError> {
         let reconnects = Arc::new(AtomicU64::new(0));
         let client = connect_client(location, options, reconnects.clone()).await?;
         let jetstream = jetstream::new(client.clone());
@@ -178,13 +253,30 @@ impl NatsStream {
             max_age: spec.max_age.unwrap_or_default(),
             ..Default::default()
         };
-        let mut stream = tokio::time::timeout(
-            options.stale_after.max(REQUEST_TIMEOUT),
-            jetstream.get_or_create_stream(config),
-        )
-        .await
-        .map_err(|_| stream_error("JetStream did not answer (is it enabled?)".into()))?
-        .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?;
+        let patience = options.stale_after.max(REQUEST_TIMEOUT);
+        let no_answer = |_| stream_error("JetStream did not answer (is it enabled?)".into());
+        let mut stream = match missing {
+            IfMissing::Create => {
+                tokio::time::timeout(patience, jetstream.get_or_create_stream(config))
+                    .await
+                    .map_err(no_answer)?
+                    .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?
+            }
+            IfMissing::Refuse => tokio::time::timeout(patience, jetstream.get_stream(&config.name))
+                .await
+                .map_err(no_answer)?
+                .map_err(|e| match e.kind() {
+                    jetstream::context::GetStreamErrorKind::JetStream(e)
+                        if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                    {
+                        NatsError::Missing {
+                            location: location.to_string(),
+                            stream: location.stream.clone(),
+                        }
+                    }
+                    _ => stream_error(format!("cannot open the stream: {e}")),
+                })?,
+        };
         let held = stream
             .info()
             .await
@@ -217,11 +309,19 @@ impl NatsStream {
 
     /// The stream's last sequence now (0 when empty).
     pub async fn last_sequence(&self) -> io::Result<u64> {
+        Ok(self.incarnation().await?.head)
+    }
+
+    /// Which stream answers under our stream's name now, and its last sequence.
+    pub async fn incarnation(&self) -> io::Result<Incarnation> {
         let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
             .map_err(io::Error::other)?;
-        Ok(info.state.last_sequence)
+        Ok(Incarnation {
+            created: info.created.unix_timestamp_nanos(),
+            head: info.state.last_sequence,
+        })
     }
 
     /// Publishes `line` to `subject` and waits for the stream's ack; `id` (when given) is the
@@ -347,10 +447,27 @@ impl NatsStream {
             && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
     }
 
-    /// Every message of the stream, from the first, up to its last sequence at the call.
-    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
+    /// The sequences the stream holds now: a purge moves `first` past every message it
+    /// removed (`first > last`: the stream holds none).
+    pub async fn span(&self) -> io::Result<Span> {
+        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
+            .map_err(io::Error::other)?;
+        let state = &info.state;
+        Ok(Span {
+            first: match state.messages {
+                0 => state.last_sequence + 1,
+                _ => state.first_sequence,
+            },
+            last: state.last_sequence,
+        })
+    }
+
+    /// Every message of the stream from sequence `start`, up to its last sequence at the call.
+    pub async fn read_all_from(&self, start: u64) -> io::Result<Vec<(u64, bytes::Bytes)>> {
         let mut out = Vec::new();
-        self.read_each(|sequence, payload| {
+        self.read_each_from(start, |sequence, payload| {
             out.push((sequence, payload));
             Ok::<_, io::Error>(())
         })
@@ -358,17 +475,25 @@ impl NatsStream {
         Ok(out)
     }
 
-    /// Hands every message of the stream, from the first up to its last sequence at the call,
-    /// to `each` in order; stops at `each`'s first error. Returns how many were handed out.
-    pub async fn read_each<E: From<io::Error>>(
+    /// Every message the stream holds, up to its last sequence at the call. After a purge that
+    /// is not the whole journal: readers start with [`super::whole::start`].
+    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
+        self.read_all_from(1).await
+    }
+
+    /// Hands every message of the stream from sequence `start` up to its last sequence at the
+    /// call to `each` in order; stops at `each`'s first error. Returns how many were handed out.
+    pub async fn read_each_from<E: From<io::Error>>(
         &self,
+        start: u64,
         mut each: impl FnMut(u64, bytes::Bytes) -> Result<(), E>,
     ) -> Result<usize, E> {
-        let head = self.last_sequence().await?;
-        if head == 0 {
+        let span = self.span().await?;
+        let head = span.last;
+        if span.first > head || start > head {
             return Ok(0);
         }
-        let mut messages = self.ordered_from(1).await?;
+        let mut messages = self.ordered_from(start).await?;
         let mut handed = 0;
         while let Some(message) = messages.next().await {
             let message = match message {
@@ -420,10 +545,36 @@ impl NatsStream {
     }
 }
 
+/// One stream under a name, as a stream info answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Incarnation {
+    /// Its creation time (Unix nanoseconds): another one is another stream.
+    pub created: i128,
+    /// Its last sequence (0 when empty).
+    pub head: u64,
+}
+
 fn at(sequence: u64) -> Position {
     Position {
         generation: GENERATION,
         offset: sequence,
+    }
+}
+
+/// The sequences a stream holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The first sequence held (past the last when none is).
+    pub first: u64,
+    /// The last sequence stored (kept through a purge).
+    pub last: u64,
+}
+
+impl Span {
+    /// Whether messages were removed from the stream's start: what it holds is not the whole
+    /// journal.
+    pub fn is_purged(&self) -> bool {
+        self.first > 1
     }
 }
 
@@ -512,31 +663,63 @@ async fn connect_client(
         })
 }
 
-/// How long a replica keeps trying to reach its journal stream at start (a cluster that is
-/// itself starting elects its leaders first).
-pub const START_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a replica keeps trying to open its journal stream at start, by default (a cluster
+/// that is itself starting, or that has lost its quorum, elects its leaders first).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// [`NatsStream::connect`] for the journal, retried with backoff for [`START_PATIENCE`] while
-/// the servers or JetStream do not answer. A stream leasegate may not use fails at once.
-async fn connect_patiently(
+/// Runs `attempt` until it succeeds, with backoff, for `options.start_timeout` whatever the
+/// error, except those that waiting cannot mend (credentials that cannot be read, a stream
+/// leasegate may not use or is not to create): those are returned at once. Past the timeout
+/// the error names the last attempt's.
+async fn patiently<T, F, Fut>(
     location: &NatsLocation,
     options: &NatsOptions,
-) -> Result<NatsStream, NatsError> {
-    let deadline = Instant::now() + START_PATIENCE;
+    mut attempt: F,
+) -> Result<T, NatsError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, NatsError>>,
+{
+    let started = Instant::now();
+    let deadline = started + options.start_timeout;
     let mut backoff = Duration::from_millis(250);
     loop {
-        match NatsStream::connect(location, options, &StreamSpec::JOURNAL).await {
-            Ok(stream) => return Ok(stream),
-            Err(error @ (NatsError::Connect { .. } | NatsError::Stream { .. }))
-                if Instant::now() + backoff < deadline =>
-            {
-                tracing::warn!(%error, retry_in = ?backoff, "the journal stream is not reachable yet");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(4));
-            }
-            Err(error) => return Err(error),
+        let error = match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(
+                error @ (NatsError::Creds { .. }
+                | NatsError::Foreign { .. }
+                | NatsError::Missing { .. }),
+            ) => return Err(error),
+            Err(error) => error,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NatsError::GaveUp {
+                location: location.to_string(),
+                waited: started.elapsed(),
+                last: Box::new(error),
+            });
         }
+        let wait = backoff.min(left);
+        tracing::warn!(%error, retry_in = ?wait, "the journal stream cannot be opened yet");
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(Duration::from_secs(4));
     }
+}
+
+/// What opening the journal stream yields: the stream, its last sequence then, the sequence
+/// the snapshot covers and its lines, and the consumer of what follows.
+struct Opened {
+    stream: NatsStream,
+    /// The stream's last sequence when it was opened: the first read waits for it.
+    initial_head: u64,
+    /// The stream's creation time (a stream created again under the same name differs).
+    created: i128,
+    /// The sequence the snapshot's `lines` cover (0: none).
+    covers: u64,
+    lines: Vec<Vec<u8>>,
+    messages: consumer::push::Ordered,
 }
 
 /// The journal stream, followed: what [`Store`] needs.
@@ -547,6 +730,8 @@ pub struct NatsStore {
     keyring: Keyring,
     shared: Arc<Shared>,
     stale_after: Duration,
+    /// Our closing records out, the other replicas' in; `None` if the subscription failed.
+    broadcaster: Option<Broadcaster>,
     /// The follower and the probe; aborted when the store is dropped.
     tasks: Vec<tokio::task::AbortHandle>,
 }
@@ -557,12 +742,14 @@ struct Shared {
     received: Mutex<Received>,
     /// The last sequence delivered (readers wait on it).
     delivered: watch::Sender<u64>,
-    /// The stream's last sequence when we connected: the first read waits for it.
-    initial_head: u64,
     contact: Mutex<Contact>,
+    /// Wakes the follower to replace a consumer that stopped delivering.
+    stalled: tokio::sync::Notify,
+    /// Bumped when the stream is found replaced: the follower starts over from its first
+    /// message.
+    replaced: watch::Sender<u64>,
 }
 
-#[derive(Default)]
 struct Received {
     lines: Vec<Vec<u8>>,
     /// Messages longer than `--max-journal-line` skipped since the last read.
@@ -571,6 +758,13 @@ struct Received {
     last: u64,
     /// Sequence of the last message handed out.
     handed: u64,
+    /// What the stream held when it was opened (or found replaced): reads wait for new
+    /// messages until it is handed out, and the store is settled once it is.
+    settle_at: u64,
+    /// The generation of the stream being handed out; messages of an earlier one are dropped.
+    generation: u64,
+    /// The stream was found replaced and the next read begins its generation.
+    restarted: bool,
 }
 
 struct Contact {
@@ -578,8 +772,12 @@ struct Contact {
     last: Instant,
     /// The stream's last sequence as last seen.
     head: u64,
-    /// The last instant we had delivered everything the stream held.
-    caught_up: Instant,
+    /// Since when the stream has held a message not handed out, and that message's sequence:
+    /// the first answer that named a last sequence beyond what was handed out, kept until
+    /// that sequence is handed out.
+    behind: Option<(Instant, u64)>,
+    /// The creation time of the stream followed.
+    created: i128,
 }
 
 impl NatsStore {
@@ -588,50 +786,53 @@ impl NatsStore {
     /// sequence it covers, or from the first message. Closing records appended through it are
     /// checked against what the stream holds under `keyring` (see the module invariants). A
     /// message longer than `max_line` bytes is skipped, counted and logged, never held.
+    /// Retried as [`patiently`] says, for `--store-start-timeout`; with [`IfMissing::Refuse`]
+    /// a missing stream is an error at once.
     pub async fn open(
         location: &NatsLocation,
         options: &NatsOptions,
         keyring: &Keyring,
         max_line: usize,
+        missing: IfMissing,
     ) -> Result<NatsStore, NatsError> {
-        let stream = connect_patiently(location, options).await?;
-        let stream_error = |e: io::Error| NatsError::Stream {
-            location: location.to_string(),
-            reason: e.to_string(),
-        };
-        let initial_head = stream.last_sequence().await.map_err(stream_error)?;
-        // A snapshot that cannot be read is not used: the journal holds everything.
-        let (covers, lines) = match super::snapshot::latest(&stream, initial_head, keyring).await {
-            Ok(Some((marker, lines))) => {
-                tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
-                (marker.covers, lines)
-            }
-            Ok(None) => (0, Vec::new()),
-            Err(error) => {
-                tracing::warn!(store = %location, %error, "the journal's snapshot cannot be read: folding the journal from its start");
-                (0, Vec::new())
-            }
-        };
-        let now = Instant::now();
+        let Opened {
+            stream,
+            initial_head,
+            created,
+            covers,
+            lines,
+            messages,
+        } = patiently(location, options, || {
+            NatsStore::open_once(location, options, keyring, missing)
+        })
+        .await?;
         let shared = Arc::new(Shared {
             received: Mutex::new(Received {
                 lines,
                 too_long: 0,
                 last: covers,
                 handed: 0,
+                settle_at: initial_head,
+                generation: GENERATION,
+                restarted: false,
             }),
             delivered: watch::channel(covers).0,
-            initial_head,
             contact: Mutex::new(Contact {
-                last: now,
+                last: Instant::now(),
                 head: initial_head,
-                caught_up: now,
+                behind: None,
+                created,
             }),
+            stalled: tokio::sync::Notify::new(),
+            replaced: watch::channel(0).0,
         });
-        let messages = stream
-            .ordered_from(covers + 1)
-            .await
-            .map_err(stream_error)?;
+        let broadcaster = match Broadcaster::subscribe(&stream).await {
+            Ok(broadcaster) => Some(broadcaster),
+            Err(error) => {
+                tracing::warn!(store = %location, %error, "cannot subscribe to the other replicas' closing broadcasts: their revocations arrive through the stream only");
+                None
+            }
+        };
         let follower = tokio::spawn(follow(stream.clone(), messages, shared.clone(), max_line));
         let probe = tokio::spawn(probe(stream.clone(), shared.clone()));
         Ok(NatsStore {
@@ -639,7 +840,55 @@ impl NatsStore {
             keyring: keyring.clone(),
             shared,
             stale_after: options.stale_after,
+            broadcaster,
             tasks: vec![follower.abort_handle(), probe.abort_handle()],
+        })
+    }
+
+    /// One attempt at everything [`NatsStore::open`] asks of the cluster.
+    async fn open_once(
+        location: &NatsLocation,
+        options: &NatsOptions,
+        keyring: &Keyring,
+        missing: IfMissing,
+    ) -> Result<Opened, NatsError> {
+        let stream = NatsStream::open(location, options, &StreamSpec::JOURNAL, missing).await?;
+        let stream_error = |e: io::Error| NatsError::Stream {
+            location: location.to_string(),
+            reason: e.to_string(),
+        };
+        let incarnation = stream.incarnation().await.map_err(stream_error)?;
+        // A snapshot that cannot be read is not used while the journal holds everything; once
+        // it is purged, nothing partial is folded.
+        // Waiting mends a failed read, not a purged stream without its snapshot.
+        let start = whole::start(&stream, Some(keyring), Prefer::Snapshot)
+            .await
+            .map_err(|e| match e {
+                whole::StartError::Io(e) => stream_error(e),
+                purged => NatsError::Foreign {
+                    location: location.to_string(),
+                    reason: purged.to_string(),
+                },
+            })?;
+        let initial_head = incarnation.head;
+        let (covers, lines) = match start.snapshot {
+            Some((marker, lines)) => {
+                tracing::info!(store = %location, covers = marker.covers, lines = lines.len(), "starting from the journal's snapshot");
+                (marker.covers, lines)
+            }
+            None => (0, Vec::new()),
+        };
+        let messages = stream
+            .ordered_from(covers + 1)
+            .await
+            .map_err(stream_error)?;
+        Ok(Opened {
+            stream,
+            initial_head,
+            created: incarnation.created,
+            covers,
+            lines,
+            messages,
         })
     }
 
@@ -660,7 +909,8 @@ impl Drop for NatsStore {
 /// Hands every delivered message to `shared`, in order. The ordered consumer re-creates
 /// itself after a reconnect or a gap, from the sequence after the last one delivered; when its
 /// heartbeats stop while the connection stays up (the server holding the consumer went away),
-/// it is replaced here, from the same place.
+/// it is replaced here, from the same place; when the stream is found replaced, from the new
+/// stream's first message.
 async fn follow(
     stream: NatsStream,
     mut messages: consumer::push::Ordered,
@@ -671,8 +921,22 @@ async fn follow(
     // Said once, then counted (a summary at most once a minute), then said ended.
     let mut no_metadata = Flood::default();
     let mut not_replaced = Flood::default();
+    let mut replaced = shared.replaced.subscribe();
+    let mut consuming = GENERATION;
     loop {
-        while let Some(message) = messages.next().await {
+        loop {
+            let message = tokio::select! {
+                biased;
+                _ = replaced.changed() => break,
+                _ = shared.stalled.notified() => {
+                    tracing::info!(store = %described, "the journal consumer delivers nothing while the stream holds more: replacing it");
+                    break;
+                }
+                message = messages.next() => match message {
+                    Some(message) => message,
+                    None => break,
+                },
+            };
             let message = match message {
                 Ok(message) => message,
                 Err(error)
@@ -706,6 +970,10 @@ async fn follow(
             }
             {
                 let mut received = shared.received();
+                if received.generation != consuming {
+                    // The stream was replaced under this consumer: nothing of it is handed out.
+                    break;
+                }
                 if sequence <= received.last {
                     continue;
                 }
@@ -720,15 +988,21 @@ async fn follow(
             shared.touch(Some(sequence));
             shared.delivered.send_replace(sequence);
         }
-        // Replaced from the message after the last one handed to us, retried until it works.
+        // Replaced from the message after the last one handed to us (the first, for a stream
+        // found replaced), retried until it works.
         let mut backoff = Duration::from_millis(250);
         messages = loop {
-            let next = shared.received().last + 1;
+            let (next, generation) = {
+                let received = shared.received();
+                (received.last + 1, received.generation)
+            };
+            replaced.mark_unchanged();
             match stream.ordered_from(next).await {
                 Ok(messages) => {
                     if let Some(s) = not_replaced.end(Instant::now()) {
                         tracing::info!(store = %described, failed_tries = s.total, lasted = ?s.lasted, "the journal consumer is replaced");
                     }
+                    consuming = generation;
                     break messages;
                 }
                 Err(error) => {
@@ -741,28 +1015,41 @@ async fn follow(
                         }
                         Say::Quiet => {}
                     }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(4));
+                    // A replacement found meanwhile is tried at once.
+                    let _ = tokio::time::timeout(backoff, replaced.changed()).await;
+                    backoff = (backoff * 2).min(MAX_REPLACE_BACKOFF);
                 }
             }
         };
     }
 }
 
-/// Asks the stream for its state every [`PROBE_EVERY`]: contact and lag.
+/// Asks the stream for its state every [`PROBE_EVERY`]: contact, lag, and whether it is still
+/// the stream we follow.
 async fn probe(stream: NatsStream, shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Behind the head: the sequence delivered when we saw it so, and since when.
+    let mut behind: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
-        if let Ok(head) = stream.last_sequence().await {
+        if let Ok(incarnation) = stream.incarnation().await {
+            let head = incarnation.head;
+            shared.observe(incarnation, &stream.location);
             let delivered = *shared.delivered.borrow();
-            let mut contact = shared.contact();
-            contact.last = Instant::now();
-            contact.head = head;
-            if delivered >= head {
-                contact.caught_up = contact.last;
-            }
+            let now = Instant::now();
+            behind = match behind {
+                _ if delivered >= head => None,
+                Some((seen, since)) if seen == delivered => {
+                    if now.duration_since(since) < STALLED_CONSUMER {
+                        Some((seen, since))
+                    } else {
+                        shared.stalled.notify_one();
+                        Some((delivered, now))
+                    }
+                }
+                _ => Some((delivered, now)),
+            };
         }
     }
 }
@@ -776,16 +1063,50 @@ impl Shared {
         self.contact.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A message arrived: the stream is in contact, and caught up if it was the head.
+    /// A message arrived: the stream is in contact.
     fn touch(&self, delivered: Option<u64>) {
         let mut contact = self.contact();
         contact.last = Instant::now();
         if let Some(delivered) = delivered {
             contact.head = contact.head.max(delivered);
-            if delivered >= contact.head {
-                contact.caught_up = contact.last;
-            }
         }
+    }
+
+    /// The stream answered with `now`: contact, lag, and a replacement (another creation
+    /// time, or a last sequence below what was delivered: a stream never goes back) starts a
+    /// new generation from the new stream's first message. Returns the generation `now` is
+    /// in.
+    fn observe(&self, now: Incarnation, location: &NatsLocation) -> u64 {
+        // Lock order: received, then contact (as `health`).
+        let mut received = self.received();
+        let mut contact = self.contact();
+        contact.last = Instant::now();
+        if now.created != contact.created || now.head < received.last {
+            let (old_created, old_last) = (contact.created, received.last);
+            *received = Received {
+                lines: Vec::new(),
+                too_long: 0,
+                last: 0,
+                handed: 0,
+                settle_at: now.head,
+                generation: received.generation + 1,
+                restarted: true,
+            };
+            contact.created = now.created;
+            contact.head = now.head;
+            contact.behind = (now.head > 0).then_some((contact.last, now.head));
+            tracing::warn!(store = %location, was_created = old_created, created = now.created, folded_up_to = old_last, holds = now.head, "the journal stream was deleted and created again: folding the new one from its start (leases only the old one granted are no longer admitted; closures already seen stay in force)");
+            self.delivered.send_replace(0);
+            self.replaced.send_modify(|n| *n += 1);
+            return received.generation;
+        }
+        contact.head = now.head;
+        let handed = received.handed;
+        match contact.behind {
+            Some((_, target)) if handed < target => {}
+            _ => contact.behind = (handed < now.head).then_some((contact.last, now.head)),
+        }
+        received.generation
     }
 }
 
@@ -795,8 +1116,11 @@ impl Store for NatsStore {
             // Until the store settles, a read waits for something new (the initial fold reads
             // batch by batch); after, it takes what is there. Cancel-safe: nothing is taken
             // before the await.
-            let handed = self.shared.received().handed;
-            if handed < self.shared.initial_head {
+            let (handed, settle_at, restarted) = {
+                let received = self.shared.received();
+                (received.handed, received.settle_at, received.restarted)
+            };
+            if handed < settle_at && !restarted {
                 let mut delivered = self.shared.delivered.subscribe();
                 delivered
                     .wait_for(|d| *d > handed)
@@ -805,11 +1129,16 @@ impl Store for NatsStore {
             }
             let mut received = self.shared.received();
             received.handed = received.last;
+            let restarted = std::mem::take(&mut received.restarted);
             Ok(Batch {
-                restarted: false,
+                restarted,
+                replaced: restarted,
                 lines: std::mem::take(&mut received.lines),
                 too_long: std::mem::take(&mut received.too_long),
-                position: at(received.last),
+                position: Position {
+                    generation: received.generation,
+                    offset: received.last,
+                },
             })
         })
     }
@@ -819,24 +1148,63 @@ impl Store for NatsStore {
         let (stream, record) = (self.stream.clone(), record.clone());
         let keyring = self.keyring.clone();
         let task = tokio::spawn(async move { stream.append_record(record, &keyring).await });
-        Box::pin(async move { task.await.map_err(io::Error::other)? })
+        Box::pin(async move {
+            let at = task.await.map_err(io::Error::other)??;
+            Ok(Position {
+                generation: self.shared.received().generation,
+                ..at
+            })
+        })
+    }
+
+    fn head(&self) -> BoxFuture<'_, io::Result<Position>> {
+        Box::pin(async move {
+            let now = self.stream.incarnation().await?;
+            let generation = self.shared.observe(now, &self.stream.location);
+            Ok(Position {
+                generation,
+                offset: now.head,
+            })
+        })
     }
 
     fn settled(&self) -> bool {
-        self.shared.received().handed >= self.shared.initial_head
+        let received = self.shared.received();
+        !received.restarted && received.handed >= received.settle_at
     }
 
     fn wait_for_more(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let mut delivered = self.shared.delivered.subscribe();
+            let mut replaced = self.shared.replaced.subscribe();
             let seen = self.shared.received().handed;
-            let _ = tokio::time::timeout(Duration::from_secs(1), delivered.wait_for(|d| *d > seen))
-                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                tokio::select! {
+                    _ = delivered.wait_for(|d| *d > seen) => {}
+                    _ = replaced.changed() => {}
+                }
+            })
+            .await;
         })
     }
 
     fn describe(&self) -> String {
         format!("stream {}", self.stream.location)
+    }
+
+    fn broadcast(&self, record: &Value) {
+        if let Some(broadcaster) = &self.broadcaster {
+            broadcaster.publish(record);
+        }
+    }
+
+    fn heard(&self) -> BoxFuture<'_, Broadcast> {
+        Box::pin(async move {
+            match &self.broadcaster {
+                Some(broadcaster) => broadcaster.next().await,
+                None => std::future::pending().await,
+            }
+        })
     }
 
     /// The follower's wait for more ends within a second; like contact with the stream, its
@@ -846,11 +1214,22 @@ impl Store for NatsStore {
     }
 
     fn health(&self) -> StoreHealth {
-        let folded = self.settled();
+        let settled = self.settled();
+        let received = self.shared.received();
         let contact = self.shared.contact();
         let silent = contact.last.elapsed();
-        let lag = contact.caught_up.elapsed().saturating_sub(PROBE_EVERY * 2);
-        let problem = if !folded {
+        let lag = match contact.behind {
+            Some((since, target)) if received.handed < target => since.elapsed(),
+            _ => Duration::ZERO,
+        };
+        let problem = if !settled && received.generation > GENERATION {
+            Some(format!(
+                "{}: the stream was deleted and created again; folding the new one from its start ({} of {} messages)",
+                self.describe(),
+                received.handed,
+                received.settle_at
+            ))
+        } else if !settled {
             Some(format!("{}: initial fold not done", self.describe()))
         } else if silent > self.stale_after {
             Some(format!(
@@ -859,12 +1238,13 @@ impl Store for NatsStore {
                 silent.as_secs_f64(),
                 self.stale_after
             ))
-        } else if lag > self.stale_after {
+        } else if lag > LAG_GRACE {
             Some(format!(
-                "{}: {:.1} s behind the stream (--store-stale-after {:?}); the last known lease state is enforced",
+                "{}: behind the stream for {:.1} s: folded up to sequence {}, the stream holds {}; the last known lease state is enforced",
                 self.describe(),
                 lag.as_secs_f64(),
-                self.stale_after
+                received.handed,
+                contact.head
             ))
         } else {
             None
@@ -873,6 +1253,7 @@ impl Store for NatsStore {
             problem,
             lag,
             reconnects: self.stream.reconnects(),
+            replaced: received.generation - GENERATION,
         }
     }
 }

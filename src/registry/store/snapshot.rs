@@ -10,9 +10,11 @@
 //! a key of the keyring ([`Marker::mac_input`]). A replica takes the last marker's lines only if
 //! the MAC verifies, the journal is the one (and the incarnation) the marker names and reaches
 //! its sequence, and the lines read are exactly the ones the digest names; otherwise it folds
-//! the journal from its first message (the journal is never purged here, so that is always
-//! complete). Anyone who can publish to the snapshot stream can only make a replica fold from
-//! the start: they cannot make it skip or drop a journal line without the key.
+//! the journal from its first message, which it does only while the journal was never purged
+//! ([`super::whole`]). Anyone who can publish to the snapshot stream can only make a replica
+//! fold from the start, or refuse a purged journal: they cannot make it skip or drop a journal
+//! line without the key. `journal compact --purge` removes journal messages only up to what a
+//! snapshot it has just read back and verified covers.
 
 use super::location::NatsLocation;
 use super::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
@@ -201,6 +203,26 @@ pub async fn created(journal: &NatsStream) -> io::Result<i128> {
     Ok(info.created.unix_timestamp_nanos())
 }
 
+/// A snapshot as published.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub marker: Marker,
+    /// The snapshot stream, and the sequence its marker went to.
+    pub stream: NatsStream,
+    pub marker_sequence: u64,
+}
+
+impl Written {
+    /// The snapshot stream's first sequence of this snapshot: everything before it belongs to
+    /// older snapshots.
+    pub fn first_sequence(&self) -> u64 {
+        match self.marker.lines {
+            0 => self.marker_sequence,
+            _ => self.marker.first,
+        }
+    }
+}
+
 /// Publishes `lines` as the snapshot of `journal` up to sequence `covers`, one acknowledged
 /// message at a time, then its marker, its MAC under `key`. Each message carries a
 /// `Nats-Msg-Id`, so running the same compaction again within the duplicate window stores
@@ -211,7 +233,7 @@ pub async fn publish<'a>(
     covers: u64,
     lines: impl Iterator<Item = &'a [u8]>,
     key: &Key,
-) -> Result<Marker, NatsError> {
+) -> Result<Written, NatsError> {
     let location = location_of(&journal.location);
     let snapshot = NatsStream::connect(&location, options, &SNAPSHOT).await?;
     let failed = |e: io::Error| NatsError::Stream {
@@ -247,11 +269,15 @@ pub async fn publish<'a>(
         "snapshot-{journal_created}-{covers}-done-{}",
         &marker.mac[..16]
     );
-    snapshot
+    let marker_sequence = snapshot
         .publish(DONE.to_owned(), &body, Some(&id))
         .await
         .map_err(failed)?;
-    Ok(marker)
+    Ok(Written {
+        marker,
+        stream: snapshot,
+        marker_sequence,
+    })
 }
 
 /// The latest snapshot of `journal` that applies to it, with its lines; `None` when there is

@@ -1,0 +1,81 @@
+//! `journal import` into a three-node R3 stream (`nats-server`, Debian's package, on loopback
+//! with the users of `deploy/nats/`): lines per second for a file of `LINES` grants of
+//! `LINES` leases, then a second run that finds every line in the stream (publishes nothing).
+//!
+//! `cargo bench --bench import` (`LINES=N`, 200,000 by default). Not criterion: one timed run
+//! of the release binary, as an operator runs it.
+
+mod common;
+#[allow(dead_code)] // the tests' helpers, shared
+#[path = "../tests/it/nats_support.rs"]
+mod nats_support;
+
+use common::{lease_id, signed_lease};
+use leasegate::contract::{Key, Timestamp};
+use nats_support::{NatsCluster, Role};
+use serde_json::json;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+/// `lines` grants, one per lease, signed with `key`.
+fn journal(path: &Path, key: &Key, lines: u64) {
+    let now = Timestamp::now();
+    let expires = Timestamp::from_millis(now.as_millis() + 86_400_000);
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for n in 0..lines {
+        let lease = signed_lease(
+            key,
+            n,
+            (&now.to_string(), &expires.to_string()),
+            &["origin.test"],
+        );
+        let line = json!({"schema_version": "1.2", "at": now.to_string(), "event": "granted",
+                          "lease_id": lease_id(n), "lease": lease});
+        serde_json::to_writer(&mut file, &line).unwrap();
+        file.write_all(b"\n").unwrap();
+    }
+    file.flush().unwrap();
+}
+
+/// Runs `journal import` of `file` to `url`; its wall time and stdout.
+fn import(file: &Path, url: &str) -> (f64, String) {
+    let started = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .args(["journal", "import", file.to_str().unwrap(), "--to", url])
+        .env("RUST_LOG", "leasegate=warn")
+        .output()
+        .unwrap();
+    let took = started.elapsed().as_secs_f64();
+    assert!(out.status.success(), "{out:?}");
+    (took, String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let lines: u64 = std::env::var("LINES")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(200_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let key = Key::from_bytes([7; 32]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal.jsonl");
+    journal(&file, &key, lines);
+    let cluster = NatsCluster::start(3);
+    runtime.block_on(cluster.journal("LEASES"));
+    let url = cluster.url_as(Role::Issuer, "LEASES");
+
+    let (took, said) = import(&file, &url);
+    println!(
+        "import of {lines} lines into a 3-node R3 stream: {took:.2} s, {:.0} lines/s ({said})",
+        lines as f64 / took
+    );
+    let (again, said) = import(&file, &url);
+    println!("the same file again: {again:.2} s ({said})");
+}
