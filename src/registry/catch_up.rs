@@ -64,7 +64,10 @@ enum Cause {
     /// The process was not running for this long.
     Paused(Duration),
     /// The store's last answer before a gap in contact, and the first one after it.
-    Contact { lost: Instant, back: Option<Instant> },
+    Contact {
+        lost: Instant,
+        back: Option<Instant>,
+    },
 }
 
 impl std::fmt::Display for Cause {
@@ -172,7 +175,9 @@ impl Pause {
                     lost: *lost,
                     back: *back,
                 };
-                tracing::warn!("{cause}: catching up with the journal before admitting new connections");
+                tracing::warn!(
+                    "{cause}: catching up with the journal before admitting new connections"
+                );
             }
             _ => return,
         }
@@ -218,7 +223,10 @@ impl Pause {
     /// The catch-up reached what the store held: admissions go on.
     pub fn end(&self) {
         if let Some(episode) = self.episode().take() {
-            let took = episode.since.map(|since| since.elapsed()).unwrap_or_default();
+            let took = episode
+                .since
+                .map(|since| since.elapsed())
+                .unwrap_or_default();
             tracing::info!(took = ?took, "caught up with the journal after {}", episode.cause);
         }
         self.catching_up.store(false, Ordering::Release);
@@ -361,11 +369,16 @@ mod tests {
         assert!(waited.is_err(), "the admission waited for the catch-up");
         let problem = pause.problem(Duration::from_secs(30)).unwrap();
         assert!(
-            problem.contains("catching up with the journal after contact with the journal was lost for"),
+            problem.contains(
+                "catching up with the journal after contact with the journal was lost for"
+            ),
             "{problem}"
         );
         pause.beat(Some(back), stale_after);
-        assert!(!pause.is_open(Instant::now()), "a fresh answer does not end it");
+        assert!(
+            !pause.is_open(Instant::now()),
+            "a fresh answer does not end it"
+        );
         pause.end();
         assert!(pause.is_open(Instant::now()));
         assert_eq!(pause.problem(Duration::from_secs(30)), None);
