@@ -51,7 +51,8 @@ pub struct Pause {
 
 #[derive(Debug, Clone, Copy)]
 struct Episode {
-    /// When admissions began to wait for it (`None`: not yet, the store is silent).
+    /// When admissions began to wait for it (`None`: not yet, the store is silent and no
+    /// pause came first).
     since: Option<Instant>,
     cause: Cause,
     /// Admissions stopped waiting for it (said once in the log).
@@ -151,8 +152,18 @@ impl Pause {
     fn contact(&self, contact: Option<Instant>, stale_after: Duration, now: Instant) {
         let Some(contact) = contact else { return };
         let mut episode = self.episode();
+        let gap = now.saturating_duration_since(contact) > stale_after;
         match episode.as_mut() {
-            None if now.saturating_duration_since(contact) > stale_after => {
+            // A catch-up after a pause cannot end while the store is silent either: it waits
+            // for the answer after the gap, and its bound counts from there.
+            Some(Episode { cause, .. }) if gap && matches!(cause, Cause::Paused(_)) => {
+                *cause = Cause::Contact {
+                    lost: contact,
+                    back: None,
+                };
+                return;
+            }
+            None if gap => {
                 *episode = Some(Episode {
                     since: None,
                     cause: Cause::Contact {
@@ -167,10 +178,11 @@ impl Pause {
             Some(Episode {
                 since,
                 cause: Cause::Contact { lost, back },
-                ..
+                overdue,
             }) if back.is_none() && contact > *lost => {
                 *back = Some(contact);
                 *since = Some(now);
+                *overdue = false;
                 let cause = Cause::Contact {
                     lost: *lost,
                     back: *back,
@@ -382,5 +394,38 @@ mod tests {
         pause.end();
         assert!(pause.is_open(Instant::now()));
         assert_eq!(pause.problem(Duration::from_secs(30)), None);
+    }
+
+    #[tokio::test]
+    async fn a_pause_overdue_while_the_store_is_silent_waits_again_once_contact_is_back() {
+        let pause = Pause::default();
+        pause.arm();
+        let lost = Instant::now();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let later = Instant::now() + PAUSED_AFTER * 2;
+        let limit = Duration::from_millis(50);
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            pause.admit(later, limit, Some(lost)),
+        )
+        .await
+        .expect("bounded by its limit");
+        tokio::time::sleep(limit * 2).await;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            pause.admit(Instant::now(), limit, Some(lost)),
+        )
+        .await
+        .expect("overdue while the store is silent: at once");
+        let waited = tokio::time::timeout(
+            Duration::from_millis(200),
+            pause.admit(
+                Instant::now(),
+                Duration::from_secs(30),
+                Some(Instant::now()),
+            ),
+        )
+        .await;
+        assert!(waited.is_err(), "contact back: the admission waits again");
     }
 }

@@ -361,7 +361,8 @@ async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_onc
         assert_eq!(
             refusal_code(&answer).as_deref(),
             Some("lease-revoked"),
-            "B admitted a lease revoked while it had no contact with the stream: {answer}"
+            "B admitted a lease revoked while it had no contact with the stream ({:?}): {answer}",
+            b.proxy.registry.journal_problem()
         );
     }
     assert!(
