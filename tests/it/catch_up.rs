@@ -346,6 +346,23 @@ async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_onc
         // Revoked on A, through a node B cannot reach: B hears of it only through the stream
         // (the closing broadcast is gone by the time B is connected again).
         refuse(&a, lease).await;
+        // The record is appended after the refusal is answered (and may wait for a new
+        // stream leader): B is to find it in the stream.
+        let appended = eventually(Duration::from_secs(30), || async {
+            let lines = stream.read_all().await.ok()?;
+            lines
+                .iter()
+                .any(|(_, line)| {
+                    let record: serde_json::Value = serde_json::from_slice(line).unwrap();
+                    record["event"] == "revoked" && record["lease_id"] == lease.as_str()
+                })
+                .then_some(())
+        })
+        .await;
+        assert!(
+            appended.is_some(),
+            "A's revocation never reached the stream"
+        );
         tokio::task::block_in_place(|| cluster.nodes[2].start());
         // The first request B reads once the stream answers it again is decided on what the
         // stream holds, not on the state B had before the gap.
@@ -357,11 +374,13 @@ async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_onc
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        let asked = std::time::Instant::now();
         let answer = raw(b.addr, connect(lease).as_bytes()).await;
+        let took = asked.elapsed();
         assert_eq!(
             refusal_code(&answer).as_deref(),
             Some("lease-revoked"),
-            "B admitted a lease revoked while it had no contact with the stream ({:?}): {answer}",
+            "B admitted a lease revoked while it had no contact with the stream (after {took:?}; {:?}): {answer}",
             b.proxy.registry.journal_problem()
         );
     }
