@@ -38,9 +38,9 @@
 //! - A store found replaced (a stream deleted and created again) is folded afresh: its lines
 //!   on a [`Ledger::refolded`] ledger, so every closure already seen stays (a revocation is
 //!   never undone) and a grant only the old store held opens nothing.
-//! - After a pause of the process ([`Pause`]) nothing new is admitted until the fold has
-//!   reached what the store held when the pause was noticed, or the store's
-//!   [`Store::stalled_after`] has passed since.
+//! - After a pause of the process, or once contact with the store is back after a gap longer
+//!   than its [`Store::stalled_after`] ([`Pause`]), nothing new is admitted until the fold has
+//!   reached what the store held when the catch-up began, or that bound has passed since.
 //! - Every lifetime decision reads one [`Clock`] ([`Registry::now`]): never a time earlier than
 //!   one already used, so nothing seen expired opens again when the wall clock steps back; the
 //!   follower writes its latest time down every [`KEEP_EVERY`].
@@ -781,12 +781,15 @@ impl Registry {
         }
     }
 
-    /// Lets a request that started at `at` through: at once unless the process was paused (see
-    /// [`Pause`]); then once the fold has caught up with the store, or its
-    /// [`Store::stalled_after`] has passed.
+    /// Lets a request that started at `at` through: at once unless the process was paused or
+    /// contact with the store is back after a gap (see [`Pause`]); then once the fold has
+    /// caught up with the store, or its [`Store::stalled_after`] has passed.
     pub async fn admission(&self, at: Instant) {
         if !self.pause.is_open(at) {
-            self.pause.admit(at, self.store.stalled_after()).await;
+            let contact = self.store.last_contact();
+            self.pause
+                .admit(at, self.store.stalled_after(), contact)
+                .await;
         }
     }
 
@@ -797,7 +800,7 @@ impl Registry {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => self.pause.beat(),
+                _ = ticker.tick() => self.pause.beat(self.store.last_contact(), self.store.stalled_after()),
             }
         }
     }

@@ -20,7 +20,7 @@ use serde_json::Value;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A boxed future, so that [`Store`] stays object-safe without a macro crate.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -125,6 +125,12 @@ pub trait Store: Send + Sync + 'static {
     /// `/readyz` reports it stalled.
     fn stalled_after(&self) -> Duration {
         STALLED_AFTER
+    }
+
+    /// When the store last answered (a stream: a probe or a message), for the catch-up after a
+    /// gap in contact ([`crate::registry::catch_up`]); `None`: a store always at hand (a file).
+    fn last_contact(&self) -> Option<Instant> {
+        None
     }
 }
 

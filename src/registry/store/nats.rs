@@ -1213,6 +1213,10 @@ impl Store for NatsStore {
         self.stale_after
     }
 
+    fn last_contact(&self) -> Option<Instant> {
+        Some(self.shared.contact().last)
+    }
+
     fn health(&self) -> StoreHealth {
         let settled = self.settled();
         let received = self.shared.received();
