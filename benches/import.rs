@@ -62,7 +62,11 @@ fn import(file: &Path, url: &str) -> (f64, f64, String) {
     let took = started.elapsed().as_secs_f64();
     assert!(out.status.success(), "{out:?}");
     let used = children_cpu() - cpu;
-    (took, used, String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    (
+        took,
+        used,
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+    )
 }
 
 fn main() {
