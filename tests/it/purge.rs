@@ -311,7 +311,12 @@ async fn a_pipelined_import_keeps_each_lease_in_file_order_through_a_leader_kill
     )
     .await
     .unwrap();
-    let held = reader.read_all().await.unwrap();
+    // Just after the election a read can time out: it is asked again.
+    let held = eventually(Duration::from_secs(30), || async {
+        reader.read_all().await.ok()
+    })
+    .await
+    .expect("the stream could not be read after the election");
     assert_eq!(held.len(), total, "every line once");
     let mut next: HashMap<String, u64> = HashMap::new();
     for (_, line) in &held {
