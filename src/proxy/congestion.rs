@@ -11,7 +11,7 @@
 //! (the sidecar deployment: the agent's `HTTPS_PROXY` is `127.0.0.1`) paid it on the proxy's
 //! sending hop: 0.61–0.71× the direct throughput on two cores with the proxy's sockets on BBR,
 //! 1.15–1.55× with them on reno (direct is itself one paced hop), and 6–10 % less proxy CPU
-//! per forwarded keep-alive request (README, "Bulk and BBR").
+//! per forwarded keep-alive request (docs/performance.md, "Bulk and BBR").
 
 use std::net::IpAddr;
 

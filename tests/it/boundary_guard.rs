@@ -1,4 +1,4 @@
-//! Closing the boundary (issue 10): deny entries that are IP literals, malformed patterns,
+//! The boundary: deny entries that are IP literals, malformed patterns,
 //! the upstream pool across leases, and a wildcard listener's own interface addresses.
 
 use crate::harness::{

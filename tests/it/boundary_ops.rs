@@ -1,4 +1,4 @@
-//! Closing the boundary (issue 10): lease tokens and who sees credentials, one client against
+//! The boundary: lease tokens and who sees credentials, one client against
 //! the connection limit, the header timeout on idle keep-alive, and egress lines at drain.
 
 use crate::harness::{

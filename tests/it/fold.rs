@@ -29,8 +29,8 @@ fn root() -> serde_json::Value {
 }
 
 /// A closing record closes when it is read, whatever its `at` says: a record dated after the
-/// instant asked about (here, half an hour later) already applies. (Before issue 10 this
-/// asserted `Open` before the record's `at`: a future-dated record kept the lease open.)
+/// instant asked about (here, half an hour later) already applies: a future-dated record does
+/// not keep the lease open.
 #[test]
 fn each_closing_event_closes_when_read_whatever_its_at() {
     for (event, status) in [

@@ -748,7 +748,7 @@ fn machine_info() -> Value {
         .unwrap_or(0);
     // The bulk figure depends on it: BBR (a common default) paces every TCP sender with a
     // timer when no fq qdisc does; direct has one such hop, a tunnel two (leasegate's own
-    // loopback sockets use reno, README "Loopback is unpaced").
+    // loopback sockets use reno, ARCHITECTURE.md, "Loopback is unpaced").
     let congestion = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "?".into());
