@@ -232,8 +232,8 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// The revocation of `lease`, signed with `key`, as a journal line.
-fn revocation(lease: &str, key: &Key) -> String {
+/// The revocation of `lease`, signed with `key`.
+fn revocation(lease: &str, key: &Key) -> serde_json::Value {
     record::revoked(
         &Revocation {
             lease_id: lease,
@@ -246,15 +246,11 @@ fn revocation(lease: &str, key: &Key) -> String {
         Timestamp::now(),
     )
     .unwrap()
-    .to_string()
 }
 
-fn append(journal: &Path, line: &str) {
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(journal)
-        .unwrap();
-    file.write_all(format!("{line}\n").as_bytes()).unwrap();
+/// Appends `record` to `journal` as one line, as `leasegate revoke` does.
+fn append(journal: &Path, record: &serde_json::Value) {
+    leasegate::registry::store::file::append(journal, record, false).unwrap();
 }
 
 /// Streaming tunnels through `proxy` for leases `ids`.
@@ -277,7 +273,7 @@ fn revoke_each(
     tunnels: Vec<(String, TcpStream)>,
     journal: &Path,
     key: &Key,
-    before: Option<&dyn Fn(&str) -> String>,
+    before: Option<&dyn Fn(&str) -> serde_json::Value>,
 ) -> Vec<Duration> {
     let mut samples = Vec::new();
     for (lease, mut tunnel) in tunnels {
@@ -460,12 +456,7 @@ fn bridge(key: &Key, origin: SocketAddr, trials: u64) {
         .block_on(Server::start(serve_config(location, dir.path(), key)))
         .unwrap();
     let tunnels = open_tunnels(server.addr, origin, 0..trials);
-    let oversized = |lease: &str| {
-        format!(
-            r#"{{"lease_id":"{lease}","event":"heartbeat","pad":"{}"}}"#,
-            "x".repeat(100 * 1024)
-        )
-    };
+    let oversized = |lease: &str| json!({"lease_id": lease, "event": "heartbeat", "pad": "x".repeat(100 * 1024)});
     let samples = revoke_each(tunnels, &issuer, key, Some(&oversized));
     report("bridge", samples);
     let _ = mirror.kill();

@@ -14,7 +14,6 @@ use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::Timestamp;
 use serde_json::Map;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,19 +50,18 @@ fn watched_leases(h: &Harness) -> Vec<String> {
         .collect()
 }
 
-/// Revokes each watched lease in turn by a signed line appended to `journal` (as `leasegate
-/// revoke` does from another process, after `before` lines if any), and times until its
-/// tunnel closes. The times, sorted.
+/// Revokes each watched lease in turn by a signed line appended to `h`'s journal (as
+/// `leasegate revoke` does from another process, after the line `before` makes, if any), and
+/// times until its tunnel closes. The times, sorted.
 async fn revoke_each(
     h: &Harness,
-    journal: &Path,
     watched: Vec<Watched>,
     before: Option<&dyn Fn(&str) -> String>,
 ) -> Vec<Duration> {
     let mut times = Vec::new();
     for Watched { lease, mut tunnel } in watched {
         if let Some(line) = before {
-            append(journal, &line(&lease));
+            h.append(&line(&lease)).await;
         }
         let revocation = record::revoked(
             &Revocation {
@@ -77,20 +75,11 @@ async fn revoke_each(
             Timestamp::now(),
         )
         .unwrap();
-        append(journal, &revocation.to_string());
+        h.append(&revocation.to_string()).await;
         times.push(until_closed(&mut tunnel, Duration::from_secs(60)).await);
     }
     times.sort();
     times
-}
-
-fn append(journal: &Path, line: &str) {
-    use std::io::Write;
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(journal)
-        .unwrap();
-    file.write_all(format!("{line}\n").as_bytes()).unwrap();
 }
 
 /// Asserts that every revocation under `load` kept the budget; says the figures either way.
@@ -129,7 +118,7 @@ async fn descriptor_pressure_delays_no_revocation() {
     let _pending = pending(served.proxy, 300).await;
     assert!(pressure.len() >= 20, "{} tunnels", pressure.len());
 
-    let times = revoke_each(&h, &h.journal, watched, None).await;
+    let times = revoke_each(&h, watched, None).await;
     assert_within_budget("descriptor pressure", &times, || served.logs());
 }
 
@@ -157,7 +146,7 @@ fn an_admin_flood_delays_no_revocation() {
         .await;
         assert!(flooding.is_some(), "the flood never got going");
 
-        let times = revoke_each(&h, &h.journal, watched, None).await;
+        let times = revoke_each(&h, watched, None).await;
         stop.store(true, Ordering::SeqCst);
         let answered = answers.ok.load(Ordering::SeqCst);
         tokio::task::spawn_blocking(move || flooders.into_iter().for_each(|f| f.join().unwrap()))
@@ -189,7 +178,7 @@ async fn a_wedged_bridge_line_delays_no_revocation() {
             "x".repeat(100 * 1024)
         )
     };
-    let times = revoke_each(&h, &h.journal, watched, Some(&oversized)).await;
+    let times = revoke_each(&h, watched, Some(&oversized)).await;
     mirror.kill().await.unwrap();
     assert_within_budget("wedged bridge line", &times, String::new);
 }
@@ -223,7 +212,7 @@ fn a_saturated_blocking_pool_delays_no_revocation() {
         // Queued work behind busy threads: the pool is saturated.
         tokio::time::sleep(Duration::from_millis(500)).await;
 
-        let times = revoke_each(&h, &h.journal, watched, None).await;
+        let times = revoke_each(&h, watched, None).await;
         stop.store(true, Ordering::SeqCst);
         let queued = load.await.unwrap();
         assert!(queued > BLOCKING_THREADS, "the pool was never saturated");
