@@ -15,7 +15,7 @@ mod common;
 #[path = "../tests/it/nats_support.rs"]
 mod nats_support;
 
-use common::{keyring, lease_id, signed_lease};
+use common::{keyring, lease_id, percentiles, setting, signed_lease};
 use leasegate::contract::{Key, Timestamp};
 use leasegate::registry::open::open_registry;
 use leasegate::registry::store::nats::NatsStream;
@@ -99,15 +99,10 @@ async fn refusals(
     samples
 }
 
-fn report(phase: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    let at = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+fn report(phase: &str, samples: Vec<Duration>) {
     println!(
-        "{phase}: refusal on A -> token cancelled on C: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} refusals",
-        at(0.5).as_secs_f64() * 1e3,
-        at(0.99).as_secs_f64() * 1e3,
-        samples[samples.len() - 1].as_secs_f64() * 1e3,
-        samples.len()
+        "{phase}: refusal on A -> token cancelled on C: {} refusals",
+        percentiles(samples)
     );
 }
 
@@ -115,10 +110,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let trials: u64 = std::env::var("TRIALS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(150);
+    let trials = setting("TRIALS", 150);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,7 +10,7 @@ mod common;
 #[path = "../tests/it/nats_support.rs"]
 mod nats_support;
 
-use common::{lease_id, signed_lease};
+use common::{lease_id, setting, signed_lease};
 use leasegate::contract::{Key, Timestamp};
 use nats_support::{NatsCluster, Role};
 use serde_json::json;
@@ -73,10 +73,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let lines: u64 = std::env::var("LINES")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(200_000);
+    let lines = setting("LINES", 200_000);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -13,7 +13,7 @@ mod common;
 
 use bytes::Bytes;
 use common::nats::Nats;
-use common::{keyring, lease_id, serve_config, signed_lease};
+use common::{keyring, lease_id, serve_config, setting, signed_lease};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -287,10 +287,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let records: u64 = std::env::var("RECORDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1_000_000);
+    let records = setting("RECORDS", 1_000_000);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

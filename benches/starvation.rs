@@ -22,7 +22,7 @@
 mod common;
 
 use common::nats::Nats;
-use common::{lease_id, serve_config, signed_lease};
+use common::{lease_id, percentiles, serve_config, setting, signed_lease};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
 use leasegate::registry::JournalLocation;
@@ -37,13 +37,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The journal: `leases` leases allowing `api.example.com`, then `trials` allowing the origin
 /// (ids `leases..leases + trials`).
@@ -288,15 +281,10 @@ fn revoke_each(
     samples
 }
 
-fn report(load: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    let at = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+fn report(load: &str, samples: Vec<Duration>) {
     println!(
-        "{load}: revocation appended -> tunnel closed: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {} trials",
-        at(0.5).as_secs_f64() * 1e3,
-        at(0.99).as_secs_f64() * 1e3,
-        samples.last().unwrap().as_secs_f64() * 1e3,
-        samples.len(),
+        "{load}: revocation appended -> tunnel closed: {} trials",
+        percentiles(samples)
     );
 }
 

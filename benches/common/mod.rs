@@ -5,6 +5,30 @@
 
 pub mod nats;
 
+/// The number in the environment variable `name`, or `default`.
+#[allow(dead_code)] // not every benchmark is scaled from the environment
+pub fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `samples` as "p50 …, p99 …, max … ms over N" (nearest rank).
+#[allow(dead_code)] // not every benchmark times samples
+pub fn percentiles(mut samples: Vec<std::time::Duration>) -> String {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {}",
+        ms(at(0.5)),
+        ms(at(0.99)),
+        ms(samples[samples.len() - 1]),
+        samples.len()
+    )
+}
+
 use leasegate::config::ServeConfig;
 use leasegate::contract::lease::sign;
 use leasegate::contract::{Key, Keyring};
