@@ -29,6 +29,7 @@ mod pipeline;
 mod proxy;
 mod purge;
 mod quorum_loss;
+mod reference_docs;
 mod run_trust;
 mod scale_out;
 mod starvation;
