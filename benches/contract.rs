@@ -1,6 +1,6 @@
 //! Lease load (schema + canonical bytes + HMAC) and journal fold throughput.
 //!
-//! Targets (DESIGN.md): lease load ≤ 50 µs; fold ≥ 200,000 lines/s.
+//! Targets (docs/performance.md, micro-benchmarks): lease load ≤ 50 µs; fold ≥ 200,000 lines/s.
 
 mod common;
 

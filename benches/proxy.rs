@@ -1,6 +1,6 @@
 //! The per-request hot path: host verdicts, target normalisation, identification + chain check.
 //!
-//! Targets (DESIGN.md): verdict ≤ 200 ns at 10,000 patterns and flat in the pattern count.
+//! Targets (docs/performance.md, micro-benchmarks): verdict ≤ 200 ns at 10,000 patterns and flat in the pattern count.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::{HeaderMap, HeaderValue};

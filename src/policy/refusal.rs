@@ -7,7 +7,7 @@ use super::verdict::Decider;
 use super::{HostVerdict, TargetHost};
 use http::StatusCode;
 
-/// The stable refusal codes of DESIGN.md.
+/// The stable refusal codes (docs/reference/refusal-codes.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Code {
     LeaseMissing,

@@ -685,7 +685,7 @@ fn any_pattern_text() -> impl Strategy<Value = String> {
     ]
 }
 
-/// The reference reading of one list entry: does it, by DESIGN.md's rules, match `host`?
+/// The reference reading of one list entry: does it match `host` (docs/guide/leases-and-journal.md)?
 fn entry_matches(entry: &str, host: &TargetHost) -> bool {
     if entry == "*" {
         return true;

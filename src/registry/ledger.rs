@@ -43,7 +43,7 @@ pub struct Closure {
     pub reason: Option<String>,
 }
 
-/// Status of one lease at an instant (the values of DESIGN.md).
+/// Status of one lease at an instant (the `status` values of docs/reference/admin-api.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     Open,
