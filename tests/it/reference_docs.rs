@@ -55,11 +55,17 @@ fn every_refusal_code_is_in_the_reference_with_its_status_and_revocation() {
         };
         let status = code.status().as_u16().to_string();
         if cells.first() != Some(&status) {
-            problems.push(format!("{code}: status {:?}, the code says {status}", cells.first()));
+            problems.push(format!(
+                "{code}: status {:?}, the code says {status}",
+                cells.first()
+            ));
         }
         let revokes = if code.is_policy() { "yes" } else { "no" };
         if cells.get(1).map(String::as_str) != Some(revokes) {
-            problems.push(format!("{code}: revokes {:?}, the code says {revokes}", cells.get(1)));
+            problems.push(format!(
+                "{code}: revokes {:?}, the code says {revokes}",
+                cells.get(1)
+            ));
         }
     }
     let known: BTreeSet<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
@@ -169,39 +175,32 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of a Markdown file's headings (outside code blocks).
-fn anchors(text: &str) -> BTreeSet<String> {
+/// The lines of a Markdown file outside fenced code blocks.
+fn prose_lines(text: &str) -> Vec<&str> {
     let mut fenced = false;
-    let mut out = BTreeSet::new();
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if !fenced && line.starts_with('#') {
-            out.insert(anchor(line.trim_start_matches('#')));
-        }
-    }
-    out
+    text.lines()
+        .filter(|line| {
+            let fence = line.trim_start().starts_with("```");
+            fenced ^= fence;
+            !fence && !fenced
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings.
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose_lines(text)
+        .into_iter()
+        .filter(|line| line.starts_with('#'))
+        .map(|line| anchor(line.trim_start_matches('#')))
+        .collect()
 }
 
 /// The link targets of a Markdown file, code blocks and code spans left out.
 fn links(text: &str) -> Vec<String> {
-    let mut fenced = false;
     let mut out = Vec::new();
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
-        let prose: String = line
-            .split('`')
-            .step_by(2)
-            .collect::<Vec<_>>()
-            .join(" ");
+    for line in prose_lines(text) {
+        let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
         let mut rest = prose.as_str();
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];

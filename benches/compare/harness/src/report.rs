@@ -609,7 +609,7 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
     {
         let r_sq = |v| Some(get("ka32.rps", v)? / get("ka32.rps", "squid")?);
         let r_d = |v| Some(get("ka32.rps", v)? / get("ka32.rps", "direct")?);
-        // The target (docs/performance.md, end to end) is the Squid ratio; the ratio to direct is shown, not judged.
+        // The target (docs/performance.md) is the Squid ratio; the ratio to direct is shown, not judged.
         let ok = r_sq(lg).map(|a| a >= 2.5);
         let line = format!(
             "Plain-HTTP keep-alive requests/s ≥ 2.5× Squid ({conc} conns): {} — {:.2}× Squid, {:.2}× direct (lease port: {:.2}× Squid, {:.2}× direct; at 1 conn: {:.2}× Squid, {:.2}× direct)",
