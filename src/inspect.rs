@@ -6,8 +6,8 @@
 use crate::config::ProxyConfig;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::pattern::MalformedPattern;
-use crate::policy::refusal::{Code, Refusal};
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::{ClientConn, Proxy};

@@ -14,7 +14,7 @@ use super::exchange::Exchange;
 use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Decision;
 use super::{empty, Body, ClientConn, Proxy};
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
 use crate::policy::HostVerdict;
 use crate::telemetry::egress::Kind;

@@ -13,7 +13,7 @@ use super::pipeline::Decision;
 use super::upstream::PoolKey;
 use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::{Target, UpstreamAddr};
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};

@@ -17,7 +17,7 @@ use super::workers::Placed;
 use super::{connect, forward, Body};
 use crate::contract::Timestamp;
 use crate::descriptors::Listener;
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};

@@ -5,6 +5,7 @@
 //! (identify → chain → target → verdict and port → resolve and guard), then dialled, then relayed; every
 //! exchange writes exactly one egress line. See `pipeline` for how refusals are answered.
 
+pub mod answer;
 pub mod body;
 pub mod congestion;
 pub mod connect;
@@ -16,7 +17,6 @@ pub mod identify;
 pub mod lease_ports;
 pub mod listener;
 pub mod pipeline;
-pub mod refusal;
 #[cfg(target_os = "linux")]
 pub mod splice;
 pub mod state;

@@ -8,18 +8,18 @@
 //! 200 (the SNI check) cannot change the status any more, so it is recorded through
 //! [`Proxy::record_refusal`] and the tunnel is closed. Either way a revoking code revokes.
 
+use super::answer;
 use super::body;
 use super::dialer;
 use super::exchange::Exchange;
 use super::identify;
 use super::listener::ClientConn;
-use super::refusal;
 use super::state::Proxy;
 use super::Body;
 use crate::config::{Mode, OnRefusal};
 use crate::contract::Lease;
+use crate::policy::codes::{host_refusal, Code, Refusal};
 use crate::policy::guard::Exception;
-use crate::policy::refusal::{host_refusal, Code, Refusal};
 use crate::policy::target::{parse_authority, TargetHost};
 use crate::policy::verdict::{decide as verdict_over, denied_address};
 use crate::policy::{HostPolicy, HostVerdict, Target, UpstreamAddr};
@@ -436,7 +436,7 @@ impl Proxy {
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
         tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
-        refusal::response(
+        answer::response(
             &refusal,
             ex.method.as_str(),
             &ex.target_text(target_fallback),

@@ -10,7 +10,7 @@ use super::ledger::{Closure, Ledger, Status};
 use super::live::{Registry, RevokeError};
 use crate::contract::record::{self, Revocation};
 use crate::contract::{Event, RecordError, Timestamp};
-use crate::policy::refusal::Refusal;
+use crate::policy::codes::Refusal;
 use crate::policy::Target;
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;

@@ -6,7 +6,7 @@
 //! the reason.
 
 use super::Body;
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 

@@ -5,8 +5,8 @@
 //! name, so a rebinding name cannot reuse a connection to an address it no longer resolves
 //! to, and one lease's connection never carries another lease's request.
 
-use super::body::Body;
 use crate::policy::UpstreamAddr;
+use crate::proxy::body::Body;
 use hickory_resolver::config::{
     LookupIpStrategy, NameServerConfigGroup, ResolverConfig, ResolverOpts,
 };
@@ -175,13 +175,13 @@ const REAP_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 ///
 /// And by the connection worker whose runtime runs the connection's task: a connection serves
 /// requests of its own worker only, so a request and its upstream connection are polled on
-/// one thread, without a wake across threads for each request ([`super::workers`]). Each
+/// one thread, without a wake across threads for each request ([`crate::proxy::workers`]). Each
 /// worker thus keeps its own idle connections (at most [`IDLE_PER_KEY`] per worker).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub lease_id: String,
     pub addr: UpstreamAddr,
-    /// [`super::workers::Workers::current`] where the connection was opened; `None` off the
+    /// [`crate::proxy::workers::Workers::current`] where the connection was opened; `None` off the
     /// workers.
     pub worker: Option<usize>,
 }

@@ -1,0 +1,4 @@
+//! Our side toward upstreams.
+
+mod pool;
+pub use pool::*;
