@@ -315,7 +315,7 @@ pub async fn check(
         config.series_max_leases,
     ));
     let proxy = Proxy::new(config, registry, telemetry.clone());
-    let conn = ClientConn::detached(&proxy, Some(lease_id));
+    let conn = ClientConn::detached(&proxy.telemetry, Some(lease_id));
     // What a client sends for it: a forwarded GET for an `http://` (or `ws://`) URL, judged
     // against `--forward-ports`; a CONNECT for anything else.
     let (kind, method) = match is_forwarded(target) {

@@ -12,184 +12,19 @@
 //! the descriptor line ([`crate::descriptors`]) is answered 429 and closed before anything
 //! else, so connections never take the descriptors the journal and the admin API need.
 
+use super::connection::ClientConn;
 use super::state::Proxy;
-use super::workers::Placed;
 use super::{connect, forward, Body};
-use crate::contract::Timestamp;
 use crate::descriptors::Listener;
-use crate::policy::codes::{Code, Refusal};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-/// One client connection: where it came from and which leases it is tied to.
-pub struct ClientConn {
-    pub client: SocketAddr,
-    pub listener: SocketAddr,
-    /// The lease of a per-lease port.
-    pub port_lease: Option<String>,
-    /// Cancelled to drop the connection (a lease used on it closed) and when it ends.
-    closer: CancellationToken,
-    /// Leases whose closing already closes this connection (each counted once against its
-    /// per-lease connection limit until this connection, and any tunnel it became, ends).
-    linked: Mutex<HashMap<String, CancellationToken>>,
-    /// Where the per-lease connection counts live.
-    telemetry: Arc<crate::telemetry::Telemetry>,
-    /// This connection's place under `max_connections`, held as long as the connection (or
-    /// the tunnel it became) lives; `None` for `check`'s connection, which is not a socket.
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// Its place under `max_connections_per_client`, held until the connection is first tied
-    /// to a lease ([`ClientConn::link`] gives it back).
-    slot: Mutex<Option<ClientSlot>>,
-    /// Its place on the connection worker it lives on, held as long as the permit.
-    _placed: Option<Placed>,
-}
-
-/// Open connections per source IP address (`max_connections_per_client`).
-#[derive(Debug, Default)]
-pub struct ClientCounts {
-    open: Mutex<HashMap<IpAddr, usize>>,
-}
-
-impl ClientCounts {
-    /// A slot for one more connection from `ip`, or `None` when it already has `limit`.
-    pub fn try_take(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<ClientSlot> {
-        // One client whatever the socket family: `::ffff:a.b.c.d` is a.b.c.d.
-        let ip = ip.to_canonical();
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(ip).or_default();
-        if *count >= limit {
-            return None;
-        }
-        *count += 1;
-        Some(ClientSlot {
-            counts: self.clone(),
-            ip,
-        })
-    }
-}
-
-/// One connection's place in [`ClientCounts`]; given back when dropped.
-#[derive(Debug)]
-pub struct ClientSlot {
-    counts: Arc<ClientCounts>,
-    ip: IpAddr,
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = open.get_mut(&self.ip) {
-            *count -= 1;
-            // No entry per client that has gone: the map stays as small as what is open.
-            if *count == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
-
-impl ClientConn {
-    fn accepted(
-        proxy: &Proxy,
-        client: SocketAddr,
-        listener: SocketAddr,
-        port_lease: Option<String>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-        slot: ClientSlot,
-        placed: Option<Placed>,
-    ) -> ClientConn {
-        ClientConn {
-            client,
-            listener,
-            port_lease,
-            closer: CancellationToken::new(),
-            linked: Mutex::new(HashMap::new()),
-            telemetry: proxy.telemetry.clone(),
-            _permit: Some(permit),
-            slot: Mutex::new(Some(slot)),
-            _placed: placed,
-        }
-    }
-
-    /// A connection that is not a socket (`check`, and pipeline tests); with `port_lease`
-    /// it asks as if on that lease's own port.
-    pub fn detached(proxy: &Proxy, port_lease: Option<&str>) -> ClientConn {
-        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
-        ClientConn {
-            client: unspecified,
-            listener: unspecified,
-            port_lease: port_lease.map(str::to_owned),
-            closer: CancellationToken::new(),
-            linked: Mutex::new(HashMap::new()),
-            telemetry: proxy.telemetry.clone(),
-            _permit: None,
-            slot: Mutex::new(None),
-            _placed: None,
-        }
-    }
-
-    /// Ties this connection to a lease: counted against the lease's connection limit, and
-    /// closed when the lease's token fires. The first tie gives back the connection's
-    /// per-address slot: from then on the lease answers for it.
-    pub fn link(
-        &self,
-        proxy: &Proxy,
-        lease_id: &str,
-        now: Timestamp,
-    ) -> Result<CancellationToken, Refusal> {
-        let mut linked = self.linked.lock().unwrap_or_else(|e| e.into_inner());
-        // Keep-alive requests of a lease already tied to this connection reuse its token.
-        if let Some(token) = linked.get(lease_id).filter(|t| !t.is_cancelled()) {
-            return Ok(token.clone());
-        }
-        let token = proxy.registry.token(lease_id, now);
-        if linked.contains_key(lease_id) {
-            return Ok(token);
-        }
-        let limit = proxy.config.max_connections_per_lease;
-        if !proxy
-            .telemetry
-            .metrics
-            .connection_opened_within(lease_id, limit)
-        {
-            return Err(Refusal::new(
-                Code::TooManyConnections,
-                format!("lease {lease_id} already has {limit} open connections"),
-            ));
-        }
-        linked.insert(lease_id.to_owned(), token.clone());
-        drop(linked);
-        drop(self.slot.lock().unwrap_or_else(|e| e.into_inner()).take());
-        let (watched, closer) = (token.clone(), self.closer.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = watched.cancelled() => closer.cancel(),
-                _ = closer.cancelled() => {}
-            }
-        });
-        Ok(token)
-    }
-}
-
-impl Drop for ClientConn {
-    /// The last holder (the connection task, or the tunnel it became) is gone: un-count the
-    /// connection from every lease it was tied to, and stop the link watchers.
-    fn drop(&mut self) {
-        self.closer.cancel();
-        let linked = std::mem::take(&mut *self.linked.lock().unwrap_or_else(|e| e.into_inner()));
-        for lease in linked.into_keys() {
-            self.telemetry.metrics.connection_closed(&lease);
-        }
-    }
-}
 
 /// How long an accept loop waits after a failed accept (out of descriptors, say) before it
 /// tries again.
@@ -261,7 +96,7 @@ pub async fn serve(
             }
         };
         let conn = Arc::new(ClientConn::accepted(
-            &proxy,
+            proxy.telemetry.clone(),
             client,
             local,
             port_lease.clone(),
@@ -393,7 +228,7 @@ async fn handle(
             }
         }
     }
-    conn.closer.cancel();
+    conn.closer().cancel();
 }
 
 async fn serve_http<I>(
@@ -425,7 +260,7 @@ async fn serve_http<I>(
                 tracing::debug!(%error, client = %conn.client, "client connection ended with an error");
             }
         }
-        _ = conn.closer.cancelled() => {
+        _ = conn.closer().cancelled() => {
             // The lease closed: a request in flight ends with it (a forwarded body or wait is
             // tied to the lease's token), or is the refusal that closed it, which is answered;
             // then the connection closes. Nothing new is read from it.
@@ -442,7 +277,7 @@ async fn serve_http<I>(
             tokio::select! {
                 _ = connection.as_mut() => {}
                 _ = proxy.hard_stop.cancelled() => {}
-                _ = conn.closer.cancelled() => {}
+                _ = conn.closer().cancelled() => {}
             }
         }
     }

@@ -9,6 +9,7 @@ pub mod answer;
 pub mod body;
 pub mod congestion;
 pub mod connect;
+pub mod connection;
 pub mod dialer;
 pub mod exchange;
 pub mod forward;
@@ -25,7 +26,8 @@ pub mod workers;
 
 pub use crate::config::{Mode, OnRefusal, ProxyConfig};
 pub use body::{empty, full, Body, BoxError};
-pub use listener::{serve, ClientConn};
+pub use connection::ClientConn;
+pub use listener::serve;
 pub use pipeline::Decision;
 pub use state::Proxy;
 pub use workers::Workers;

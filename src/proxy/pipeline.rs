@@ -10,10 +10,10 @@
 
 use super::answer;
 use super::body;
+use super::connection::ClientConn;
 use super::dialer;
 use super::exchange::Exchange;
 use super::identify;
-use super::listener::ClientConn;
 use super::state::Proxy;
 use super::Body;
 use crate::config::{Mode, OnRefusal};
@@ -148,7 +148,12 @@ impl Proxy {
             .ledger
             .check_chain(&identity.lease_id, now)
             .map_err(Refusal::from)?;
-        let token = conn.link(self, &identity.lease_id, now)?;
+        let token = conn.link(
+            &self.registry,
+            self.config.max_connections_per_lease,
+            &identity.lease_id,
+            now,
+        )?;
         ex.token = Some(token.clone());
         Ok(Admitted {
             lease_id: identity.lease_id,

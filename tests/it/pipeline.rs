@@ -60,7 +60,7 @@ async fn ask(
     method: &str,
     authority: &str,
 ) -> Result<(), Code> {
-    let conn = ClientConn::detached(proxy, port_lease);
+    let conn = ClientConn::detached(&proxy.telemetry, port_lease);
     let mut map = HeaderMap::new();
     for (name, value) in headers {
         map.append(
@@ -92,7 +92,7 @@ async fn ask(
 
 /// The detail of the refusal phases 1–5 give a CONNECT on `lease`'s own port.
 async fn refusal_detail(proxy: &Proxy, lease: &str, authority: &str) -> String {
-    let conn = ClientConn::detached(proxy, Some(lease));
+    let conn = ClientConn::detached(&proxy.telemetry, Some(lease));
     let mut ex = Exchange::new(
         proxy.telemetry.clone(),
         Kind::Connect,
