@@ -9,18 +9,19 @@
 //! whose SNI the lease may reach (`sni-mismatch` otherwise); under `--require-sni` anything
 //! but such a ClientHello is `tls-unverifiable`.
 
+use super::answer;
 use super::body::RelayEnd;
 use super::decision::{Asked, Decision};
 use super::exchange::Exchange;
 use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Cleared;
-use super::{empty, Body, ClientConn, Proxy};
+use super::{Body, ClientConn, Proxy};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
 use crate::policy::HostVerdict;
 use crate::telemetry::egress::Kind;
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::sync::atomic::Ordering;
@@ -57,9 +58,7 @@ pub async fn handle(
                 cleared,
                 ex,
             ));
-            let mut response = Response::new(empty());
-            *response.status_mut() = StatusCode::OK;
-            response
+            answer::tunnel_open()
         }
     }
 }

@@ -12,6 +12,7 @@
 //! the descriptor line ([`crate::descriptors`]) is answered 429 and closed before anything
 //! else, so connections never take the descriptors the journal and the admin API need.
 
+use super::answer;
 use super::connection::ClientConn;
 use super::state::Proxy;
 use super::{connect, forward, Body};
@@ -175,21 +176,11 @@ fn set_inherited(listener: &TcpListener, local: SocketAddr) -> bool {
     }
 }
 
-/// The 429 that refuses a connection before a byte of it is read; `why` says which limit.
-fn too_many_connections(why: &str) -> String {
-    let body = format!("leasegate refused the connection: too-many-connections ({why})\n");
-    format!(
-        "HTTP/1.1 429 too-many-connections\r\nx-leasegate-refusal: too-many-connections\r\n\
-         content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 /// Answers a connection over the total or the per-client limit with 429 and closes it;
 /// `why` says which.
 async fn refuse_connection(mut stream: TcpStream, why: String) {
     use tokio::io::AsyncWriteExt;
-    let response = too_many_connections(&why);
+    let response = answer::too_many_connections(&why);
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
         stream.write_all(response.as_bytes()),
@@ -202,7 +193,7 @@ async fn refuse_connection(mut stream: TcpStream, why: String) {
 fn refuse_now(stream: TcpStream, why: &str) {
     use std::io::Write;
     if let Ok(stream) = stream.into_std() {
-        let _ = (&stream).write(too_many_connections(why).as_bytes());
+        let _ = (&stream).write(answer::too_many_connections(why).as_bytes());
     }
 }
 
@@ -325,9 +316,8 @@ fn head_len(req: &Request<Incoming>) -> usize {
     line + headers + "\r\n".len()
 }
 
-/// 431 for a head over `--max-header-bytes`, in a refusal's words (it is no policy refusal:
-/// there is no code, and nothing was identified or decided); the connection then closes, as
-/// what follows the head cannot be trusted to be framed.
+/// 431 for a head over `--max-header-bytes` ([`answer::head_too_large`]), logged as refused
+/// with no code: nothing was identified or decided.
 fn head_too_large(
     proxy: &Proxy,
     conn: &ClientConn,
@@ -347,27 +337,11 @@ fn head_too_large(
         conn.client,
         conn.listener,
     );
-    let status = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
     let detail = format!("the request head is {len} bytes, over --max-header-bytes {limit}");
+    let response = answer::head_too_large(req.method(), req.uri(), &detail);
     ex.verdict = LoggedVerdict::Refuse;
-    ex.status = Some(status.as_u16());
-    ex.error = Some(detail.clone());
-    let body = format!(
-        "leasegate refused {} {}: {detail}\n",
-        req.method(),
-        req.uri()
-    );
-    let mut response = Response::new(super::full(bytes::Bytes::from(body)));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("close"),
-    );
+    ex.status = Some(response.status().as_u16());
+    ex.error = Some(detail);
     response
 }
 
