@@ -232,7 +232,8 @@ impl Proxy {
             client: ex.client,
             listener: ex.listener,
         };
-        match self.registry.revoke_for_refusal(&lease_id, &egress).await {
+        let (reason, extra) = egress.reason_and_extra();
+        match self.registry.revoke(&lease_id, &reason, extra).await {
             Ok(revoked) => ex.revoked = Some(revoked),
             // Revoked in memory and torn down; its record waits in the durable queue.
             Err(error) if error.revoked_in_memory() => {
