@@ -1,9 +1,10 @@
 //! The proxy: listeners, the decision pipeline shared by CONNECT tunnels and forwarded
 //! requests, and what moves the bytes.
 //!
-//! Invariant: every CONNECT and forwarded request is decided by [`pipeline`]'s one `decide`
-//! (identify → chain → target → verdict and port → resolve and guard), then dialled, then relayed; every
-//! exchange writes exactly one egress line. See `pipeline` for how refusals are answered.
+//! Invariant: every CONNECT and forwarded request (and `check`) is decided by
+//! [`decision::decide`] then [`decision::resolve_and_guard`], in [`pipeline`]'s fixed phases,
+//! then dialled, then relayed; every exchange writes exactly one egress line; every answer the
+//! proxy itself writes is built in [`answer`]. No two modules here import each other.
 
 pub mod answer;
 pub mod body;
