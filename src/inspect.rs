@@ -1,8 +1,7 @@
 //! `verify`, `leases` and `check`: reading a lease or journal and reporting on it.
 //!
 //! Invariant: read-only; every problem found is reported with where it is and why, and
-//! `check` decides through the proxy's own [`decide`] and [`resolve_and_guard`], never a
-//! copy of them.
+//! `check` decides through the proxy's own [`decide_and_guard`], never a copy of it.
 
 use crate::config::ProxyConfig;
 use crate::contract::rules::Lifetime;
@@ -10,7 +9,7 @@ use crate::contract::{Keyring, Lease, Timestamp};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::pattern::MalformedPattern;
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
-use crate::proxy::decision::{decide, resolve_and_guard, Ask, Asked};
+use crate::proxy::decision::{decide_and_guard, Ask, Asked};
 use crate::proxy::identify;
 use crate::registry::open::open_registry;
 use crate::registry::{journal, JournalLocation, Ledger, OpenError, Status, StoreOptions};
@@ -267,7 +266,7 @@ pub struct Explanation {
 }
 
 /// Explains the decision for `lease_id` and `target` (port 443 if absent) by running the
-/// proxy's own [`decide`] and [`resolve_and_guard`] with `config`'s guard, exceptions and resolver,
+/// proxy's own [`decide_and_guard`] with `config`'s guard, exceptions and resolver,
 /// as if the request arrived on the lease's own port. Names are resolved only with
 /// `config.resolve_names`; nothing is dialled and nothing is written.
 /// Whether `check`'s target is a URL a client fetches through the proxy as a forwarded
@@ -327,15 +326,9 @@ pub async fn check(
         false => Asked::Tunnel,
     };
     let ask = Ask::new(asked, &authority, Some(443));
-    let decided = match identify::identify(&HeaderMap::new(), Some(lease_id)) {
-        Ok(identity) => decide(registry.snapshot(), &config, &identity, ask, registry.now())
-            .map_err(|refused| refused.refusal),
-        Err(refusal) => Err(refusal),
-    };
-    let guarded = match decided {
-        Ok(mut decision) => resolve_and_guard(&config, &mut decision)
-            .await
-            .map(|addrs| (decision, addrs)),
+    let (snapshot, now) = (registry.snapshot(), registry.now());
+    let guarded = match identify::identify(&HeaderMap::new(), Some(lease_id)) {
+        Ok(identity) => decide_and_guard(snapshot, &config, &identity, ask, now).await,
         Err(refusal) => Err(refusal),
     };
     let (decision, addrs) = match guarded {

@@ -291,6 +291,21 @@ pub async fn resolve_and_guard(
     })
 }
 
+/// [`decide`], then [`resolve_and_guard`]: the whole decision for a caller with no connection
+/// to tie to the lease (`check`).
+pub async fn decide_and_guard(
+    snapshot: Arc<Snapshot>,
+    config: &ProxyConfig,
+    identity: &Identity,
+    ask: Ask<'_>,
+    now: Timestamp,
+) -> Result<(Decision, Vec<UpstreamAddr>), Refusal> {
+    let mut decision =
+        decide(snapshot, config, identity, ask, now).map_err(|refused| refused.refusal)?;
+    let addrs = resolve_and_guard(config, &mut decision).await?;
+    Ok((decision, addrs))
+}
+
 /// TRACE and TRACK echo the request back (credentials included): never forwarded.
 fn is_trace(method: &str) -> bool {
     method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK")

@@ -10,7 +10,7 @@ use leasegate::config::{Mode, OnRefusal, ProxyConfig};
 use leasegate::contract::Timestamp;
 use leasegate::inspect;
 use leasegate::policy::{Code, Refusal, UpstreamAddr};
-use leasegate::proxy::decision::{decide, resolve_and_guard, Ask, Asked, Decision};
+use leasegate::proxy::decision::{decide_and_guard, Ask, Asked, Decision};
 use leasegate::proxy::dialer::{Dialer, Dialing};
 use leasegate::proxy::exchange::Exchange;
 use leasegate::proxy::{connect, identify, ClientConn, Proxy};
@@ -164,8 +164,8 @@ impl Row<'_> {
         outcome.map_err(|refusal| refusal.code)
     }
 
-    /// Through `decide` and `resolve_and_guard` alone, over the proxy's registry and
-    /// configuration: no connection, exchange or telemetry.
+    /// Through `decide` and `resolve_and_guard` alone, as `check` calls them, over the proxy's
+    /// registry and configuration: no connection, exchange or telemetry.
     async fn decided(&self, proxy: &Proxy) -> Result<(Decision, Vec<UpstreamAddr>), Refusal> {
         let headers = self.header_map();
         let method = self.method();
@@ -179,10 +179,7 @@ impl Row<'_> {
         };
         let ask = Ask::new(asked, &self.authority, self.default_port());
         let (snapshot, now) = (proxy.registry.snapshot(), proxy.registry.now());
-        let mut decision = decide(snapshot, &proxy.config, &identity, ask, now)
-            .map_err(|refused| refused.refusal)?;
-        let addrs = resolve_and_guard(&proxy.config, &mut decision).await?;
-        Ok((decision, addrs))
+        decide_and_guard(snapshot, &proxy.config, &identity, ask, now).await
     }
 }
 
@@ -621,25 +618,16 @@ async fn a_denied_ip_literal_refuses_names_resolving_to_it_before_any_dial() {
     let said = refusal_detail(&proxy, &child, "parents.test:443").await;
     assert!(said.contains(&format!("in lease {parent}")), "{said}");
 
-    // The control: an address the deny list does not name is dialled.
+    // The control: an address the deny list does not name is dialled; in report mode, which
+    // only reports, the denied one too.
     let other = h.lease(&["*"], &["203.0.113.7"]);
-    let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
-    let fine = on_port(
-        "not denied",
-        &other,
-        "fine.test:443",
-        Want::Dials("203.0.113.8:443"),
-    );
-    run(&proxy, &dialer, &[fine]).await;
-
-    // Report mode only reports: the denied address is dialled, nothing is revoked.
-    config.mode = leasegate::proxy::Mode::Report;
-    let proxy = offline_proxy(&h, config, dialer.clone()).await;
-    let reported = on_port(
-        "report mode",
-        &other,
-        "sneaky.test:443",
-        Want::Dials("203.0.113.7:443"),
-    );
-    run(&proxy, &dialer, &[reported]).await;
+    for (mode, authority, dials) in [
+        (Mode::Enforce, "fine.test:443", "203.0.113.8:443"),
+        (Mode::Report, "sneaky.test:443", "203.0.113.7:443"),
+    ] {
+        config.mode = mode;
+        let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
+        let row = on_port("not denied", &other, authority, Want::Dials(dials));
+        run(&proxy, &dialer, &[row]).await;
+    }
 }
