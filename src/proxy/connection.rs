@@ -30,7 +30,7 @@ pub struct ClientConn {
     /// Where the per-lease connection counts live.
     telemetry: Arc<crate::telemetry::Telemetry>,
     /// This connection's place under `max_connections`, held as long as the connection (or
-    /// the tunnel it became) lives; `None` for `check`'s connection, which is not a socket.
+    /// the tunnel it became) lives; `None` for a detached connection, which is not a socket.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Its place under `max_connections_per_client`, held until the connection is first tied
     /// to a lease ([`ClientConn::link`] gives it back).
@@ -106,7 +106,7 @@ impl ClientConn {
         }
     }
 
-    /// A connection that is not a socket (`check`, and pipeline tests); with `port_lease`
+    /// A connection that is not a socket (the pipeline tests); with `port_lease`
     /// it asks as if on that lease's own port.
     pub fn detached(telemetry: &Arc<Telemetry>, port_lease: Option<&str>) -> ClientConn {
         let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));

@@ -2,11 +2,11 @@
 //! the optional TLS handshake, the HTTP/1.1 server with its header timeout, and dispatch of
 //! each request to CONNECT or forwarding.
 //!
-//! Invariant: every accepted connection holds one slot of its source IP
-//! (`max_connections_per_client`, taken first, before a byte is read) until it is first tied
-//! to a lease, and one `max_connections` permit for as long as it (or a tunnel it became)
-//! lives; it is counted once against each lease it is tied to, and closes when any of those
-//! leases closes. So the per-address budget bounds what no lease answers for yet, and an
+//! Invariant: every accepted connection takes one slot of its source IP
+//! (`max_connections_per_client`, taken first, before a byte is read) and one
+//! `max_connections` permit, which its [`ClientConn`] holds from then on
+//! ([`super::connection`]: the slot until it is first tied to a lease, the permit for as
+//! long as it or a tunnel it became lives). So the per-address budget bounds what no lease answers for yet, and an
 //! identified connection counts against its lease's budget only (every sidecar agent is
 //! 127.0.0.1: one lease's tunnels must not lock the others out). A connection accepted past
 //! the descriptor line ([`crate::descriptors`]) is answered 429 and closed before anything
