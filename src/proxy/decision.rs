@@ -310,3 +310,71 @@ pub async fn decide_and_guard(
 fn is_trace(method: &str) -> bool {
     method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(authority: &str, default_port: Option<u16>) -> Target {
+        parse_authority(authority, default_port).unwrap()
+    }
+
+    /// `Host` is normalised like the target: only a real difference is a mismatch.
+    #[test]
+    fn a_host_header_must_name_the_target_after_normalisation() {
+        let uri = target("a.test", Some(80));
+        for same in ["a.test", "A.TEST", "a.test.", "a.test:80"] {
+            let host = HeaderValue::from_static(same);
+            assert_eq!(
+                check_host_header(&host, "a.test", Some(80), &uri),
+                Ok(()),
+                "{same}"
+            );
+        }
+        for other in ["b.test", "a.test:8080", "a.test:", "\u{0}"] {
+            let Ok(host) = HeaderValue::from_bytes(other.as_bytes()) else {
+                continue;
+            };
+            let refused = check_host_header(&host, "a.test", Some(80), &uri).unwrap_err();
+            assert_eq!(refused.code, Code::HostMismatch, "{other}");
+        }
+    }
+
+    /// Tunnels and forwarded requests are judged against their own port lists.
+    #[test]
+    fn the_port_list_is_the_one_of_the_request_kind() {
+        let config = ProxyConfig::default();
+        let get = Asked::Forward {
+            method: &http::Method::GET,
+            host: None,
+        };
+        assert_eq!(
+            check_port(&config, &target("a.test:443", None), Asked::Tunnel),
+            Ok(())
+        );
+        assert_eq!(check_port(&config, &target("a.test:80", None), get), Ok(()));
+        let refused = check_port(&config, &target("a.test:80", None), Asked::Tunnel).unwrap_err();
+        assert_eq!(refused.code, Code::PortNotAllowed);
+        assert_eq!(
+            refused.detail,
+            "port 80 is not open to tunnels (--connect-ports 443)"
+        );
+        let refused = check_port(&config, &target("a.test:443", None), get).unwrap_err();
+        assert_eq!(refused.code, Code::PortNotAllowed);
+    }
+
+    /// Report mode lets a policy refusal through and keeps it; enforce mode refuses.
+    #[test]
+    fn report_mode_keeps_what_enforce_mode_refuses() {
+        let refusal = Refusal::new(Code::HostNotAllowed, "not listed");
+        let mut reported = Vec::new();
+        let enforced = policy_failure(Mode::Enforce, refusal.clone(), &mut reported);
+        assert_eq!(enforced, Err(refusal.clone()));
+        assert!(reported.is_empty());
+        assert_eq!(
+            policy_failure(Mode::Report, refusal.clone(), &mut reported),
+            Ok(())
+        );
+        assert_eq!(reported, [refusal]);
+    }
+}
