@@ -34,7 +34,7 @@ use crate::registry::revocation::RevocationError;
 use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
-use crate::telemetry::refusals;
+use crate::telemetry::recent_refusals;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -314,7 +314,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         }
         (&Method::GET, ["refusals"]) => {
             let limit = query_pairs(req.uri().query(), &["limit"])
-                .and_then(|pairs| limit_of(&pairs, 50, refusals::CAPACITY));
+                .and_then(|pairs| limit_of(&pairs, 50, recent_refusals::CAPACITY));
             match limit {
                 Ok(limit) => refusals(&state, limit),
                 Err(message) => error(StatusCode::BAD_REQUEST, message),
@@ -644,7 +644,7 @@ fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
         .proxy
         .telemetry
         .refusals
-        .recent(limit.min(refusals::CAPACITY));
+        .recent(limit.min(recent_refusals::CAPACITY));
     json_response(StatusCode::OK, json!({ "refusals": recent }))
 }
 

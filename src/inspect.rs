@@ -1,24 +1,21 @@
 //! `verify`, `leases` and `check`: reading a lease or journal and reporting on it.
 //!
 //! Invariant: read-only; every problem found is reported with where it is and why, and
-//! `check` decides through the proxy's own pipeline, never a copy of it.
+//! `check` decides through the proxy's own [`decide_and_guard`], never a copy of it.
 
 use crate::config::ProxyConfig;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::pattern::MalformedPattern;
-use crate::policy::refusal::{Code, Refusal};
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
-use crate::proxy::exchange::Exchange;
-use crate::proxy::{ClientConn, Proxy};
+use crate::proxy::decision::{decide_and_guard, Ask, Asked};
+use crate::proxy::identify;
 use crate::registry::open::open_registry;
 use crate::registry::{journal, JournalLocation, Ledger, OpenError, Status, StoreOptions};
-use crate::telemetry::egress::{Kind, LoggedVerdict};
-use crate::telemetry::{EgressLog, Telemetry};
 use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
-use std::sync::Arc;
 
 /// One problem `verify` found.
 #[derive(Debug, Clone, PartialEq)]
@@ -269,7 +266,7 @@ pub struct Explanation {
 }
 
 /// Explains the decision for `lease_id` and `target` (port 443 if absent) by running the
-/// proxy's own pipeline ([`Proxy::decide`]) with `config`'s guard, exceptions and resolver,
+/// proxy's own [`decide_and_guard`] with `config`'s guard, exceptions and resolver,
 /// as if the request arrived on the lease's own port. Names are resolved only with
 /// `config.resolve_names`; nothing is dialled and nothing is written.
 /// Whether `check`'s target is a URL a client fetches through the proxy as a forwarded
@@ -308,21 +305,7 @@ pub async fn check(
     lease_id: &str,
     target: &str,
 ) -> Result<Explanation, OpenError> {
-    let registry = Arc::new(open_registry(journal, keyring, store, false).await?);
-    let telemetry = Arc::new(Telemetry::new(
-        EgressLog::disabled(),
-        config.series_grace,
-        config.series_max_leases,
-    ));
-    let proxy = Proxy::new(config, registry, telemetry.clone());
-    let conn = ClientConn::detached(&proxy, Some(lease_id));
-    // What a client sends for it: a forwarded GET for an `http://` (or `ws://`) URL, judged
-    // against `--forward-ports`; a CONNECT for anything else.
-    let (kind, method) = match is_forwarded(target) {
-        true => (Kind::Http, http::Method::GET),
-        false => (Kind::Connect, http::Method::CONNECT),
-    };
-    let mut ex = Exchange::new(telemetry, kind, method, conn.client, conn.listener);
+    let registry = open_registry(journal, keyring, store, false).await?;
     let authority = match target_authority(target) {
         Ok(authority) => authority,
         Err(why) => {
@@ -333,11 +316,23 @@ pub async fn check(
             })
         }
     };
-    let decision = proxy
-        .decide(&conn, &HeaderMap::new(), &authority, Some(443), &mut ex)
-        .await;
-    let decision = match decision {
-        Ok(decision) => decision,
+    // What a client sends for it: a forwarded GET for an `http://` (or `ws://`) URL, judged
+    // against `--forward-ports`; a CONNECT for anything else. Asked on the lease's own port.
+    let asked = match is_forwarded(target) {
+        true => Asked::Forward {
+            method: &http::Method::GET,
+            host: None,
+        },
+        false => Asked::Tunnel,
+    };
+    let ask = Ask::new(asked, &authority, Some(443));
+    let (snapshot, now) = (registry.snapshot(), registry.now());
+    let guarded = match identify::identify(&HeaderMap::new(), Some(lease_id)) {
+        Ok(identity) => decide_and_guard(snapshot, &config, &identity, ask, now).await,
+        Err(refusal) => Err(refusal),
+    };
+    let (decision, addrs) = match guarded {
+        Ok(guarded) => guarded,
         Err(refusal) => {
             return Ok(Explanation {
                 reason: refusal.detail.clone(),
@@ -357,17 +352,18 @@ pub async fn check(
         _ => format!("{} is let through by report mode", decision.target),
     };
     let mut notes = Vec::new();
-    if let (LoggedVerdict::Report, Some(code)) = (ex.verdict, ex.code) {
+    if let Some(reported) = decision.reported.first() {
         notes.push(format!(
-            "report mode: enforce mode would refuse it ({code})"
+            "report mode: enforce mode would refuse it ({})",
+            reported.code
         ));
     }
-    match (&decision.target.host, decision.addrs.is_empty()) {
+    match (&decision.target.host, addrs.is_empty()) {
         (TargetHost::Name(_), true) => {
             notes.push("names not resolved: pass --resolve-names to check the addresses".into())
         }
         _ => {
-            let addrs: Vec<String> = decision.addrs.iter().map(|a| a.to_string()).collect();
+            let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
             notes.push(format!("may dial {}", addrs.join(", ")));
         }
     }

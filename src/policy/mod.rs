@@ -3,19 +3,19 @@
 //!
 //! Invariant: pure. Data and `now` come in as arguments; nothing here does I/O.
 
+pub mod codes;
 pub mod guard;
 pub mod pattern;
 pub mod ports;
-pub mod refusal;
 pub mod target;
 pub mod verdict;
 
 #[cfg(test)]
 mod tests;
 
+pub use codes::{Code, Refusal};
 pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
 pub use ports::Ports;
-pub use refusal::{Code, Refusal};
 pub use target::{Target, TargetHost};
 pub use verdict::{HostPolicy, HostVerdict};

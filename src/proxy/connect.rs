@@ -9,17 +9,19 @@
 //! whose SNI the lease may reach (`sni-mismatch` otherwise); under `--require-sni` anything
 //! but such a ClientHello is `tls-unverifiable`.
 
+use super::answer;
 use super::body::RelayEnd;
+use super::decision::{Asked, Decision};
 use super::exchange::Exchange;
 use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
-use super::pipeline::Decision;
-use super::{empty, Body, ClientConn, Proxy};
-use crate::policy::refusal::{Code, Refusal};
+use super::pipeline::Cleared;
+use super::{Body, ClientConn, Proxy};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
 use crate::policy::HostVerdict;
 use crate::telemetry::egress::Kind;
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::sync::atomic::Ordering;
@@ -46,19 +48,17 @@ pub async fn handle(
         .unwrap_or_default();
     match open(&proxy, &conn, req.headers(), &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
-        Ok((stream, decision)) => {
+        Ok((stream, cleared)) => {
             ex.status = Some(200);
             proxy.tasks.spawn(tunnel(
                 proxy.clone(),
                 conn.clone(),
                 req,
                 stream,
-                decision,
+                cleared,
                 ex,
             ));
-            let mut response = Response::new(empty());
-            *response.status_mut() = StatusCode::OK;
-            response
+            answer::tunnel_open()
         }
     }
 }
@@ -70,10 +70,12 @@ pub async fn open(
     headers: &http::HeaderMap,
     authority: &str,
     ex: &mut Exchange,
-) -> Result<(TcpStream, Decision), Refusal> {
-    let decision = proxy.decide(conn, headers, authority, None, ex).await?;
-    let (stream, _) = proxy.dial(&decision.addrs, ex).await?;
-    Ok((stream, decision))
+) -> Result<(TcpStream, Cleared), Refusal> {
+    let cleared = proxy
+        .clear(conn, headers, Asked::Tunnel, authority, None, ex)
+        .await?;
+    let (stream, _) = proxy.dial(&cleared.addrs, ex).await?;
+    Ok((stream, cleared))
 }
 
 async fn tunnel(
@@ -82,7 +84,7 @@ async fn tunnel(
     _conn: Arc<ClientConn>,
     req: Request<Incoming>,
     mut upstream: TcpStream,
-    decision: Decision,
+    cleared: Cleared,
     mut ex: Exchange,
 ) {
     let upgraded = match hyper::upgrade::on(req).await {
@@ -93,7 +95,7 @@ async fn tunnel(
         }
     };
     let mut client = TokioIo::new(upgraded);
-    let token = decision.token.clone();
+    let (token, decision) = (cleared.token, cleared.decision);
 
     // The client's first bytes, held back until we know what they are.
     let mut first = Vec::with_capacity(4096);

@@ -3,7 +3,7 @@
 //! Invariant: a [`Dialer`] takes only [`UpstreamAddr`]s (built by the address guard), and
 //! returns I/O-level errors; [`DialError::refusal`] is the one place they become refusals.
 
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::UpstreamAddr;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! it is counted in `Telemetry::exchanges` until its line is queued.
 
 use crate::contract::Timestamp;
-use crate::policy::refusal::Code;
+use crate::policy::codes::Code;
 use crate::policy::{Target, UpstreamAddr};
 use crate::telemetry::egress::{EgressEvent, Kind, LoggedVerdict};
 use crate::telemetry::Telemetry;

@@ -7,13 +7,14 @@
 //! and was opened for the same lease (a pooled connection is never lent to another lease).
 
 use super::body::Metered;
+use super::decision::Asked;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
-use super::pipeline::Decision;
+use super::pipeline::Cleared;
 use super::upstream::PoolKey;
 use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::{Target, UpstreamAddr};
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -41,14 +42,18 @@ pub async fn handle(
     let uri = req.uri().clone();
     let decided = match request_shape(&req) {
         Ok(authority) => {
+            let asked = Asked::Forward {
+                method: req.method(),
+                host: req.headers().get(header::HOST),
+            };
             proxy
-                .decide(&conn, req.headers(), authority, Some(80), &mut ex)
+                .clear(&conn, req.headers(), asked, authority, Some(80), &mut ex)
                 .await
         }
         Err(refusal) => Err(refusal),
     };
     let sent = match decided {
-        Ok(decision) => send(&proxy, req, decision, &mut ex).await,
+        Ok(cleared) => send(&proxy, req, cleared, &mut ex).await,
         Err(refusal) => Err(refusal),
     };
     match sent {
@@ -212,7 +217,7 @@ impl Forwarded {
 async fn send(
     proxy: &Proxy,
     mut req: Request<Incoming>,
-    decision: Decision,
+    cleared: Cleared,
     ex: &mut Exchange,
 ) -> Result<Forwarded, Refusal> {
     let upgrade = is_upgrade(req.headers());
@@ -233,16 +238,16 @@ async fn send(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, upgrade);
     if !parts.headers.contains_key(header::HOST) {
-        let host = HeaderValue::from_str(&host_header(&decision.target))
+        let host = HeaderValue::from_str(&host_header(&cleared.decision.target))
             .map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
         parts.headers.insert(header::HOST, host);
     }
-    let mut body = Metered::new(body, ex.bytes_up.clone(), decision.token.clone(), None);
+    let mut body = Metered::new(body, ex.bytes_up.clone(), cleared.token.clone(), None);
     let body_sent = (!body.is_end_stream()).then(|| body.on_end());
     let request = Request::from_parts(parts, body.boxed_unsync());
 
     let (mut sender, addr) =
-        sender_for(proxy, &decision.lease_id, &decision.addrs, upgrade, ex).await?;
+        sender_for(proxy, &cleared.lease_id, &cleared.addrs, upgrade, ex).await?;
     // The upstream's time to answer counts from the end of the request body: a slow upload
     // is not the upstream's fault.
     let timeout = proxy.config.upstream_response_timeout;
@@ -268,13 +273,13 @@ async fn send(
                 format!("{addr} sent no response head within {timeout:?} of the request"),
             ));
         }
-        _ = decision.token.cancelled() => {
+        _ = cleared.token.cancelled() => {
             return Err(Refusal::new(Code::LeaseRevoked, "the lease closed while the request was in flight"));
         }
     };
     if !upgrade {
         let key = PoolKey {
-            lease_id: decision.lease_id,
+            lease_id: cleared.lease_id,
             addr,
             worker: Workers::current(),
         };
@@ -282,7 +287,7 @@ async fn send(
     }
     Ok(Forwarded {
         response,
-        token: decision.token,
+        token: cleared.token,
         upgrade: client_upgrade,
     })
 }

@@ -11,7 +11,7 @@
 use crate::config::{Credentials, LeasePortCredentials};
 use crate::contract::lease::is_lease_id;
 use crate::contract::{token, Key};
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use crate::registry::Snapshot;
 use base64::Engine;
 use http::HeaderMap;

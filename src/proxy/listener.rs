@@ -2,194 +2,30 @@
 //! the optional TLS handshake, the HTTP/1.1 server with its header timeout, and dispatch of
 //! each request to CONNECT or forwarding.
 //!
-//! Invariant: every accepted connection holds one slot of its source IP
-//! (`max_connections_per_client`, taken first, before a byte is read) until it is first tied
-//! to a lease, and one `max_connections` permit for as long as it (or a tunnel it became)
-//! lives; it is counted once against each lease it is tied to, and closes when any of those
-//! leases closes. So the per-address budget bounds what no lease answers for yet, and an
+//! Invariant: every accepted connection takes one slot of its source IP
+//! (`max_connections_per_client`, taken first, before a byte is read) and one
+//! `max_connections` permit, which its [`ClientConn`] holds from then on
+//! ([`super::connection`]: the slot until it is first tied to a lease, the permit for as
+//! long as it or a tunnel it became lives). So the per-address budget bounds what no lease answers for yet, and an
 //! identified connection counts against its lease's budget only (every sidecar agent is
 //! 127.0.0.1: one lease's tunnels must not lock the others out). A connection accepted past
 //! the descriptor line ([`crate::descriptors`]) is answered 429 and closed before anything
 //! else, so connections never take the descriptors the journal and the admin API need.
 
+use super::answer;
+use super::connection::ClientConn;
 use super::state::Proxy;
-use super::workers::Placed;
 use super::{connect, forward, Body};
-use crate::contract::Timestamp;
 use crate::descriptors::Listener;
-use crate::policy::refusal::{Code, Refusal};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-/// One client connection: where it came from and which leases it is tied to.
-pub struct ClientConn {
-    pub client: SocketAddr,
-    pub listener: SocketAddr,
-    /// The lease of a per-lease port.
-    pub port_lease: Option<String>,
-    /// Cancelled to drop the connection (a lease used on it closed) and when it ends.
-    closer: CancellationToken,
-    /// Leases whose closing already closes this connection (each counted once against its
-    /// per-lease connection limit until this connection, and any tunnel it became, ends).
-    linked: Mutex<HashMap<String, CancellationToken>>,
-    /// Where the per-lease connection counts live.
-    telemetry: Arc<crate::telemetry::Telemetry>,
-    /// This connection's place under `max_connections`, held as long as the connection (or
-    /// the tunnel it became) lives; `None` for `check`'s connection, which is not a socket.
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// Its place under `max_connections_per_client`, held until the connection is first tied
-    /// to a lease ([`ClientConn::link`] gives it back).
-    slot: Mutex<Option<ClientSlot>>,
-    /// Its place on the connection worker it lives on, held as long as the permit.
-    _placed: Option<Placed>,
-}
-
-/// Open connections per source IP address (`max_connections_per_client`).
-#[derive(Debug, Default)]
-pub struct ClientCounts {
-    open: Mutex<HashMap<IpAddr, usize>>,
-}
-
-impl ClientCounts {
-    /// A slot for one more connection from `ip`, or `None` when it already has `limit`.
-    pub fn try_take(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<ClientSlot> {
-        // One client whatever the socket family: `::ffff:a.b.c.d` is a.b.c.d.
-        let ip = ip.to_canonical();
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(ip).or_default();
-        if *count >= limit {
-            return None;
-        }
-        *count += 1;
-        Some(ClientSlot {
-            counts: self.clone(),
-            ip,
-        })
-    }
-}
-
-/// One connection's place in [`ClientCounts`]; given back when dropped.
-#[derive(Debug)]
-pub struct ClientSlot {
-    counts: Arc<ClientCounts>,
-    ip: IpAddr,
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = open.get_mut(&self.ip) {
-            *count -= 1;
-            // No entry per client that has gone: the map stays as small as what is open.
-            if *count == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
-
-impl ClientConn {
-    fn accepted(
-        proxy: &Proxy,
-        client: SocketAddr,
-        listener: SocketAddr,
-        port_lease: Option<String>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-        slot: ClientSlot,
-        placed: Option<Placed>,
-    ) -> ClientConn {
-        ClientConn {
-            client,
-            listener,
-            port_lease,
-            closer: CancellationToken::new(),
-            linked: Mutex::new(HashMap::new()),
-            telemetry: proxy.telemetry.clone(),
-            _permit: Some(permit),
-            slot: Mutex::new(Some(slot)),
-            _placed: placed,
-        }
-    }
-
-    /// A connection that is not a socket (`check`, and pipeline tests); with `port_lease`
-    /// it asks as if on that lease's own port.
-    pub fn detached(proxy: &Proxy, port_lease: Option<&str>) -> ClientConn {
-        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
-        ClientConn {
-            client: unspecified,
-            listener: unspecified,
-            port_lease: port_lease.map(str::to_owned),
-            closer: CancellationToken::new(),
-            linked: Mutex::new(HashMap::new()),
-            telemetry: proxy.telemetry.clone(),
-            _permit: None,
-            slot: Mutex::new(None),
-            _placed: None,
-        }
-    }
-
-    /// Ties this connection to a lease: counted against the lease's connection limit, and
-    /// closed when the lease's token fires. The first tie gives back the connection's
-    /// per-address slot: from then on the lease answers for it.
-    pub fn link(
-        &self,
-        proxy: &Proxy,
-        lease_id: &str,
-        now: Timestamp,
-    ) -> Result<CancellationToken, Refusal> {
-        let mut linked = self.linked.lock().unwrap_or_else(|e| e.into_inner());
-        // Keep-alive requests of a lease already tied to this connection reuse its token.
-        if let Some(token) = linked.get(lease_id).filter(|t| !t.is_cancelled()) {
-            return Ok(token.clone());
-        }
-        let token = proxy.registry.token(lease_id, now);
-        if linked.contains_key(lease_id) {
-            return Ok(token);
-        }
-        let limit = proxy.config.max_connections_per_lease;
-        if !proxy
-            .telemetry
-            .metrics
-            .connection_opened_within(lease_id, limit)
-        {
-            return Err(Refusal::new(
-                Code::TooManyConnections,
-                format!("lease {lease_id} already has {limit} open connections"),
-            ));
-        }
-        linked.insert(lease_id.to_owned(), token.clone());
-        drop(linked);
-        drop(self.slot.lock().unwrap_or_else(|e| e.into_inner()).take());
-        let (watched, closer) = (token.clone(), self.closer.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = watched.cancelled() => closer.cancel(),
-                _ = closer.cancelled() => {}
-            }
-        });
-        Ok(token)
-    }
-}
-
-impl Drop for ClientConn {
-    /// The last holder (the connection task, or the tunnel it became) is gone: un-count the
-    /// connection from every lease it was tied to, and stop the link watchers.
-    fn drop(&mut self) {
-        self.closer.cancel();
-        let linked = std::mem::take(&mut *self.linked.lock().unwrap_or_else(|e| e.into_inner()));
-        for lease in linked.into_keys() {
-            self.telemetry.metrics.connection_closed(&lease);
-        }
-    }
-}
 
 /// How long an accept loop waits after a failed accept (out of descriptors, say) before it
 /// tries again.
@@ -261,7 +97,7 @@ pub async fn serve(
             }
         };
         let conn = Arc::new(ClientConn::accepted(
-            &proxy,
+            proxy.telemetry.clone(),
             client,
             local,
             port_lease.clone(),
@@ -340,21 +176,11 @@ fn set_inherited(listener: &TcpListener, local: SocketAddr) -> bool {
     }
 }
 
-/// The 429 that refuses a connection before a byte of it is read; `why` says which limit.
-fn too_many_connections(why: &str) -> String {
-    let body = format!("leasegate refused the connection: too-many-connections ({why})\n");
-    format!(
-        "HTTP/1.1 429 too-many-connections\r\nx-leasegate-refusal: too-many-connections\r\n\
-         content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 /// Answers a connection over the total or the per-client limit with 429 and closes it;
 /// `why` says which.
 async fn refuse_connection(mut stream: TcpStream, why: String) {
     use tokio::io::AsyncWriteExt;
-    let response = too_many_connections(&why);
+    let response = answer::too_many_connections(&why);
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
         stream.write_all(response.as_bytes()),
@@ -367,7 +193,7 @@ async fn refuse_connection(mut stream: TcpStream, why: String) {
 fn refuse_now(stream: TcpStream, why: &str) {
     use std::io::Write;
     if let Ok(stream) = stream.into_std() {
-        let _ = (&stream).write(too_many_connections(why).as_bytes());
+        let _ = (&stream).write(answer::too_many_connections(why).as_bytes());
     }
 }
 
@@ -393,7 +219,7 @@ async fn handle(
             }
         }
     }
-    conn.closer.cancel();
+    conn.closer().cancel();
 }
 
 async fn serve_http<I>(
@@ -425,7 +251,7 @@ async fn serve_http<I>(
                 tracing::debug!(%error, client = %conn.client, "client connection ended with an error");
             }
         }
-        _ = conn.closer.cancelled() => {
+        _ = conn.closer().cancelled() => {
             // The lease closed: a request in flight ends with it (a forwarded body or wait is
             // tied to the lease's token), or is the refusal that closed it, which is answered;
             // then the connection closes. Nothing new is read from it.
@@ -442,7 +268,7 @@ async fn serve_http<I>(
             tokio::select! {
                 _ = connection.as_mut() => {}
                 _ = proxy.hard_stop.cancelled() => {}
-                _ = conn.closer.cancelled() => {}
+                _ = conn.closer().cancelled() => {}
             }
         }
     }
@@ -490,9 +316,8 @@ fn head_len(req: &Request<Incoming>) -> usize {
     line + headers + "\r\n".len()
 }
 
-/// 431 for a head over `--max-header-bytes`, in a refusal's words (it is no policy refusal:
-/// there is no code, and nothing was identified or decided); the connection then closes, as
-/// what follows the head cannot be trusted to be framed.
+/// 431 for a head over `--max-header-bytes` ([`answer::head_too_large`]), logged as refused
+/// with no code: nothing was identified or decided.
 fn head_too_large(
     proxy: &Proxy,
     conn: &ClientConn,
@@ -512,27 +337,11 @@ fn head_too_large(
         conn.client,
         conn.listener,
     );
-    let status = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
     let detail = format!("the request head is {len} bytes, over --max-header-bytes {limit}");
+    let response = answer::head_too_large(req.method(), req.uri(), &detail);
     ex.verdict = LoggedVerdict::Refuse;
-    ex.status = Some(status.as_u16());
-    ex.error = Some(detail.clone());
-    let body = format!(
-        "leasegate refused {} {}: {detail}\n",
-        req.method(),
-        req.uri()
-    );
-    let mut response = Response::new(super::full(bytes::Bytes::from(body)));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("close"),
-    );
+    ex.status = Some(response.status().as_u16());
+    ex.error = Some(detail);
     response
 }
 

@@ -1,319 +1,140 @@
-//! The decision pipeline (pingora's fixed phases): one [`Proxy::decide`] for every CONNECT,
-//! every forwarded request and `check`, then the dial and the relay, and the one rescue point
-//! that turns a refusal into the client's answer.
+//! The request pipeline (pingora's fixed phases): [`Proxy::clear`] for every CONNECT and
+//! forwarded request, then the dial and the relay, and the one rescue point that turns a
+//! refusal into the client's answer.
 //!
-//! Invariant: phases 1–5 run in order, once, here only: identify the lease → its chain opens
-//! now → normalise the target → host verdict, then the port → resolve and guard. A refusal found before the
+//! Invariant: phases 1–5 run in order, once, here only: identify the lease → [`decide`] (the
+//! same function `check` calls) → tie the connection to the lease → resolve and guard. The
+//! exchange is written from what they return, never read back. A refusal found before the
 //! client heard anything is answered through [`Proxy::refuse`]; one found after the tunnel's
 //! 200 (the SNI check) cannot change the status any more, so it is recorded through
 //! [`Proxy::record_refusal`] and the tunnel is closed. Either way a revoking code revokes.
 
+use super::answer;
 use super::body;
+use super::connection::ClientConn;
+use super::decision::{
+    decide, policy_failure, resolve_and_guard, Ask, Asked, Decision, Reached, Refused,
+};
 use super::dialer;
 use super::exchange::Exchange;
-use super::identify;
-use super::listener::ClientConn;
-use super::refusal;
+use super::identify::{self, Identity};
 use super::state::Proxy;
 use super::Body;
 use crate::config::{Mode, OnRefusal};
-use crate::contract::Lease;
-use crate::policy::guard::Exception;
-use crate::policy::refusal::{host_refusal, Code, Refusal};
-use crate::policy::target::{parse_authority, TargetHost};
-use crate::policy::verdict::{decide as verdict_over, denied_address};
-use crate::policy::{HostPolicy, HostVerdict, Target, UpstreamAddr};
+use crate::contract::Timestamp;
+use crate::policy::codes::Refusal;
+use crate::policy::UpstreamAddr;
 use crate::registry::revocation::RefusedEgress;
-use crate::registry::Snapshot;
-use crate::telemetry::egress::{Kind, LoggedVerdict};
-use http::{header, HeaderMap, Response};
+use crate::telemetry::egress::LoggedVerdict;
+use http::{HeaderMap, Response};
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-/// What phases 1–5 decided: the lease and its open chain, the target, and the checked
-/// addresses that may be dialled.
-pub struct Decision {
+/// A proven credential makes the request the lease's traffic (its series, a revocation on its
+/// account); an unproven one names no lease on the line.
+fn name_lease(ex: &mut Exchange, identity: &mut Identity, lease_known: bool) {
+    ex.lease_id = Some(identity.lease_id.clone());
+    ex.label = identity.label.take();
+    ex.lease_known = lease_known;
+}
+
+/// A request cleared by phases 1–5: the decision, the lease the connection is now tied to, and
+/// the checked addresses that may be dialled.
+pub struct Cleared {
     pub lease_id: String,
-    /// The lease first, then its ancestors.
-    pub chain: Vec<Arc<Lease>>,
-    /// The registry state the decision was made on.
-    pub snapshot: Arc<Snapshot>,
+    pub decision: Decision,
     /// Cancelled when the lease (or an ancestor) closes.
     pub token: CancellationToken,
-    pub target: Target,
-    /// Checked addresses in resolver order; empty only when names are not resolved
-    /// (`check` without `--resolve-names`).
+    /// Checked addresses in resolver order; empty only when names are not resolved.
     pub addrs: Vec<UpstreamAddr>,
 }
 
-static EMPTY_POLICY: std::sync::LazyLock<HostPolicy> =
-    std::sync::LazyLock::new(HostPolicy::default);
-
-/// The compiled host lists of a chain, the lease first.
-fn policies<'a>(
-    snapshot: &'a Snapshot,
-    chain: &'a [Arc<Lease>],
-) -> impl Iterator<Item = (&'a str, &'a HostPolicy)> + Clone {
-    chain.iter().map(|lease| {
-        let policy = snapshot
-            .ledger
-            .policy(&lease.id)
-            .map(Arc::as_ref)
-            .unwrap_or(&EMPTY_POLICY);
-        (lease.id.as_str(), policy)
-    })
-}
-
-impl Decision {
-    /// The host verdict of `host` for this decision's chain (the SNI check asks again).
-    pub fn verdict(&self, host: &TargetHost) -> HostVerdict<'_> {
-        verdict_over(policies(&self.snapshot, &self.chain), host)
-    }
-}
-
-/// The lease and chain of phases 1–2, before the target is known.
-struct Admitted {
-    lease_id: String,
-    chain: Vec<Arc<Lease>>,
-    snapshot: Arc<Snapshot>,
-    token: CancellationToken,
-}
-
 impl Proxy {
-    /// Phases 1–5 for one request. `authority` is what the client asked for (the CONNECT
-    /// target, or the absolute URI's authority), `default_port` applies when it has none.
-    /// Forwarded requests (`ex.kind` http) are also checked for their method and `Host`.
-    pub async fn decide(
+    /// Phases 1–5 for one request: the admission gate, the lease the request names, [`decide`]
+    /// over the registry's current snapshot, the connection tied to the lease, then
+    /// [`resolve_and_guard`]. `authority` is what the client asked for (the CONNECT target, or
+    /// the absolute URI's authority), `default_port` applies when it has none.
+    pub async fn clear(
         &self,
         conn: &ClientConn,
         headers: &HeaderMap,
+        asked: Asked<'_>,
         authority: &str,
         default_port: Option<u16>,
         ex: &mut Exchange,
-    ) -> Result<Decision, Refusal> {
+    ) -> Result<Cleared, Refusal> {
+        let ask = Ask::new(asked, authority, default_port);
         // An identification refusal's line names the target too, when the request names one.
-        if let Ok(target) = parse_authority(authority, default_port) {
-            ex.target = Some(target);
+        if let Ok(target) = &ask.target {
+            ex.target = Some(target.clone());
         }
         // Nothing new is admitted on a state the process may have missed changes to while it
         // was not running (an atomic check unless it was).
         self.registry.admission(ex.started()).await;
-        let admitted = self.admit(conn, headers, ex)?;
-        if ex.kind == Kind::Http && is_trace(ex.method.as_str()) {
-            return Err(Refusal::new(
-                Code::MethodNotAllowed,
-                format!("{} is not forwarded", ex.method),
-            ));
-        }
-        let target = self.target(headers, authority, default_port, ex)?;
-        self.judge_host(&admitted, &target, ex)?;
-        self.check_port(&target, ex.kind)?;
-        let addrs = self.resolve_and_guard(&admitted, &target, ex).await?;
-        Ok(Decision {
-            lease_id: admitted.lease_id,
-            chain: admitted.chain,
-            snapshot: admitted.snapshot,
-            token: admitted.token,
-            target,
-            addrs,
+        let mut identity = identify::identify(headers, conn.port_lease.as_deref())?;
+        let snapshot = self.registry.snapshot();
+        let lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
+        let now = self.registry.now();
+        let mut decision = match decide(snapshot, &self.config, &identity, ask, now) {
+            Ok(decision) => decision,
+            Err(Refused { refusal, reached }) => {
+                if reached >= Reached::Lease {
+                    name_lease(ex, &mut identity, lease_known);
+                }
+                if reached == Reached::OpenChain {
+                    self.tie(conn, &identity.lease_id, now, ex)?;
+                }
+                return Err(refusal);
+            }
+        };
+        name_lease(ex, &mut identity, lease_known);
+        let token = self.tie(conn, &identity.lease_id, now, ex)?;
+        self.report(ex, &decision.reported);
+        let before = decision.reported.len();
+        let addrs = resolve_and_guard(&self.config, &mut decision).await;
+        self.report(ex, &decision.reported[before..]);
+        ex.observe_decision();
+        Ok(Cleared {
+            lease_id: identity.lease_id,
+            decision,
+            token,
+            addrs: addrs?,
         })
     }
 
-    /// Phases 1 and 2: the lease of the request, and whether its chain opens now; the
-    /// connection is then tied to the lease (its connection limit, its teardown).
-    fn admit(
+    /// Ties the connection to the lease of a chain that opens (its connection limit, its
+    /// teardown), before anything else is answered.
+    fn tie(
         &self,
         conn: &ClientConn,
-        headers: &HeaderMap,
+        lease_id: &str,
+        now: Timestamp,
         ex: &mut Exchange,
-    ) -> Result<Admitted, Refusal> {
-        let identity = identify::identify(headers, conn.port_lease.as_deref())?;
-        let snapshot = self.registry.snapshot();
-        // Before the exchange names the lease: an unproven credential is not the lease's
-        // traffic (no series, no revocation on its account).
-        identify::authenticate(
-            &identity,
-            self.config.credentials,
-            self.config.lease_port_credentials,
-            &snapshot,
-        )?;
-        ex.lease_id = Some(identity.lease_id.clone());
-        ex.label = identity.label;
-        ex.lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
-        let now = self.registry.now();
-        let chain = snapshot
-            .ledger
-            .check_chain(&identity.lease_id, now)
-            .map_err(Refusal::from)?;
-        let token = conn.link(self, &identity.lease_id, now)?;
+    ) -> Result<CancellationToken, Refusal> {
+        let limit = self.config.max_connections_per_lease;
+        let token = conn.link(&self.registry, limit, lease_id, now)?;
         ex.token = Some(token.clone());
-        Ok(Admitted {
-            lease_id: identity.lease_id,
-            chain,
-            snapshot,
-            token,
-        })
+        Ok(token)
     }
 
-    /// Phase 3: the normalised target; a forwarded request's `Host` must name it too.
-    fn target(
-        &self,
-        headers: &HeaderMap,
-        authority: &str,
-        default_port: Option<u16>,
-        ex: &mut Exchange,
-    ) -> Result<Target, Refusal> {
-        let target = parse_authority(authority, default_port)
-            .map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
-        ex.target = Some(target.clone());
-        if ex.kind != Kind::Http {
-            return Ok(target);
-        }
-        // The same bytes normalise the same way (the usual case: a client writes the URI's
-        // authority into Host), so only a different Host is parsed.
-        if let Some(host) = headers
-            .get(header::HOST)
-            .filter(|host| host.as_bytes() != authority.as_bytes())
-        {
-            // Normalised like the target (IDNA, case, trailing dot, default port), so only a
-            // real difference is a mismatch. hyper passes a non-ASCII value as raw bytes:
-            // a Unicode name arrives as UTF-8, which `to_str` would refuse.
-            let named = std::str::from_utf8(host.as_bytes())
-                .ok()
-                .and_then(|h| parse_authority(h, default_port).ok());
-            if named.as_ref() != Some(&target) {
-                self.policy_failure(
-                    ex,
-                    Refusal::new(
-                        Code::HostMismatch,
-                        format!(
-                            "Host header {:?} does not name the URI's {target}",
-                            String::from_utf8_lossy(host.as_bytes())
-                        ),
-                    ),
-                )?;
-            }
-        }
-        Ok(target)
-    }
-
-    /// Phase 4: the host verdict over the chain.
-    fn judge_host(
-        &self,
-        admitted: &Admitted,
-        target: &Target,
-        ex: &mut Exchange,
-    ) -> Result<(), Refusal> {
-        let verdict = verdict_over(policies(&admitted.snapshot, &admitted.chain), &target.host);
-        match host_refusal(verdict, &target.host) {
-            Ok(_) => Ok(()),
-            Err(refusal) => self.policy_failure(ex, refusal),
+    /// Report mode: what enforce mode would have refused goes on the exchange's line (the
+    /// first code) and in the log; the request goes on.
+    fn report(&self, ex: &mut Exchange, reported: &[Refusal]) {
+        for refusal in reported {
+            tracing::info!(code = %refusal.code, detail = %refusal.detail, "report mode: would refuse");
+            ex.verdict = LoggedVerdict::Report;
+            ex.code.get_or_insert(refusal.code);
         }
     }
 
-    /// Phase 4, after the host verdict (so a denied host still revokes): the port is one the
-    /// operator opened to this kind of request. No policy check: report mode does not relax
-    /// it, and it never revokes.
-    fn check_port(&self, target: &Target, kind: Kind) -> Result<(), Refusal> {
-        let (ports, flag, what) = match kind {
-            Kind::Connect => (&self.config.connect_ports, "--connect-ports", "tunnels"),
-            Kind::Http => (
-                &self.config.forward_ports,
-                "--forward-ports",
-                "forwarded requests",
-            ),
-        };
-        if ports.contains(target.port) {
-            return Ok(());
-        }
-        Err(Refusal::new(
-            Code::PortNotAllowed,
-            format!(
-                "port {} is not open to {what} ({flag} {ports})",
-                target.port
-            ),
-        ))
-    }
-
-    /// Phase 5: resolve once, drop guarded addresses; what survives may be dialled.
-    async fn resolve_and_guard(
-        &self,
-        admitted: &Admitted,
-        target: &Target,
-        ex: &mut Exchange,
-    ) -> Result<Vec<UpstreamAddr>, Refusal> {
-        let resolved = match &target.host {
-            TargetHost::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
-            TargetHost::Name(_) if !self.config.resolve_names => {
-                ex.observe_decision();
-                return Ok(Vec::new());
-            }
-            TargetHost::Name(name) => self
-                .config
-                .resolver
-                .resolve(name, target.port, self.config.dns_timeout)
-                .await
-                .map_err(|e| Refusal::new(Code::DnsFailed, e.to_string()))?,
-        };
-        // A deny entry that is an IP literal denies every name resolving to it (deny beats
-        // every exception): host-denied, naming the address and the lease.
-        if let Some(denied) =
-            denied_address(policies(&admitted.snapshot, &admitted.chain), &resolved)
-        {
-            let via = if denied.addr == denied.listed {
-                String::new()
-            } else {
-                format!(" (embedding {})", denied.listed)
-            };
-            self.policy_failure(
-                ex,
-                Refusal::new(
-                    Code::HostDenied,
-                    format!(
-                        "{} resolves to {}{via}, denied by {} in lease {}",
-                        target.host, denied.addr, denied.listed, denied.lease_id
-                    ),
-                ),
-            )?;
-        }
-        let exception = Exception::for_target(
-            policies(&admitted.snapshot, &admitted.chain).map(|(_, p)| p),
-            &target.host,
-        );
-        // Absolute: report mode relaxes host policy, never the guard.
-        let checked = self.config.guard.check(&resolved, exception);
-        let blocked = checked.blocked.first().map(|b| {
-            Refusal::new(
-                Code::AddressNotAllowed,
-                format!("{} resolves to {}, {}", target.host, b.addr.ip(), b.why),
-            )
-        });
-        ex.observe_decision();
-        match (checked.dialable.is_empty(), blocked) {
-            (true, Some(refusal)) => Err(refusal),
-            (true, None) => Err(Refusal::new(
-                Code::DnsFailed,
-                format!("{} has no addresses", target.host),
-            )),
-            (false, _) => Ok(checked.dialable),
-        }
-    }
-
-    /// A failed policy check: refused in enforce mode, reported and let through in report mode.
+    /// A policy check after phases 1–5 (the tunnel's SNI): refused in enforce mode, reported
+    /// and let through in report mode.
     pub fn policy_failure(&self, ex: &mut Exchange, refusal: Refusal) -> Result<(), Refusal> {
-        debug_assert!(refusal.code.is_policy());
-        match self.config.mode {
-            Mode::Enforce => Err(refusal),
-            Mode::Report => {
-                tracing::info!(code = %refusal.code, detail = %refusal.detail, "report mode: would refuse");
-                ex.verdict = LoggedVerdict::Report;
-                ex.code.get_or_insert(refusal.code);
-                Ok(())
-            }
-        }
+        let mut reported = Vec::new();
+        policy_failure(self.config.mode, refusal, &mut reported)?;
+        self.report(ex, &reported);
+        Ok(())
     }
 
     /// Phase 6: connects to the first checked address that answers (timed).
@@ -411,7 +232,8 @@ impl Proxy {
             client: ex.client,
             listener: ex.listener,
         };
-        match self.registry.revoke_for_refusal(&lease_id, &egress).await {
+        let (reason, extra) = egress.reason_and_extra();
+        match self.registry.revoke(&lease_id, &reason, extra).await {
             Ok(revoked) => ex.revoked = Some(revoked),
             // Revoked in memory and torn down; its record waits in the durable queue.
             Err(error) if error.revoked_in_memory() => {
@@ -436,16 +258,11 @@ impl Proxy {
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
         tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
-        refusal::response(
+        answer::response(
             &refusal,
             ex.method.as_str(),
             &ex.target_text(target_fallback),
             ex.lease_id.as_deref(),
         )
     }
-}
-
-/// TRACE and TRACK echo the request back (credentials included): never forwarded.
-fn is_trace(method: &str) -> bool {
-    method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK")
 }

@@ -26,7 +26,7 @@ pub struct Proxy {
     /// One permit per open client connection (`max_connections`).
     pub connections: Arc<tokio::sync::Semaphore>,
     /// Open client connections per source IP (`max_connections_per_client`).
-    pub clients: Arc<super::listener::ClientCounts>,
+    pub clients: Arc<super::connection::ClientCounts>,
     /// Cancelled when a drain's time is up: open tunnels and upgraded connections close.
     pub hard_stop: CancellationToken,
     /// Every connection and tunnel task, so a drain can wait for them.

@@ -19,7 +19,7 @@ use super::retired::{LeaseKey, Retired, RetiredMap};
 use super::shared_policies::SharedPolicies;
 use crate::contract::rules::{self, Lifetime, RuleViolation};
 use crate::contract::{Event, Keyring, Lease, LeaseError, RecordError, Timestamp};
-use crate::policy::refusal::{Code, Refusal};
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::HostPolicy;
 use imbl::Vector;
 use std::sync::Arc;

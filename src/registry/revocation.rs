@@ -4,13 +4,12 @@
 //! Invariant: a record is built only for a lease the ledger holds and that is not already
 //! revoked at `now`; it says `by: "issuer"` and is signed under the key that signed the lease.
 //! A refusal's record names method, target and code in its `reason` and carries the same facts
-//! in an `egress` object, and goes through [`Registry::revoke`], the one revoke path.
+//! in an `egress` object, and goes through [`crate::registry::Registry::revoke`], the one revoke path.
 
 use super::ledger::{Closure, Ledger, Status};
-use super::live::{Registry, RevokeError};
 use crate::contract::record::{self, Revocation};
 use crate::contract::{Event, RecordError, Timestamp};
-use crate::policy::refusal::Refusal;
+use crate::policy::codes::Refusal;
 use crate::policy::Target;
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
@@ -87,31 +86,27 @@ pub struct RefusedEgress<'a> {
     pub listener: SocketAddr,
 }
 
-impl Registry {
-    /// Revokes `lease_id` for a refusal. Returns `false` if it already was revoked.
-    pub async fn revoke_for_refusal(
-        &self,
-        lease_id: &str,
-        egress: &RefusedEgress<'_>,
-    ) -> Result<bool, RevokeError> {
-        let refusal = egress.refusal;
+impl RefusedEgress<'_> {
+    /// The revocation's `reason` and its `egress` object, for [`crate::registry::Registry::revoke`].
+    pub fn reason_and_extra(&self) -> (String, Map<String, Value>) {
+        let refusal = self.refusal;
         let mut extra = Map::new();
         extra.insert(
             "egress".into(),
             json!({
-                "method": egress.method,
-                "host": egress.target.map(|t| t.host.as_text()),
-                "port": egress.target.map(|t| t.port),
+                "method": self.method,
+                "host": self.target.map(|t| t.host.as_text()),
+                "port": self.target.map(|t| t.port),
                 "code": refusal.code.as_str(),
                 "detail": refusal.detail,
-                "client": egress.client.to_string(),
-                "listener": egress.listener.to_string(),
+                "client": self.client.to_string(),
+                "listener": self.listener.to_string(),
             }),
         );
         let reason = format!(
             "leasegate refused {} {}: {} ({})",
-            egress.method, egress.shown_target, refusal.code, refusal.detail
+            self.method, self.shown_target, refusal.code, refusal.detail
         );
-        self.revoke(lease_id, &reason, extra).await
+        (reason, extra)
     }
 }

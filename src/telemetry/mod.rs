@@ -8,7 +8,7 @@
 pub mod egress;
 pub mod egress_stream;
 pub mod metrics;
-pub mod refusals;
+pub mod recent_refusals;
 
 pub use egress::{EgressEvent, EgressLog};
 pub use egress_stream::EgressStream;
@@ -24,7 +24,7 @@ pub struct Telemetry {
     /// `--egress-stream`: the same lines, published to NATS for cluster-wide usage.
     pub stream: EgressStream,
     pub metrics: Arc<Metrics>,
-    pub refusals: refusals::RefusalRing,
+    pub refusals: recent_refusals::RefusalRing,
     /// One token per live exchange (released after its line is queued): what a shutdown waits
     /// for before it closes the egress log.
     pub exchanges: tokio_util::task::TaskTracker,
@@ -42,7 +42,7 @@ impl Telemetry {
             egress,
             stream: EgressStream::disabled(),
             metrics: Arc::new(Metrics::new(series_grace, series_max_leases)),
-            refusals: refusals::RefusalRing::default(),
+            refusals: recent_refusals::RefusalRing::default(),
             exchanges: tokio_util::task::TaskTracker::new(),
         }
     }

@@ -1,15 +1,19 @@
-//! The decision pipeline without sockets (a dialer that records every dial and connects
-//! nowhere), and `check` against `serve` on the same targets.
+//! The decision pipeline without sockets, as tables of rows (smokescreen's style: how the
+//! request names its lease, what it asks, the refusal code or the dialled address expected).
+//! Each row runs twice: through the proxy's pipeline (a dialer that records every dial and
+//! connects nowhere) and through `decide` and `resolve_and_guard` alone, as `check` calls
+//! them. Then `check` against `serve` on the same targets.
 
 use crate::harness::{http_origin, raw, status_of, Harness};
 use http::{HeaderMap, HeaderValue};
 use leasegate::config::{Mode, OnRefusal, ProxyConfig};
 use leasegate::contract::Timestamp;
 use leasegate::inspect;
-use leasegate::policy::{Code, UpstreamAddr};
+use leasegate::policy::{Code, Refusal, UpstreamAddr};
+use leasegate::proxy::decision::{decide_and_guard, Ask, Asked, Decision};
 use leasegate::proxy::dialer::{Dialer, Dialing};
 use leasegate::proxy::exchange::Exchange;
-use leasegate::proxy::{connect, ClientConn, Proxy};
+use leasegate::proxy::{connect, identify, ClientConn, Proxy};
 use leasegate::telemetry::egress::Kind;
 use leasegate::telemetry::{EgressLog, Telemetry};
 use std::net::SocketAddr;
@@ -50,68 +54,181 @@ async fn offline_proxy(h: &Harness, config: ProxyConfig, dialer: Arc<RecordingDi
     proxy
 }
 
-/// One request through the pipeline: a CONNECT goes through `connect::open` (decide, then
-/// dial); a forwarded request's kind is decided the same way, then dialled.
-async fn ask(
-    proxy: &Proxy,
-    port_lease: Option<&str>,
-    headers: &[(&str, &str)],
-    kind: Kind,
-    method: &str,
-    authority: &str,
-) -> Result<(), Code> {
-    let conn = ClientConn::detached(proxy, port_lease);
-    let mut map = HeaderMap::new();
-    for (name, value) in headers {
-        map.append(
-            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(value).unwrap(),
-        );
-    }
-    let mut ex = Exchange::new(
-        proxy.telemetry.clone(),
-        kind,
-        http::Method::from_bytes(method.as_bytes()).unwrap(),
-        conn.client,
-        conn.listener,
-    );
-    let outcome = match kind {
-        Kind::Connect => connect::open(proxy, &conn, &map, authority, &mut ex)
-            .await
-            .map(drop),
-        Kind::Http => match proxy
-            .decide(&conn, &map, authority, Some(80), &mut ex)
-            .await
-        {
-            Ok(decision) => proxy.dial(&decision.addrs, &mut ex).await.map(drop),
-            Err(refusal) => Err(refusal),
-        },
-    };
-    outcome.map_err(|refusal| refusal.code)
+/// How a row's request asks: a CONNECT, or a forwarded request with this method.
+#[derive(Clone, Copy, Debug)]
+enum Asks {
+    Connect,
+    Forward(&'static str),
 }
 
-/// The detail of the refusal phases 1–5 give a CONNECT on `lease`'s own port.
-async fn refusal_detail(proxy: &Proxy, lease: &str, authority: &str) -> String {
-    let conn = ClientConn::detached(proxy, Some(lease));
-    let mut ex = Exchange::new(
-        proxy.telemetry.clone(),
-        Kind::Connect,
-        http::Method::CONNECT,
-        conn.client,
-        conn.listener,
-    );
-    match proxy
-        .decide(&conn, &HeaderMap::new(), authority, None, &mut ex)
-        .await
-    {
-        Ok(_) => panic!("{authority} was allowed"),
-        Err(refusal) => refusal.detail,
-    }
+/// What a row expects.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Want {
+    /// Refused with this code, nothing dialled.
+    Refused(Code),
+    /// Allowed: this checked address (the first) is dialled.
+    Dials(&'static str),
+}
+
+/// One request: the lease port it arrives on (if any), its headers, what it asks.
+struct Row<'a> {
+    name: &'a str,
+    port_lease: Option<&'a str>,
+    headers: Vec<(&'a str, &'a str)>,
+    asks: Asks,
+    authority: String,
+    want: Want,
 }
 
 /// A CONNECT on `lease`'s own port.
-async fn connect_on_port(proxy: &Proxy, lease: &str, authority: &str) -> Result<(), Code> {
-    ask(proxy, Some(lease), &[], Kind::Connect, "CONNECT", authority).await
+fn on_port<'a>(name: &'a str, lease: &'a str, authority: &str, want: Want) -> Row<'a> {
+    Row {
+        name,
+        port_lease: Some(lease),
+        headers: vec![],
+        asks: Asks::Connect,
+        authority: authority.to_owned(),
+        want,
+    }
+}
+
+impl Row<'_> {
+    fn header_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in &self.headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn method(&self) -> http::Method {
+        match self.asks {
+            Asks::Connect => http::Method::CONNECT,
+            Asks::Forward(method) => http::Method::from_bytes(method.as_bytes()).unwrap(),
+        }
+    }
+
+    fn default_port(&self) -> Option<u16> {
+        match self.asks {
+            Asks::Connect => None,
+            Asks::Forward(_) => Some(80),
+        }
+    }
+
+    /// Through the proxy's pipeline: a CONNECT through `connect::open` (clear, then dial); a
+    /// forwarded request cleared the same way, then dialled. With the recording dialer an
+    /// allowed row ends `upstream-unreachable`.
+    async fn through_the_pipeline(&self, proxy: &Proxy) -> Result<(), Code> {
+        let conn = ClientConn::detached(&proxy.telemetry, self.port_lease);
+        let headers = self.header_map();
+        let method = self.method();
+        let kind = match self.asks {
+            Asks::Connect => Kind::Connect,
+            Asks::Forward(_) => Kind::Http,
+        };
+        let mut ex = Exchange::new(
+            proxy.telemetry.clone(),
+            kind,
+            method.clone(),
+            conn.client,
+            conn.listener,
+        );
+        let outcome = match self.asks {
+            Asks::Connect => connect::open(proxy, &conn, &headers, &self.authority, &mut ex)
+                .await
+                .map(drop),
+            Asks::Forward(_) => {
+                let asked = Asked::Forward {
+                    method: &method,
+                    host: headers.get(http::header::HOST),
+                };
+                let cleared = proxy
+                    .clear(
+                        &conn,
+                        &headers,
+                        asked,
+                        &self.authority,
+                        self.default_port(),
+                        &mut ex,
+                    )
+                    .await;
+                match cleared {
+                    Ok(cleared) => proxy.dial(&cleared.addrs, &mut ex).await.map(drop),
+                    Err(refusal) => Err(refusal),
+                }
+            }
+        };
+        outcome.map_err(|refusal| refusal.code)
+    }
+
+    /// Through `decide` and `resolve_and_guard` alone, as `check` calls them, over the proxy's
+    /// registry and configuration: no connection, exchange or telemetry.
+    async fn decided(&self, proxy: &Proxy) -> Result<(Decision, Vec<UpstreamAddr>), Refusal> {
+        let headers = self.header_map();
+        let method = self.method();
+        let identity = identify::identify(&headers, self.port_lease)?;
+        let asked = match self.asks {
+            Asks::Connect => Asked::Tunnel,
+            Asks::Forward(_) => Asked::Forward {
+                method: &method,
+                host: headers.get(http::header::HOST),
+            },
+        };
+        let ask = Ask::new(asked, &self.authority, self.default_port());
+        let (snapshot, now) = (proxy.registry.snapshot(), proxy.registry.now());
+        decide_and_guard(snapshot, &proxy.config, &identity, ask, now).await
+    }
+}
+
+/// Runs every row both ways and checks what each is refused with and what it dials.
+async fn run(proxy: &Proxy, dialer: &RecordingDialer, rows: &[Row<'_>]) {
+    for row in rows {
+        let what = format!("{} ({})", row.name, row.authority);
+        let outcome = row.through_the_pipeline(proxy).await;
+        let dialled = std::mem::take(&mut *dialer.dialled.lock().unwrap());
+        match row.want {
+            Want::Refused(code) => {
+                assert_eq!(outcome, Err(code), "{what}: the pipeline");
+                assert_eq!(dialled, Vec::<SocketAddr>::new(), "{what} dialled");
+            }
+            Want::Dials(addr) => {
+                assert_eq!(
+                    outcome,
+                    Err(Code::UpstreamUnreachable),
+                    "{what}: the pipeline"
+                );
+                assert_eq!(dialled, [addr.parse::<SocketAddr>().unwrap()], "{what}");
+            }
+        }
+        // The connection limit is the handler's (it ties the connection), not the decision's.
+        if row.want == Want::Refused(Code::TooManyConnections) {
+            continue;
+        }
+        let decided = row.decided(proxy).await.map(|(_, addrs)| addrs);
+        match row.want {
+            Want::Refused(code) => {
+                assert_eq!(decided.map_err(|r| r.code), Err(code), "{what}: decide")
+            }
+            Want::Dials(addr) => {
+                let addrs = decided.unwrap_or_else(|r| panic!("{what}: decide: {r:?}"));
+                let first = addrs.first().map(|a| a.socket_addr());
+                assert_eq!(first, Some(addr.parse().unwrap()), "{what}: decide");
+            }
+        }
+    }
+}
+
+/// The detail of the refusal `decide` and `resolve_and_guard` give a CONNECT on `lease`'s own
+/// port.
+async fn refusal_detail(proxy: &Proxy, lease: &str, authority: &str) -> String {
+    let row = on_port("detail", lease, authority, Want::Refused(Code::BadTarget));
+    match row.decided(proxy).await {
+        Ok(_) => panic!("{authority} was allowed"),
+        Err(refusal) => refusal.detail,
+    }
 }
 
 /// Addresses of every kind the guard refuses by default, IPv4 and IPv6 and embedded forms.
@@ -198,167 +315,48 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
     let dialer = Arc::new(RecordingDialer::default());
     let proxy = offline_proxy(&h, config, dialer.clone()).await;
 
-    struct Case<'a> {
-        name: &'a str,
-        port_lease: Option<&'a str>,
-        headers: Vec<(&'a str, &'a str)>,
-        kind: Kind,
-        method: &'a str,
-        authority: String,
-        want: Code,
-    }
-    let connect = |name, port_lease, authority: &str, want| Case {
-        name,
+    use Want::{Dials, Refused};
+    let named_by = |name, headers, port_lease, authority: &str, want| Row {
+        headers,
         port_lease,
-        headers: vec![],
-        kind: Kind::Connect,
-        method: "CONNECT",
-        authority: authority.to_owned(),
-        want,
+        ..on_port(name, "", authority, want)
     };
-    let mut cases = vec![
-        Case {
-            headers: vec![],
-            ..connect(
-                "no lease named",
-                None,
-                "allowed.test:443",
-                Code::LeaseMissing,
-            )
-        },
-        Case {
-            headers: vec![("x-lease-id", &unknown)],
-            ..connect(
-                "unknown lease",
-                None,
-                "allowed.test:443",
-                Code::LeaseUnknown,
-            )
-        },
-        Case {
-            headers: vec![("x-lease-id", &narrow)],
-            ..connect(
-                "two leases",
-                Some(&lease),
-                "allowed.test:443",
-                Code::LeaseConflict,
-            )
-        },
-        connect("no port", Some(&lease), "allowed.test", Code::BadTarget),
-        connect(
-            "userinfo",
-            Some(&lease),
-            "a@allowed.test:443",
-            Code::BadTarget,
-        ),
-        connect(
-            "not yet valid",
-            Some(&later),
-            "allowed.test:443",
-            Code::LeaseNotYetValid,
-        ),
-        connect(
-            "expired",
-            Some(&expired),
-            "allowed.test:443",
-            Code::LeaseExpired,
-        ),
-        connect(
-            "revoked",
-            Some(&revoked),
-            "allowed.test:443",
-            Code::LeaseRevoked,
-        ),
-        connect(
-            "parent revoked",
-            Some(&child),
-            "allowed.test:443",
-            Code::AncestorClosed,
-        ),
-        connect("denied", Some(&lease), "denied.test:443", Code::HostDenied),
-        connect(
-            "not listed",
-            Some(&narrow),
-            "elsewhere.test:443",
-            Code::HostNotAllowed,
-        ),
-        connect(
-            "name resolving to metadata",
-            Some(&lease),
-            "metadata.test:80",
-            Code::AddressNotAllowed,
-        ),
-        connect(
-            "name resolving to a private address",
-            Some(&lease),
-            "private.test:80",
-            Code::AddressNotAllowed,
-        ),
-        connect(
-            "no such name",
-            Some(&lease),
-            "nowhere.test:443",
-            Code::DnsFailed,
-        ),
-        Case {
-            kind: Kind::Http,
-            method: "TRACE",
-            ..connect(
-                "TRACE",
-                Some(&lease),
-                "allowed.test",
-                Code::MethodNotAllowed,
-            )
-        },
-        Case {
-            kind: Kind::Http,
-            method: "GET",
-            headers: vec![("host", "other.test")],
-            ..connect(
-                "Host names another host",
-                Some(&narrow),
-                "allowed.test",
-                Code::HostMismatch,
-            )
-        },
+    let forward = |name, method, headers, lease, authority: &str, want| Row {
+        asks: Asks::Forward(method),
+        headers,
+        ..on_port(name, lease, authority, want)
+    };
+    #[rustfmt::skip]
+    let mut rows = vec![
+        named_by("no lease named", vec![], None, "allowed.test:443", Refused(Code::LeaseMissing)),
+        named_by("unknown lease", vec![("x-lease-id", &unknown)], None, "allowed.test:443", Refused(Code::LeaseUnknown)),
+        named_by("two leases", vec![("x-lease-id", &narrow)], Some(&lease), "allowed.test:443", Refused(Code::LeaseConflict)),
+        on_port("no port", &lease, "allowed.test", Refused(Code::BadTarget)),
+        on_port("userinfo", &lease, "a@allowed.test:443", Refused(Code::BadTarget)),
+        on_port("not yet valid", &later, "allowed.test:443", Refused(Code::LeaseNotYetValid)),
+        on_port("expired", &expired, "allowed.test:443", Refused(Code::LeaseExpired)),
+        on_port("revoked", &revoked, "allowed.test:443", Refused(Code::LeaseRevoked)),
+        on_port("parent revoked", &child, "allowed.test:443", Refused(Code::AncestorClosed)),
+        on_port("denied", &lease, "denied.test:443", Refused(Code::HostDenied)),
+        on_port("not listed", &narrow, "elsewhere.test:443", Refused(Code::HostNotAllowed)),
+        on_port("name resolving to metadata", &lease, "metadata.test:80", Refused(Code::AddressNotAllowed)),
+        on_port("name resolving to a private address", &lease, "private.test:80", Refused(Code::AddressNotAllowed)),
+        on_port("no such name", &lease, "nowhere.test:443", Refused(Code::DnsFailed)),
+        forward("TRACE", "TRACE", vec![], &lease, "allowed.test", Refused(Code::MethodNotAllowed)),
+        forward("Host names another host", "GET", vec![("host", "other.test")], &narrow, "allowed.test", Refused(Code::HostMismatch)),
+        // The control: an allowed target is dialled, at the address that was checked.
+        on_port("allowed", &lease, "allowed.test:443", Dials("93.184.216.34:443")),
     ];
     let guarded: Vec<String> = GUARDED.iter().map(|a| format!("{a}:80")).collect();
     for authority in &guarded {
-        cases.push(connect(
+        rows.push(on_port(
             "guarded literal",
-            Some(&lease),
+            &lease,
             authority,
-            Code::AddressNotAllowed,
+            Refused(Code::AddressNotAllowed),
         ));
     }
-    for case in &cases {
-        let outcome = ask(
-            &proxy,
-            case.port_lease,
-            &case.headers,
-            case.kind,
-            case.method,
-            &case.authority,
-        )
-        .await;
-        assert_eq!(outcome, Err(case.want), "{}: {}", case.name, case.authority);
-        let dialled = std::mem::take(&mut *dialer.dialled.lock().unwrap());
-        assert_eq!(
-            dialled,
-            Vec::<SocketAddr>::new(),
-            "{} ({}) dialled",
-            case.name,
-            case.authority
-        );
-    }
-
-    // The control: an allowed target is dialled, at the address that was checked.
-    let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
-    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
-    assert_eq!(
-        *dialer.dialled.lock().unwrap(),
-        ["93.184.216.34:443".parse::<SocketAddr>().unwrap()]
-    );
+    run(&proxy, &dialer, &rows).await;
 }
 
 #[tokio::test]
@@ -378,19 +376,30 @@ async fn report_mode_relaxes_host_policy_but_never_the_guard() {
     let proxy = offline_proxy(&h, config, dialer.clone()).await;
     let mut guarded: Vec<String> = GUARDED.iter().map(|a| format!("{a}:443")).collect();
     guarded.extend(["metadata.test:80".into(), "private.test:443".into()]);
-    for authority in &guarded {
-        let outcome = connect_on_port(&proxy, &lease, authority).await;
-        assert_eq!(outcome, Err(Code::AddressNotAllowed), "{authority}");
-        let dialled = std::mem::take(&mut *dialer.dialled.lock().unwrap());
-        assert_eq!(dialled, Vec::<SocketAddr>::new(), "{authority} dialled");
-    }
+    let mut rows: Vec<Row> = guarded
+        .iter()
+        .map(|authority| {
+            on_port(
+                "guarded",
+                &lease,
+                authority,
+                Want::Refused(Code::AddressNotAllowed),
+            )
+        })
+        .collect();
     // Host policy is what report mode relaxes: a host the lease does not list is dialled.
-    let outcome = connect_on_port(&proxy, &narrow, "elsewhere.test:443").await;
-    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
-    assert_eq!(
-        *dialer.dialled.lock().unwrap(),
-        ["93.184.216.35:443".parse::<SocketAddr>().unwrap()]
+    let relaxed = on_port(
+        "not listed",
+        &narrow,
+        "elsewhere.test:443",
+        Want::Dials("93.184.216.35:443"),
     );
+    // ... and the decision says what enforce mode would have refused.
+    let (decision, _) = relaxed.decided(&proxy).await.unwrap();
+    let reported: Vec<Code> = decision.reported.iter().map(|r| r.code).collect();
+    assert_eq!(reported, [Code::HostNotAllowed]);
+    rows.push(relaxed);
+    run(&proxy, &dialer, &rows).await;
 }
 
 #[tokio::test]
@@ -408,36 +417,38 @@ async fn ports_outside_the_lists_are_refused_before_any_dial_in_every_mode() {
         config.mode = mode;
         let dialer = Arc::new(RecordingDialer::default());
         let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
-        for (kind, method, authority) in [
-            (Kind::Connect, "CONNECT", "allowed.test:22"),
-            (Kind::Connect, "CONNECT", "allowed.test:80"),
-            (Kind::Connect, "CONNECT", "93.184.216.34:8443"),
-            (Kind::Http, "GET", "allowed.test:8080"),
-            (Kind::Http, "GET", "allowed.test:443"),
-        ] {
-            let outcome = ask(&proxy, Some(&lease), &[], kind, method, authority).await;
-            assert_eq!(outcome, Err(Code::PortNotAllowed), "{mode:?} {authority}");
-            assert!(dialer.dialled.lock().unwrap().is_empty(), "{authority}");
-        }
-        let said = refusal_detail(&proxy, &lease, "allowed.test:22").await;
-        assert_eq!(said, "port 22 is not open to tunnels (--connect-ports 443)");
+        let get = |authority: &str, want| Row {
+            asks: Asks::Forward("GET"),
+            ..on_port("GET", &lease, authority, want)
+        };
+        let closed = Want::Refused(Code::PortNotAllowed);
+        let mut rows = vec![
+            on_port("CONNECT", &lease, "allowed.test:22", closed),
+            on_port("CONNECT", &lease, "allowed.test:80", closed),
+            on_port("CONNECT", &lease, "93.184.216.34:8443", closed),
+            get("allowed.test:8080", closed),
+            get("allowed.test:443", closed),
+            // The defaults themselves are dialled (the recording dialer connects nowhere).
+            on_port(
+                "CONNECT",
+                &lease,
+                "allowed.test:443",
+                Want::Dials("93.184.216.34:443"),
+            ),
+            get("allowed.test", Want::Dials("93.184.216.34:80")),
+        ];
         // The host verdict comes first: a denied host on any port is host-denied.
         if mode == Mode::Enforce {
-            let outcome = connect_on_port(&proxy, &lease, "denied.test:22").await;
-            assert_eq!(outcome, Err(Code::HostDenied));
+            rows.push(on_port(
+                "denied",
+                &lease,
+                "denied.test:22",
+                Want::Refused(Code::HostDenied),
+            ));
         }
-        // The defaults themselves are dialled (the recording dialer connects nowhere).
-        let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
-        assert_eq!(outcome, Err(Code::UpstreamUnreachable));
-        let outcome = ask(&proxy, Some(&lease), &[], Kind::Http, "GET", "allowed.test").await;
-        assert_eq!(outcome, Err(Code::UpstreamUnreachable));
-        assert_eq!(
-            std::mem::take(&mut *dialer.dialled.lock().unwrap()),
-            [
-                "93.184.216.34:443".parse::<SocketAddr>().unwrap(),
-                "93.184.216.34:80".parse().unwrap()
-            ]
-        );
+        run(&proxy, &dialer, &rows).await;
+        let said = refusal_detail(&proxy, &lease, "allowed.test:22").await;
+        assert_eq!(said, "port 22 is not open to tunnels (--connect-ports 443)");
     }
 
     // `check` asks an http:// URL as a forwarded request and anything else as a CONNECT.
@@ -477,9 +488,13 @@ async fn the_per_lease_connection_limit_refuses_before_any_dial() {
     config.max_connections_per_lease = 0;
     let dialer = Arc::new(RecordingDialer::default());
     let proxy = offline_proxy(&h, config, dialer.clone()).await;
-    let outcome = connect_on_port(&proxy, &lease, "allowed.test:443").await;
-    assert_eq!(outcome, Err(Code::TooManyConnections));
-    assert!(dialer.dialled.lock().unwrap().is_empty());
+    let rows = [on_port(
+        "over the lease's connections",
+        &lease,
+        "allowed.test:443",
+        Want::Refused(Code::TooManyConnections),
+    )];
+    run(&proxy, &dialer, &rows).await;
 }
 
 /// The refusal code of a raw proxy answer (`None` for 200).
@@ -586,19 +601,14 @@ async fn a_denied_ip_literal_refuses_names_resolving_to_it_before_any_dial() {
     ];
     let dialer = Arc::new(RecordingDialer::default());
     let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
-    for (lease, target) in [
-        (&sneaky, "sneaky.test:443"),
-        (&nat64, "nat64.test:443"),
-        (&mixed, "mixed.test:443"),
-        (&child, "parents.test:443"),
-    ] {
-        let outcome = connect_on_port(&proxy, lease, target).await;
-        assert_eq!(outcome, Err(Code::HostDenied), "{target}");
-        assert!(
-            dialer.dialled.lock().unwrap().is_empty(),
-            "{target} was dialled"
-        );
-    }
+    let denied = Want::Refused(Code::HostDenied);
+    let rows = [
+        on_port("a name", &sneaky, "sneaky.test:443", denied),
+        on_port("NAT64", &nat64, "nat64.test:443", denied),
+        on_port("one of two", &mixed, "mixed.test:443", denied),
+        on_port("the parent's deny", &child, "parents.test:443", denied),
+    ];
+    run(&proxy, &dialer, &rows).await;
     // The refusal names the address and the lease whose deny list holds it.
     let said = refusal_detail(&proxy, &nat64, "nat64.test:443").await;
     assert_eq!(
@@ -608,23 +618,16 @@ async fn a_denied_ip_literal_refuses_names_resolving_to_it_before_any_dial() {
     let said = refusal_detail(&proxy, &child, "parents.test:443").await;
     assert!(said.contains(&format!("in lease {parent}")), "{said}");
 
-    // The control: an address the deny list does not name is dialled.
+    // The control: an address the deny list does not name is dialled; in report mode, which
+    // only reports, the denied one too.
     let other = h.lease(&["*"], &["203.0.113.7"]);
-    let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
-    let outcome = connect_on_port(&proxy, &other, "fine.test:443").await;
-    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
-    assert_eq!(
-        std::mem::take(&mut *dialer.dialled.lock().unwrap()),
-        ["203.0.113.8:443".parse::<SocketAddr>().unwrap()]
-    );
-
-    // Report mode only reports: the denied address is dialled, nothing is revoked.
-    config.mode = leasegate::proxy::Mode::Report;
-    let proxy = offline_proxy(&h, config, dialer.clone()).await;
-    let outcome = connect_on_port(&proxy, &other, "sneaky.test:443").await;
-    assert_eq!(outcome, Err(Code::UpstreamUnreachable));
-    assert_eq!(
-        *dialer.dialled.lock().unwrap(),
-        ["203.0.113.7:443".parse::<SocketAddr>().unwrap()]
-    );
+    for (mode, authority, dials) in [
+        (Mode::Enforce, "fine.test:443", "203.0.113.8:443"),
+        (Mode::Report, "sneaky.test:443", "203.0.113.7:443"),
+    ] {
+        config.mode = mode;
+        let proxy = offline_proxy(&h, config.clone(), dialer.clone()).await;
+        let row = on_port("not denied", &other, authority, Want::Dials(dials));
+        run(&proxy, &dialer, &[row]).await;
+    }
 }
