@@ -3,22 +3,22 @@
 
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
-use leasegate::bridge::{self, MirrorEvent};
+use leasegate::commands::journal::bridge::{self, MirrorEvent};
 use leasegate::cli::{self, Cli, Command};
 use leasegate::config::{self, Credentials, OnRefusal, ProxyConfig, ServeConfig};
 use leasegate::contract::lease::is_lease_id;
 use leasegate::contract::{token, Key, Keyring, Timestamp};
 use leasegate::descriptors;
-use leasegate::dev;
-use leasegate::inspect;
-use leasegate::issue::{self, IssueRequest};
+use leasegate::commands::dev;
+use leasegate::commands::inspect;
+use leasegate::commands::issue::{self, IssueRequest};
 use leasegate::registry::{compact, listing, open, InvalidReason};
 use leasegate::registry::{JournalLocation, Ledger, StoreOptions};
-use leasegate::run;
+use leasegate::commands::run;
 use leasegate::server::Server;
-use leasegate::suggest;
+use leasegate::commands::suggest;
 use leasegate::telemetry::egress::Destination;
-use leasegate::usage;
+use leasegate::commands::usage;
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
@@ -270,8 +270,8 @@ fn health(args: cli::HealthArgs) -> ExitCode {
         },
         None => None,
     };
-    match leasegate::health::target(&args.admin)
-        .and_then(|addr| leasegate::health::probe(addr, path, token.as_deref()))
+    match leasegate::commands::health::target(&args.admin)
+        .and_then(|addr| leasegate::commands::health::probe(addr, path, token.as_deref()))
     {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {

@@ -83,7 +83,7 @@ mod tests {
     use super::*;
     use crate::contract::record::{self, Revocation};
     use crate::contract::{Event, Key, Keyring, Timestamp};
-    use crate::issue::{issue, IssueRequest};
+    use crate::commands::issue::{issue, IssueRequest};
     use crate::registry::journal;
     use serde_json::Map;
     use std::time::Duration;

@@ -4,7 +4,7 @@
 use crate::harness::{admin_get, port_range, Harness};
 use crate::support::{leasegate_command, serve_lease_ports};
 use leasegate::contract::Timestamp;
-use leasegate::issue::{self, IssueRequest};
+use leasegate::commands::issue::{self, IssueRequest};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::time::Duration;

@@ -8,7 +8,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use leasegate::config::ServeConfig;
 use leasegate::contract::{Key, Keyring, Timestamp};
-use leasegate::issue::{self, IssueRequest};
+use leasegate::commands::issue::{self, IssueRequest};
 use leasegate::policy::Ports;
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{BoxError, ProxyConfig};

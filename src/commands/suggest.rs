@@ -10,7 +10,7 @@
 //! client chose); a label group names every lease that contributed to it.
 
 use crate::policy::pattern::HostPattern;
-use crate::usage::Filter;
+use crate::commands::usage::Filter;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;

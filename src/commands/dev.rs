@@ -8,7 +8,7 @@
 use crate::cli::{OnRefusalArg, ServeArgs};
 use crate::contract::keys::KeyError;
 use crate::contract::{Key, Keyring, Timestamp};
-use crate::issue::{self, IssueError, IssueRequest};
+use crate::commands::issue::{self, IssueError, IssueRequest};
 use crate::registry::ledger::{Ledger, Status};
 use crate::registry::JournalLocation;
 use std::io::Write;

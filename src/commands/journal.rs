@@ -1,0 +1,3 @@
+//! `leasegate journal`: move a journal between a file and a stream, or compact it.
+
+pub mod bridge;
