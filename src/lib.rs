@@ -15,6 +15,7 @@ pub mod memory;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
+pub mod resolve;
 pub mod server;
 pub mod table;
 pub mod telemetry;
