@@ -2,9 +2,9 @@
 //! journal, and after a lease closes; `--lease-port-credentials token`.
 
 use crate::harness::{curl, eventually, http_origin, port_range, Harness};
+use leasegate::commands::issue;
 use leasegate::config::LeasePortCredentials;
 use leasegate::contract::{token, Timestamp};
-use leasegate::commands::issue;
 use leasegate::server::Server;
 use std::ops::RangeInclusive;
 use std::time::Duration;

@@ -3,9 +3,9 @@
 
 use crate::harness::{http_origin, raw, status_of, Harness};
 use http::{HeaderMap, HeaderValue};
+use leasegate::commands::inspect;
 use leasegate::config::{Mode, OnRefusal, ProxyConfig};
 use leasegate::contract::Timestamp;
-use leasegate::commands::inspect;
 use leasegate::policy::{Code, UpstreamAddr};
 use leasegate::proxy::dialer::{Dialer, Dialing};
 use leasegate::proxy::exchange::Exchange;
@@ -186,7 +186,8 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
     );
     let revoked = h.lease(&["*"], &[]);
     for id in [&parent, &revoked] {
-        leasegate::commands::issue::revoke(&h.journal, &h.key, id, "test", Timestamp::now()).unwrap();
+        leasegate::commands::issue::revoke(&h.journal, &h.key, id, "test", Timestamp::now())
+            .unwrap();
     }
     let unknown = crate::support::id(7);
     let mut config = h.config(&[
