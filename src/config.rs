@@ -3,8 +3,7 @@
 //!
 //! Invariant: a `ServeConfig` or `ProxyConfig` that exists is valid; nothing downstream parses
 //! a flag again. `serve`'s flags become its configuration in one step ([`ServeConfig::resolve`]:
-//! `--dev` defaults, `--listen` resolution and the descriptor fit included); the raw flags are
-//! never rewritten, and nothing changes the configuration after it.
+//! `--dev` defaults and `--listen` resolution included); the raw flags are never rewritten.
 
 use crate::cli;
 use crate::contract::keys::KeyError;
@@ -181,6 +180,9 @@ pub struct ServeStart {
     pub demo: Option<Demo>,
     /// `--create-journal`: a missing journal file's directory is made too.
     pub create_journal: bool,
+    /// `--max-connections` was given outside `--dev`: a number the descriptor limit cannot
+    /// hold stops the start rather than being lowered ([`ServeStart::fit_connections`]).
+    pub connections_fixed: bool,
 }
 
 /// The directory `serve --dev` keeps its files in, under the working directory.
@@ -285,9 +287,8 @@ impl ServeConfig {
     /// `serve`'s flags → its configuration, in one step: where `--dev` is given, the journal,
     /// key and egress log under [`DEV_DIR`] (its key must exist: `serve` writes it first) and
     /// logging rather than revoking refusals, unless the flags say otherwise; `--listen
-    /// NAME:PORT` resolved; the keys loaded; the descriptor limit raised to the hard one and
-    /// the connection limit fitted under it (the default is lowered to what fits; an
-    /// operator's own number, outside `--dev`, that does not fit stops the start).
+    /// NAME:PORT` resolved; the keys loaded. Only the connection limit is left to the start
+    /// ([`ServeStart::fit_connections`]).
     pub async fn resolve(args: cli::ServeArgs) -> Result<ServeStart, ConfigError> {
         let dev = args.dev;
         let journal = match (args.journal, dev) {
@@ -326,7 +327,7 @@ impl ServeConfig {
         if key_files.is_empty() {
             return Err(ConfigError::NoKey);
         }
-        let mut proxy = ProxyConfig {
+        let proxy = ProxyConfig {
             on_refusal: match on_refusal {
                 None | Some(cli::OnRefusalArg::Revoke) => OnRefusal::Revoke,
                 Some(cli::OnRefusalArg::Log) => OnRefusal::Log,
@@ -411,10 +412,6 @@ impl ServeConfig {
                 return Err(ConfigError::EgressIsJournal(egress.display().to_string()));
             }
         }
-        let lease_ports = args.lease_ports.map(|range| (range, args.lease_port_bind));
-        // Dev mode lowers even an operator's number to what fits: a demo should start.
-        let given = args.max_connections.is_some() && !dev;
-        proxy.max_connections = fit_descriptors(&proxy, lease_ports.as_ref(), given)?;
         let config = ServeConfig {
             listen,
             journal,
@@ -426,7 +423,7 @@ impl ServeConfig {
             proxy,
             admin,
             admin_hosts,
-            lease_ports,
+            lease_ports: args.lease_ports.map(|range| (range, args.lease_port_bind)),
             tls: args.tls_cert.zip(args.tls_key),
             admin_token,
             admin_insecure: args.admin_insecure,
@@ -437,32 +434,37 @@ impl ServeConfig {
             config,
             demo,
             create_journal: args.create_journal,
+            // Dev mode lowers even an operator's number to what fits: a demo should start.
+            connections_fixed: args.max_connections.is_some() && !dev,
         })
     }
 }
 
-/// The connection limit that fits under the descriptor limit, raised to the hard one first
-/// ([`descriptors::fit`]); without a readable limit, the one asked for.
-fn fit_descriptors(
-    proxy: &ProxyConfig,
-    lease_ports: Option<&(RangeInclusive<u16>, IpAddr)>,
-    given: bool,
-) -> Result<usize, ConfigError> {
-    let Some(limit) = descriptors::raise_limit() else {
-        return Ok(proxy.max_connections);
-    };
-    let needs = descriptors::Needs {
-        workers: worker_threads(proxy.workers) as u64,
-        lease_ports: lease_ports.map_or(0, |(range, _)| {
-            u64::from(*range.end()) - u64::from(*range.start()) + 1
-        }),
-    };
-    Ok(descriptors::fit(
-        proxy.max_connections,
-        given,
-        needs,
-        limit,
-    )?)
+impl ServeStart {
+    /// The connection limit to serve with, fitted under the descriptor limit, which is raised
+    /// to the hard one first ([`descriptors::fit`]); without a readable limit, the one asked
+    /// for. A step of the start rather than of [`ServeConfig::resolve`]: it raises the
+    /// process's limit, which `serve` does only once its listeners are bound and its journal
+    /// is there, so a start that fails before says nothing about descriptors.
+    pub fn fit_connections(&self) -> Result<usize, ConfigError> {
+        let (proxy, lease_ports) = (&self.config.proxy, &self.config.lease_ports);
+        let Some(limit) = descriptors::raise_limit() else {
+            return Ok(proxy.max_connections);
+        };
+        let needs = descriptors::Needs {
+            workers: worker_threads(proxy.workers) as u64,
+            lease_ports: lease_ports.as_ref().map_or(0, |(range, _)| {
+                u64::from(*range.end()) - u64::from(*range.start()) + 1
+            }),
+        };
+        let fixed = self.connections_fixed;
+        Ok(descriptors::fit(
+            proxy.max_connections,
+            fixed,
+            needs,
+            limit,
+        )?)
+    }
 }
 
 /// Threads client connections live on for `--worker-threads count` (0: one per core).

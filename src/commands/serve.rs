@@ -1,13 +1,13 @@
 //! `leasegate serve`: run the proxy until SIGINT or SIGTERM, then drain.
 //!
 //! Invariant: the flags become the configuration in one step ([`ServeConfig::resolve`]); the
-//! listeners are bound before a `--dev` demo lease is issued (a lease only for a proxy that
-//! can start); the listening address is the last word on stdout unless stdout carries the
-//! egress log.
+//! listeners are bound, and the journal file made, before the descriptor limit is touched and
+//! before a `--dev` demo lease is issued (a lease only for a proxy that can start); the
+//! listening address is the last word on stdout unless stdout carries the egress log.
 
 use super::{dev, shutdown_signal, CliResult};
 use crate::cli::ServeArgs;
-use crate::config::{Credentials, OnRefusal, ServeConfig, ServeStart};
+use crate::config::{Credentials, OnRefusal, ProxyConfig, ServeConfig, ServeStart};
 use crate::contract::token;
 use crate::registry::{open, JournalLocation};
 use crate::server::Server;
@@ -33,11 +33,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.dev {
         dev::prepare()?;
     }
-    let ServeStart {
-        config,
-        demo,
-        create_journal,
-    } = ServeConfig::resolve(args).await?;
+    let start = ServeConfig::resolve(args).await?;
+    let config = &start.config;
     let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
     let egress = match &config.egress {
         None => "egress log off".to_owned(),
@@ -48,10 +45,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tls = config.tls.is_some();
     let credentials = config.proxy.credentials;
     // Bind first: a demo lease is issued only for a proxy that can start.
-    let bound = Server::bind(&config).await?;
+    let bound = Server::bind(config).await?;
     if let JournalLocation::File(path) = &config.journal {
-        open::create_journal_file(path, create_journal).await?;
+        open::create_journal_file(path, start.create_journal).await?;
     }
+    let max_connections = start.fit_connections()?;
+    let ServeStart { config, demo, .. } = start;
+    let config = ServeConfig {
+        proxy: ProxyConfig {
+            max_connections,
+            ..config.proxy
+        },
+        ..config
+    };
     let demo_lease = match &demo {
         Some(demo) => Some(dev::demo_lease(demo)?),
         None => None,
