@@ -24,7 +24,7 @@ pub mod usage;
 pub mod verify;
 
 use crate::cli::LedgerArgs;
-use crate::contract::Keyring;
+use crate::contract::{Keyring, Timestamp};
 use crate::registry::{open, JournalLocation, Ledger, StoreOptions};
 use std::process::ExitCode;
 
@@ -72,6 +72,12 @@ pub fn load_ledger(args: &LedgerArgs) -> anyhow::Result<Ledger> {
     let options = StoreOptions::from(&args.store);
     let (ledger, _) = block_on(open::fold(&args.journal, options.ledger(keyring), &options))?;
     Ok(ledger)
+}
+
+/// The instant `ago` before now (`--since`).
+pub fn ago(ago: std::time::Duration) -> Timestamp {
+    let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+    Timestamp::now().saturating_add_millis(-ms)
 }
 
 /// Runs `future` on a current-thread runtime (the read-only commands).

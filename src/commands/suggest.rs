@@ -12,7 +12,6 @@
 use super::{load_ledger, require_journal, CliResult};
 use crate::cli::{LedgerArgs, SuggestArgs, SuggestFormat};
 use crate::commands::usage::Filter;
-use crate::contract::Timestamp;
 use crate::policy::pattern::HostPattern;
 use anyhow::Context;
 use serde::Serialize;
@@ -452,10 +451,7 @@ pub fn render_json(suggestions: &[Suggestion]) -> String {
 
 /// `suggest`: the allow list each lease's recorded traffic needs.
 pub fn exec(args: SuggestArgs) -> CliResult {
-    let since = args.since.map(|ago| {
-        let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
-        Timestamp::now().saturating_add_millis(-ms)
-    });
+    let since = args.since.map(super::ago);
     // The manifest agent of every lease the journal holds, signatures verified.
     let agents = match args.journal {
         Some(journal) => {

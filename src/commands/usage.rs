@@ -357,10 +357,7 @@ pub fn render_table(leases: &[LeaseUsage]) -> String {
 
 /// `usage`: one report from an egress stream or an egress log file.
 pub fn exec(args: UsageArgs) -> CliResult {
-    let since = args.since.map(|ago| {
-        let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
-        Timestamp::now().saturating_add_millis(-ms)
-    });
+    let since = args.since.map(super::ago);
     let mut tally = Tally::new(Filter {
         lease: args.lease,
         since,
