@@ -542,9 +542,7 @@ mod tests {
         let token = dir.join("admin-token");
         std::fs::write(&token, "s3cret\n").unwrap();
         let mut argv = vec![
-            "leasegate".to_owned(),
-            "serve".into(),
-            "--journal".into(),
+            "--journal".to_owned(),
             dir.join("j.jsonl").display().to_string(),
             "--key-file".into(),
             key.display().to_string(),
@@ -552,7 +550,13 @@ mod tests {
         for arg in extra {
             argv.push(arg.replace("TOKEN_FILE", &token.display().to_string()));
         }
-        let cli = cli::Cli::try_parse_from(argv).unwrap();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        Ok(serve_start(&argv)?.config)
+    }
+
+    /// `serve` flags resolved as the binary resolves them.
+    fn serve_start(argv: &[&str]) -> Result<ServeStart, ConfigError> {
+        let cli = cli::Cli::try_parse_from(["leasegate", "serve"].iter().chain(argv)).unwrap();
         let cli::Command::Serve(args) = cli.command else {
             unreachable!()
         };
@@ -560,7 +564,69 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        Ok(runtime.block_on(ServeConfig::resolve(*args))?.config)
+        runtime.block_on(ServeConfig::resolve(*args))
+    }
+
+    #[test]
+    fn dev_fills_in_only_what_the_flags_leave_out() {
+        let temp = tempfile::tempdir().unwrap();
+        let key = temp.path().join("k.key");
+        std::fs::write(&key, crate::contract::Key::generate().to_file_text()).unwrap();
+        let key = key.display().to_string();
+        let start = serve_start(&["--dev", "--key-file", &key]).unwrap();
+        let demo = start.demo.unwrap();
+        assert_eq!(demo.journal, Path::new(".leasegate/journal.jsonl"));
+        assert_eq!(demo.key_path, Path::new(".leasegate/dev.key"));
+        assert_eq!(demo.hosts, ["*"]);
+        assert_eq!(
+            start.config.journal,
+            JournalLocation::File(".leasegate/journal.jsonl".into())
+        );
+        assert_eq!(
+            start.config.egress,
+            Some(Destination::File(".leasegate/egress.jsonl".into()))
+        );
+        assert_eq!(start.config.proxy.on_refusal, OnRefusal::Log);
+        assert!(!start.connections_fixed, "--dev lowers what does not fit");
+
+        let journal = temp.path().join("j.jsonl").display().to_string();
+        let given = serve_start(&[
+            "--dev",
+            "--key-file",
+            &key,
+            "--journal",
+            &journal,
+            "--egress-log",
+            "off",
+            "--on-refusal",
+            "revoke",
+            "--allow-host",
+            "example.com",
+            "--max-connections",
+            "10",
+        ])
+        .unwrap();
+        assert_eq!(given.config.journal, JournalLocation::File(journal.into()));
+        assert_eq!(given.config.egress, None);
+        assert_eq!(given.config.proxy.on_refusal, OnRefusal::Revoke);
+        assert_eq!(given.demo.unwrap().hosts, ["example.com"]);
+        assert!(!given.connections_fixed);
+
+        let plain = serve_start(&[
+            "--key-file",
+            &key,
+            "--journal",
+            "j",
+            "--max-connections",
+            "10",
+        ]);
+        let plain = plain.unwrap();
+        assert!(plain.demo.is_none() && plain.connections_fixed);
+        assert_eq!(plain.config.proxy.on_refusal, OnRefusal::Revoke);
+        assert!(matches!(
+            serve_start(&["--dev", "--journal", "nats://127.0.0.1:4222/J"]),
+            Err(ConfigError::DevStreamJournal)
+        ));
     }
 
     #[test]
