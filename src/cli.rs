@@ -64,6 +64,34 @@ pub enum Command {
     Suggest(SuggestArgs),
     /// Move a journal between a file and a NATS JetStream stream (import, export, mirror).
     Journal(JournalArgs),
+    /// Print a shell completion script, e.g. `leasegate completions bash >
+    /// ~/.local/share/bash-completion/completions/leasegate`.
+    Completions(CompletionsArgs),
+    /// Print this command line's reference, made from its own definitions (the generator of
+    /// docs/reference/cli.md and docs/reference/leasegate.1).
+    #[command(hide = true)]
+    Reference(ReferenceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell the script is for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ReferenceArgs {
+    #[arg(value_enum)]
+    pub format: ReferenceFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReferenceFormat {
+    /// Markdown (docs/reference/cli.md).
+    Markdown,
+    /// The man page, roff (docs/reference/leasegate.1).
+    Man,
 }
 
 #[derive(Debug, Args)]

@@ -2,21 +2,23 @@
 //! keys and compiled options here (ripgrep's low-level args → high-level config).
 //!
 //! Invariant: a `ServeConfig` or `ProxyConfig` that exists is valid; nothing downstream parses
-//! a flag again.
+//! a flag again. `serve`'s flags become its configuration in one step ([`ServeConfig::resolve`]:
+//! `--dev` defaults and `--listen` resolution included); the raw flags are never rewritten.
 
 use crate::cli;
 use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
+use crate::descriptors;
 use crate::policy::{Guard, Ports};
-use crate::proxy::upstream::Resolver;
 use crate::registry::store::NatsOptions;
 use crate::registry::{JournalLocation, StoreOptions, WallClock};
+use crate::resolve::Resolver;
 use crate::telemetry::egress::Destination;
 use crate::telemetry::egress_stream::EgressStreamConfig;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `--mode`.
@@ -168,9 +170,36 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// The wall clock lifetime checks start from (tests step an adjustable one).
     pub wall: WallClock,
-    /// `--max-connections` was given: a number the descriptor limit cannot hold stops the
-    /// start rather than being lowered ([`crate::descriptors::fit`]).
-    pub max_connections_given: bool,
+}
+
+/// `serve`'s flags resolved: its configuration, and what only the start itself needs.
+#[derive(Debug, Clone)]
+pub struct ServeStart {
+    pub config: ServeConfig,
+    /// `--dev`: the demo lease to find or issue once the listeners are bound.
+    pub demo: Option<Demo>,
+    /// `--create-journal`: a missing journal file's directory is made too.
+    pub create_journal: bool,
+    /// `--max-connections` was given outside `--dev`: a number the descriptor limit cannot
+    /// hold stops the start rather than being lowered ([`ServeStart::fit_connections`]).
+    pub connections_fixed: bool,
+}
+
+/// The directory `serve --dev` keeps its files in, under the working directory.
+pub const DEV_DIR: &str = ".leasegate";
+
+/// A file of `serve --dev` (`dev.key`, `journal.jsonl`, `egress.jsonl`) under [`DEV_DIR`].
+pub fn dev_file(name: &str) -> PathBuf {
+    Path::new(DEV_DIR).join(name)
+}
+
+/// What `serve --dev` needs to find or issue its demo lease.
+#[derive(Debug, Clone)]
+pub struct Demo {
+    pub journal: PathBuf,
+    pub key_path: PathBuf,
+    /// The demo lease's allow list.
+    pub hosts: Vec<String>,
 }
 
 /// A flag that does not make a valid configuration.
@@ -194,8 +223,6 @@ pub enum ConfigError {
     AdminExposed(SocketAddr),
     #[error("the egress log {0} is the journal: give --egress-log another file")]
     EgressIsJournal(String),
-    #[error("--listen {0}: the name was not resolved")]
-    Unresolved(String),
     #[error("--listen {0}: the name does not resolve to an address")]
     ListenResolve(String),
     #[error("--max-connections-per-client must be at least 1")]
@@ -204,6 +231,12 @@ pub enum ConfigError {
     Resolve(String),
     #[error("reading {path}: {error}")]
     Read { path: String, error: std::io::Error },
+    #[error(
+        "--dev issues its demo lease into a file journal; give --journal a file, or leave it out"
+    )]
+    DevStreamJournal,
+    #[error(transparent)]
+    Descriptors(#[from] descriptors::Shortfall),
 }
 
 impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
@@ -250,15 +283,52 @@ impl From<&cli::StoreArgs> for StoreOptions {
     }
 }
 
-impl TryFrom<cli::ServeArgs> for ServeConfig {
-    type Error = ConfigError;
-
-    fn try_from(args: cli::ServeArgs) -> Result<ServeConfig, ConfigError> {
-        if args.key_files.is_empty() {
+impl ServeConfig {
+    /// `serve`'s flags → its configuration, in one step: where `--dev` is given, the journal,
+    /// key and egress log under [`DEV_DIR`] (its key must exist: `serve` writes it first) and
+    /// logging rather than revoking refusals, unless the flags say otherwise; `--listen
+    /// NAME:PORT` resolved; the keys loaded. Only the connection limit is left to the start
+    /// ([`ServeStart::fit_connections`]).
+    pub async fn resolve(args: cli::ServeArgs) -> Result<ServeStart, ConfigError> {
+        let dev = args.dev;
+        let journal = match (args.journal, dev) {
+            (Some(journal), _) => journal,
+            (None, true) => JournalLocation::File(dev_file("journal.jsonl")),
+            (None, false) => return Err(ConfigError::NoJournal),
+        };
+        let demo = match (&journal, dev) {
+            (_, false) => None,
+            (JournalLocation::File(path), true) => Some(Demo {
+                journal: path.clone(),
+                key_path: dev_file("dev.key"),
+                hosts: match args.allow_hosts.is_empty() {
+                    true => vec!["*".to_owned()],
+                    false => args.allow_hosts.clone(),
+                },
+            }),
+            (JournalLocation::Nats(_), true) => return Err(ConfigError::DevStreamJournal),
+        };
+        let key_files = match &demo {
+            Some(demo) if args.key_files.is_empty() => vec![demo.key_path.clone()],
+            _ => args.key_files,
+        };
+        let egress_log = match dev {
+            true => args
+                .egress_log
+                .or_else(|| Some(dev_file("egress.jsonl").display().to_string())),
+            false => args.egress_log,
+        };
+        // One refusal must not end the demo: a user trying things out hits refusals on purpose.
+        let on_refusal = match dev {
+            true => args.on_refusal.or(Some(cli::OnRefusalArg::Log)),
+            false => args.on_refusal,
+        };
+        let listen = resolve_listen(&args.listen).await?;
+        if key_files.is_empty() {
             return Err(ConfigError::NoKey);
         }
         let proxy = ProxyConfig {
-            on_refusal: match args.on_refusal {
+            on_refusal: match on_refusal {
                 None | Some(cli::OnRefusalArg::Revoke) => OnRefusal::Revoke,
                 Some(cli::OnRefusalArg::Log) => OnRefusal::Log,
             },
@@ -329,8 +399,7 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             max_age: args.egress_max_age,
             backlog: args.egress_stream_backlog as usize,
         });
-        let journal = args.journal.ok_or(ConfigError::NoJournal)?;
-        let egress = match args.egress_log.as_deref() {
+        let egress = match egress_log.as_deref() {
             Some("off") => None,
             Some("-") => Some(Destination::Stdout),
             Some(path) => Some(Destination::File(path.into())),
@@ -343,14 +412,11 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
                 return Err(ConfigError::EgressIsJournal(egress.display().to_string()));
             }
         }
-        Ok(ServeConfig {
-            listen: match args.listen {
-                cli::ListenAddr::Addr(addr) => addr,
-                cli::ListenAddr::Name(name) => return Err(ConfigError::Unresolved(name)),
-            },
+        let config = ServeConfig {
+            listen,
             journal,
             store,
-            keyring: Keyring::load(&args.key_files, args.allow_test_key)?
+            keyring: Keyring::load(&key_files, args.allow_test_key)?
                 .requiring_record_signatures(args.require_record_signatures),
             egress,
             egress_stream,
@@ -363,8 +429,49 @@ impl TryFrom<cli::ServeArgs> for ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
             wall: WallClock::system(),
-            max_connections_given: args.max_connections.is_some(),
+        };
+        Ok(ServeStart {
+            config,
+            demo,
+            create_journal: args.create_journal,
+            // Dev mode lowers even an operator's number to what fits: a demo should start.
+            connections_fixed: args.max_connections.is_some() && !dev,
         })
+    }
+}
+
+impl ServeStart {
+    /// The connection limit to serve with, fitted under the descriptor limit, which is raised
+    /// to the hard one first ([`descriptors::fit`]); without a readable limit, the one asked
+    /// for. A step of the start rather than of [`ServeConfig::resolve`]: it raises the
+    /// process's limit, which `serve` does only once its listeners are bound and its journal
+    /// is there, so a start that fails before says nothing about descriptors.
+    pub fn fit_connections(&self) -> Result<usize, ConfigError> {
+        let (proxy, lease_ports) = (&self.config.proxy, &self.config.lease_ports);
+        let Some(limit) = descriptors::raise_limit() else {
+            return Ok(proxy.max_connections);
+        };
+        let needs = descriptors::Needs {
+            workers: worker_threads(proxy.workers) as u64,
+            lease_ports: lease_ports.as_ref().map_or(0, |(range, _)| {
+                u64::from(*range.end()) - u64::from(*range.start()) + 1
+            }),
+        };
+        let fixed = self.connections_fixed;
+        Ok(descriptors::fit(
+            proxy.max_connections,
+            fixed,
+            needs,
+            limit,
+        )?)
+    }
+}
+
+/// Threads client connections live on for `--worker-threads count` (0: one per core).
+pub fn worker_threads(count: usize) -> usize {
+    match count {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
     }
 }
 
@@ -395,7 +502,7 @@ fn parse_admin_host(text: &str) -> Result<String, ConfigError> {
 }
 
 /// Resolves `--listen NAME:PORT` to its first address (a literal address is kept as is).
-pub async fn resolve_listen(listen: &cli::ListenAddr) -> Result<SocketAddr, ConfigError> {
+async fn resolve_listen(listen: &cli::ListenAddr) -> Result<SocketAddr, ConfigError> {
     match listen {
         cli::ListenAddr::Addr(addr) => Ok(*addr),
         cli::ListenAddr::Name(name) => tokio::net::lookup_host(name.as_str())
@@ -435,9 +542,7 @@ mod tests {
         let token = dir.join("admin-token");
         std::fs::write(&token, "s3cret\n").unwrap();
         let mut argv = vec![
-            "leasegate".to_owned(),
-            "serve".into(),
-            "--journal".into(),
+            "--journal".to_owned(),
             dir.join("j.jsonl").display().to_string(),
             "--key-file".into(),
             key.display().to_string(),
@@ -445,11 +550,83 @@ mod tests {
         for arg in extra {
             argv.push(arg.replace("TOKEN_FILE", &token.display().to_string()));
         }
-        let cli = cli::Cli::try_parse_from(argv).unwrap();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        Ok(serve_start(&argv)?.config)
+    }
+
+    /// `serve` flags resolved as the binary resolves them.
+    fn serve_start(argv: &[&str]) -> Result<ServeStart, ConfigError> {
+        let cli = cli::Cli::try_parse_from(["leasegate", "serve"].iter().chain(argv)).unwrap();
         let cli::Command::Serve(args) = cli.command else {
             unreachable!()
         };
-        ServeConfig::try_from(*args)
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(ServeConfig::resolve(*args))
+    }
+
+    #[test]
+    fn dev_fills_in_only_what_the_flags_leave_out() {
+        let temp = tempfile::tempdir().unwrap();
+        let key = temp.path().join("k.key");
+        std::fs::write(&key, crate::contract::Key::generate().to_file_text()).unwrap();
+        let key = key.display().to_string();
+        let start = serve_start(&["--dev", "--key-file", &key]).unwrap();
+        let demo = start.demo.unwrap();
+        assert_eq!(demo.journal, Path::new(".leasegate/journal.jsonl"));
+        assert_eq!(demo.key_path, Path::new(".leasegate/dev.key"));
+        assert_eq!(demo.hosts, ["*"]);
+        assert_eq!(
+            start.config.journal,
+            JournalLocation::File(".leasegate/journal.jsonl".into())
+        );
+        assert_eq!(
+            start.config.egress,
+            Some(Destination::File(".leasegate/egress.jsonl".into()))
+        );
+        assert_eq!(start.config.proxy.on_refusal, OnRefusal::Log);
+        assert!(!start.connections_fixed, "--dev lowers what does not fit");
+
+        let journal = temp.path().join("j.jsonl").display().to_string();
+        let given = serve_start(&[
+            "--dev",
+            "--key-file",
+            &key,
+            "--journal",
+            &journal,
+            "--egress-log",
+            "off",
+            "--on-refusal",
+            "revoke",
+            "--allow-host",
+            "example.com",
+            "--max-connections",
+            "10",
+        ])
+        .unwrap();
+        assert_eq!(given.config.journal, JournalLocation::File(journal.into()));
+        assert_eq!(given.config.egress, None);
+        assert_eq!(given.config.proxy.on_refusal, OnRefusal::Revoke);
+        assert_eq!(given.demo.unwrap().hosts, ["example.com"]);
+        assert!(!given.connections_fixed);
+
+        let plain = serve_start(&[
+            "--key-file",
+            &key,
+            "--journal",
+            "j",
+            "--max-connections",
+            "10",
+        ]);
+        let plain = plain.unwrap();
+        assert!(plain.demo.is_none() && plain.connections_fixed);
+        assert_eq!(plain.config.proxy.on_refusal, OnRefusal::Revoke);
+        assert!(matches!(
+            serve_start(&["--dev", "--journal", "nats://127.0.0.1:4222/J"]),
+            Err(ConfigError::DevStreamJournal)
+        ));
     }
 
     #[test]

@@ -4,24 +4,18 @@
 #![deny(unsafe_code)]
 
 pub mod admin;
-pub mod bridge;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod contract;
 pub mod descriptors;
-pub mod dev;
 pub mod durable;
-pub mod health;
-pub mod inspect;
-pub mod issue;
 pub mod log_gate;
 pub mod memory;
 pub mod policy;
 pub mod proxy;
 pub mod registry;
-pub mod run;
+pub mod resolve;
 pub mod server;
-pub mod suggest;
 pub mod table;
 pub mod telemetry;
-pub mod usage;

@@ -3,7 +3,7 @@
 //! the admin URL's), with `--proxy`'s scheme and port when given, else http or https; it has
 //! no path, query or fragment; and a minted token, when given, is its only credential.
 
-use leasegate::run::proxy_url;
+use leasegate::commands::run::proxy_url;
 
 const LEASE: &str = "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c";
 const TOKEN: &str = "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c.minted";

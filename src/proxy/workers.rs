@@ -87,10 +87,7 @@ impl Drop for Placed {
 impl Workers {
     /// How many threads [`Workers::start`] starts for `count` (0: one per core).
     pub fn resolve(count: usize) -> usize {
-        match count {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        }
+        crate::config::worker_threads(count)
     }
 
     /// `count` worker threads (0: one per core), each with a runtime of its own.

@@ -81,9 +81,9 @@ pub fn check(ledger: &Ledger, subject_lease: &str, payload: &[u8]) -> Heard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::issue::{issue, IssueRequest};
     use crate::contract::record::{self, Revocation};
     use crate::contract::{Event, Key, Keyring, Timestamp};
-    use crate::issue::{issue, IssueRequest};
     use crate::registry::journal;
     use serde_json::Map;
     use std::time::Duration;

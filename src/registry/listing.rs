@@ -267,8 +267,8 @@ pub fn counts(ledger: &Ledger, now: Timestamp) -> [(Status, u64); 7] {
 #[cfg(test)]
 mod tests {
     use super::{counts, matching, page, page_within, Cursor, CursorError, Filter, Order, Page};
+    use crate::commands::issue::{issue, revoke, IssueRequest};
     use crate::contract::{Key, Keyring, Timestamp};
-    use crate::issue::{issue, revoke, IssueRequest};
     use crate::registry::journal;
     use crate::registry::{Ledger, Status};
     use std::path::Path;

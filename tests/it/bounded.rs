@@ -3,8 +3,8 @@
 
 use crate::harness::{admin_get, port_range, Harness};
 use crate::support::{leasegate_command, serve_lease_ports};
+use leasegate::commands::issue::{self, IssueRequest};
 use leasegate::contract::Timestamp;
-use leasegate::issue::{self, IssueRequest};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::time::Duration;

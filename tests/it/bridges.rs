@@ -128,7 +128,8 @@ async fn import_twice_then_export_is_the_file_byte_for_byte() {
         Duration::from_secs(600),
     );
     h.lease(&["other.test"], &[]);
-    leasegate::issue::revoke(&h.journal, &h.key, &child, "done", Timestamp::now()).unwrap();
+    leasegate::commands::issue::revoke(&h.journal, &h.key, &child, "done", Timestamp::now())
+        .unwrap();
     let source = std::fs::read(&h.journal).unwrap();
     let imported = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
     assert_eq!(
@@ -226,7 +227,8 @@ async fn leases_verify_and_check_read_a_stream() {
     let h = Harness::new();
     let open = h.lease(&["api.example.com"], &[]);
     let revoked = h.lease(&["api.example.com"], &[]);
-    leasegate::issue::revoke(&h.journal, &h.key, &revoked, "done", Timestamp::now()).unwrap();
+    leasegate::commands::issue::revoke(&h.journal, &h.key, &revoked, "done", Timestamp::now())
+        .unwrap();
     stdout(&leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await);
     let journal = path(&h.journal);
     assert_eq!(
@@ -656,7 +658,8 @@ async fn an_oversized_line_does_not_hold_back_the_revocations_behind_it() {
         "x".repeat(100 * 1024)
     );
     h.append(&oversized).await;
-    leasegate::issue::revoke(&h.journal, &h.key, &lease, "done", Timestamp::now()).unwrap();
+    leasegate::commands::issue::revoke(&h.journal, &h.key, &lease, "done", Timestamp::now())
+        .unwrap();
 
     let imported = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
     assert_eq!(imported.status.code(), Some(1), "{imported:?}");

@@ -409,3 +409,48 @@ fn serve_dev_prints_a_working_export_line() {
     let journal = std::fs::read_to_string(dir.path().join(".leasegate/journal.jsonl")).unwrap();
     assert!(journal.contains("\"event\":\"granted\""));
 }
+
+#[test]
+fn completions_name_every_subcommand_and_an_unknown_shell_is_a_usage_error() {
+    let out = run(&["completions", "bash"]);
+    assert!(out.status.success(), "{out:?}");
+    let script = stdout(&out);
+    assert!(script.contains("complete -F _leasegate"), "{script}");
+    // The words offered after `leasegate`: its flags, then its subcommands.
+    let top = script
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("opts=\"-h -V --log-format"))
+        .expect("the top-level word list");
+    let words: Vec<&str> = top
+        .trim_start_matches("opts=\"")
+        .trim_end_matches('"')
+        .split(' ')
+        .collect();
+    for command in [
+        "keygen",
+        "issue",
+        "revoke",
+        "verify",
+        "leases",
+        "serve",
+        "check",
+        "run",
+        "token",
+        "health",
+        "usage",
+        "suggest",
+        "journal",
+        "completions",
+    ] {
+        assert!(words.contains(&command), "{command} missing from {top}");
+    }
+    assert!(script.contains("--allow-host"), "flags are completed too");
+    for shell in ["zsh", "fish"] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
+    }
+    let out = run(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'tcsh'"));
+}

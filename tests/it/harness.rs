@@ -6,9 +6,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
+use leasegate::commands::issue::{self, IssueRequest};
 use leasegate::config::ServeConfig;
 use leasegate::contract::{Key, Keyring, Timestamp};
-use leasegate::issue::{self, IssueRequest};
 use leasegate::policy::Ports;
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{BoxError, ProxyConfig};
@@ -406,7 +406,6 @@ impl Harness {
             admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
             wall: Default::default(),
-            max_connections_given: false,
         }
     }
 

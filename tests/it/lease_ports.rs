@@ -2,9 +2,9 @@
 //! journal, and after a lease closes; `--lease-port-credentials token`.
 
 use crate::harness::{curl, eventually, http_origin, port_range, Harness};
+use leasegate::commands::issue;
 use leasegate::config::LeasePortCredentials;
 use leasegate::contract::{token, Timestamp};
-use leasegate::issue;
 use leasegate::server::Server;
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -90,7 +90,7 @@ async fn colliding_leases(h: &Harness, range: &RangeInclusive<u16>) -> [String; 
         let id = issue::issue(
             &scratch_journal,
             &h.key,
-            &leasegate::issue::IssueRequest {
+            &leasegate::commands::issue::IssueRequest {
                 allow_hosts: vec!["origin.test".into()],
                 deny_hosts: vec![],
                 parent: None,

@@ -6,9 +6,9 @@
 
 use crate::harness::{http_origin, raw, status_of, Harness};
 use http::{HeaderMap, HeaderValue};
+use leasegate::commands::inspect;
 use leasegate::config::{Mode, OnRefusal, ProxyConfig};
 use leasegate::contract::Timestamp;
-use leasegate::inspect;
 use leasegate::policy::{Code, Refusal, UpstreamAddr};
 use leasegate::proxy::decision::{decide_and_guard, Ask, Asked, Decision};
 use leasegate::proxy::dialer::{Dialer, Dialing};
@@ -303,7 +303,8 @@ async fn every_refusal_code_of_the_pipeline_dials_nothing() {
     );
     let revoked = h.lease(&["*"], &[]);
     for id in [&parent, &revoked] {
-        leasegate::issue::revoke(&h.journal, &h.key, id, "test", Timestamp::now()).unwrap();
+        leasegate::commands::issue::revoke(&h.journal, &h.key, id, "test", Timestamp::now())
+            .unwrap();
     }
     let unknown = crate::support::id(7);
     let mut config = h.config(&[

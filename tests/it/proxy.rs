@@ -348,7 +348,7 @@ async fn chain_refusals_each_have_their_code() {
         hour,
     );
     let revoked = h.lease(&["*"], &[]);
-    leasegate::issue::revoke(&h.journal, &h.key, &revoked, "test", now).unwrap();
+    leasegate::commands::issue::revoke(&h.journal, &h.key, &revoked, "test", now).unwrap();
     let stopped = h.lease(&["*"], &[]);
     h.append(&crate::support::event_line(
         "stopped",
@@ -400,7 +400,7 @@ async fn retired_leases_keep_their_refusal_codes() {
     let days = |n: i64| now.saturating_add_millis(n * 86_400_000);
     let week = Duration::from_secs(7 * 86_400);
     let revoked = h.lease_with(&["*"], &[], None, days(-3), week);
-    leasegate::issue::revoke(&h.journal, &h.key, &revoked, "test", days(-2)).unwrap();
+    leasegate::commands::issue::revoke(&h.journal, &h.key, &revoked, "test", days(-2)).unwrap();
     let stopped = h.lease_with(&["*"], &[], None, days(-3), week);
     h.append(&crate::support::event_line(
         "stopped",
@@ -411,7 +411,7 @@ async fn retired_leases_keep_their_refusal_codes() {
     .await;
     let parent = h.lease_with(&["*"], &[], None, days(-3), week);
     let child = h.lease_with(&["*"], &[], Some(&parent), days(-3), week);
-    leasegate::issue::revoke(&h.journal, &h.key, &parent, "test", days(-2)).unwrap();
+    leasegate::commands::issue::revoke(&h.journal, &h.key, &parent, "test", days(-2)).unwrap();
     let expired = h.lease_with(&["*"], &[], None, days(-3), Duration::from_secs(3600));
     let open = h.lease(&["*"], &[]);
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);

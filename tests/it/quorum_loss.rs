@@ -291,7 +291,7 @@ async fn a_queued_record_the_stream_holds_is_not_appended_again() {
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let lease = h.lease(&["origin.test"], &[]);
-    leasegate::issue::revoke(
+    leasegate::commands::issue::revoke(
         &h.journal,
         &h.key,
         &lease,

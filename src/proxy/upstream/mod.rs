@@ -1,8 +1,7 @@
-//! Our side toward upstreams: resolving a target's name, and the idle connections kept for
-//! forwarded requests.
+//! Our side toward upstreams: the idle connections kept for forwarded requests, and name
+//! resolution (a layer below, in [`crate::resolve`]) re-exported for the proxy's callers.
 
 pub mod pool;
-pub mod resolve;
 
+pub use crate::resolve::{ResolveError, Resolver, SystemDns};
 pub use pool::{Pool, PoolKey};
-pub use resolve::Resolver;

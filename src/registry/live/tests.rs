@@ -1,6 +1,6 @@
 use super::*;
+use crate::commands::issue::{issue, IssueRequest};
 use crate::contract::{Event, Key};
-use crate::issue::{issue, IssueRequest};
 use crate::registry::pending::{pending_path, Pending};
 use crate::registry::store::{Batch, BoxFuture};
 use crate::registry::{ChainError, Status};

@@ -14,8 +14,12 @@
 mod admin_api;
 mod child_env;
 
+use super::CliResult;
+use crate::cli::RunArgs;
+use crate::contract::Key;
 pub use admin_api::AdminApi;
 pub use child_env::{agent_env, is_proxy_setting, proxy_url};
+use std::process::ExitCode;
 use std::process::Stdio;
 
 #[derive(Debug, thiserror::Error)]
@@ -178,4 +182,72 @@ async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
         }
         None => std::future::pending().await,
     }
+}
+
+/// `run`: exit with the child's code (128+signal if killed); 125 if it could not start.
+pub fn exec(args: RunArgs) -> CliResult {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("leasegate run: {e}");
+            return Ok(ExitCode::from(125));
+        }
+    };
+    let auth = match run_auth(&args) {
+        Ok(auth) => auth,
+        Err(e) => {
+            eprintln!("leasegate run: {e}");
+            return Ok(ExitCode::from(125));
+        }
+    };
+    match runtime.block_on(run(
+        &args.lease,
+        args.proxy.as_deref(),
+        &args.admin,
+        &auth,
+        &args.command,
+    )) {
+        Ok(code) => Ok(ExitCode::from(code)),
+        Err(e) => {
+            eprintln!("leasegate run: {e}");
+            Ok(ExitCode::from(e.exit_code()))
+        }
+    }
+}
+
+/// The key, admin token and admin CA `run` was given, loaded.
+fn run_auth(args: &RunArgs) -> Result<RunAuth, RunError> {
+    let read_error = |path: &std::path::Path, reason: String| RunError::Read {
+        path: path.display().to_string(),
+        reason,
+    };
+    let key = match &args.key_file {
+        Some(path) => Some(Key::load(path).map_err(|e| read_error(path, e.to_string()))?),
+        None => None,
+    };
+    let admin_token = match &args.admin_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| read_error(path, e.to_string()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let admin_ca = match &args.admin_ca {
+        Some(path) => Some(
+            <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| read_error(path, e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(RunAuth {
+        key,
+        admin_token,
+        admin_ca,
+    })
 }

@@ -9,12 +9,17 @@
 //! agent group holds only leases whose signed manifest names that agent (never a label a
 //! client chose); a label group names every lease that contributed to it.
 
+use super::{load_ledger, require_journal, CliResult};
+use crate::cli::{LedgerArgs, SuggestArgs, SuggestFormat};
+use crate::commands::usage::Filter;
 use crate::policy::pattern::HostPattern;
-use crate::usage::Filter;
+use anyhow::Context;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::IpAddr;
+use std::process::ExitCode;
 
 /// Codes whose line reached no upstream on the lease's behalf: the client was not identified,
 /// the target could not be read or resolved, or the upstream never answered.
@@ -442,6 +447,76 @@ pub fn render_json(suggestions: &[Suggestion]) -> String {
         }
     }
     out
+}
+
+/// `suggest`: the allow list each lease's recorded traffic needs.
+pub fn exec(args: SuggestArgs) -> CliResult {
+    let since = args.since.map(super::ago);
+    // The manifest agent of every lease the journal holds, signatures verified.
+    let agents = match args.journal {
+        Some(journal) => {
+            let ledger = LedgerArgs {
+                journal,
+                store: args.store,
+                key_files: args.key_files,
+                allow_test_key: args.allow_test_key,
+                require_record_signatures: false,
+            };
+            require_journal(&ledger.journal)?;
+            let ledger = load_ledger(&ledger)?;
+            let agents = ledger
+                .leases()
+                .map(|l| (l.id.clone(), l.agent_name.clone()));
+            Some(agents.collect())
+        }
+        None => None,
+    };
+    let grouping = match (args.agent, args.label) {
+        (Some(agent), _) => Grouping::Agent(agent),
+        (None, Some(label)) => Grouping::Label(label),
+        (None, None) => Grouping::ByLease,
+    };
+    let mut tally = Tally::new(
+        crate::commands::usage::Filter {
+            lease: args.lease,
+            since,
+        },
+        grouping,
+        agents,
+    );
+    let name = args.from.display().to_string();
+    match name.as_str() {
+        "-" => {
+            crate::commands::usage::for_each_line(std::io::stdin().lock(), |line| tally.add(line))
+                .context("reading stdin")?
+        }
+        _ => std::fs::File::open(&args.from)
+            .and_then(|file| {
+                crate::commands::usage::for_each_line(std::io::BufReader::new(file), |line| {
+                    tally.add(line)
+                })
+            })
+            .with_context(|| format!("reading {name}"))?,
+    }
+    if tally.unreadable > 0 {
+        eprintln!(
+            "leasegate suggest: {} line(s) of {name} are not egress lines; skipped",
+            tally.unreadable
+        );
+    }
+    let suggestions = tally.finish(args.collapse.map(|n| n as usize));
+    for warning in suggestions.iter().filter_map(|s| s.warning.as_deref()) {
+        eprintln!("leasegate suggest: warning: {warning}");
+    }
+    if suggestions.is_empty() {
+        eprintln!("leasegate suggest: no line of {name} reached a host; nothing to suggest");
+    }
+    let text = match args.format {
+        SuggestFormat::Flags => render_flags(&suggestions),
+        SuggestFormat::Json => render_json(&suggestions),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
-//! Name resolution: how a target's name becomes the addresses the guard checks.
+//! How names become addresses: fixed answers first (`--resolve`, the test harness), then the
+//! system's resolver, asynchronously and within a timeout. A layer below `config` and `proxy`:
+//! the configuration holds a [`Resolver`], the proxy asks it.
 //!
-//! Invariant: never blocks the runtime (no `to_socket_addrs`), and never asks a public
-//! resolver: fixed answers first, then the system's name servers (or this host's).
+//! Invariant: a lookup never blocks a runtime thread and never outlives its timeout; with the
+//! system resolver off, only fixed answers resolve.
 
 use hickory_resolver::config::{
     LookupIpStrategy, NameServerConfigGroup, ResolverConfig, ResolverOpts,

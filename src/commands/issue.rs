@@ -4,11 +4,14 @@
 //! Invariant: every lease we sign loads under our own checks (schema, L1, L2, signature)
 //! before it is appended, and a child's hosts are contained in its parent's.
 
+use super::{dev, CliResult};
+use crate::cli::{IssueArgs, IssuePrint};
 use crate::contract::canonical::canonical_bytes;
 use crate::contract::keys::sha256_hex;
 use crate::contract::lease::sign;
 use crate::contract::record;
 use crate::contract::schema::WRITTEN_VERSION;
+use crate::contract::token;
 use crate::contract::{Key, Keyring, Lease, LeaseError, RecordError, Timestamp};
 use crate::policy::pattern::MalformedPattern;
 use crate::policy::target::{parse_host, TargetHost};
@@ -16,7 +19,9 @@ use crate::policy::HostPattern;
 use crate::registry::revocation::{issuer_revocation, RevocationError};
 use crate::registry::{journal, store, ChainError, Ledger};
 use serde_json::{json, Map, Value};
+use std::io::Write as _;
 use std::path::Path;
+use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +227,36 @@ fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
             path: journal_path.display().to_string(),
             error,
         })
+}
+
+/// `issue`: sign a lease, append its `granted` record, print what `--print` asks for.
+pub fn exec(args: IssueArgs) -> CliResult {
+    let key = dev::signing_key(&args.key_file)?;
+    let issued = issue(
+        &args.journal,
+        &key,
+        &IssueRequest {
+            allow_hosts: args.allow_hosts,
+            deny_hosts: args.deny_hosts,
+            parent: args.parent,
+            ttl: args.ttl,
+            name: args.name,
+            purpose: args.purpose,
+            now: Timestamp::now(),
+        },
+    )?;
+    // `leasegate issue ... | head -1` closes the pipe after the first line: not an error.
+    let mut out = std::io::stdout().lock();
+    let token = token::mint(&key, &issued.lease_id);
+    let _ = match args.print {
+        // Line 1 the lease id, line 2 its proxy token (`--credentials token`), line 3 expiry.
+        IssuePrint::All => writeln!(out, "{}", issued.lease_id)
+            .and_then(|()| writeln!(out, "{token}"))
+            .and_then(|()| writeln!(out, "expires_at {}", issued.expires_at)),
+        IssuePrint::Id => writeln!(out, "{}", issued.lease_id),
+        IssuePrint::Token => writeln!(out, "{token}"),
+    };
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -5,24 +5,16 @@
 //! Invariant: a key file is created readable by its owner only and never overwritten; the
 //! published test key never signs anything here.
 
-use crate::cli::{OnRefusalArg, ServeArgs};
+use crate::commands::issue::{self, IssueError, IssueRequest};
+use crate::config::{dev_file, Demo, DEV_DIR};
 use crate::contract::keys::KeyError;
 use crate::contract::{Key, Keyring, Timestamp};
-use crate::issue::{self, IssueError, IssueRequest};
 use crate::registry::ledger::{Ledger, Status};
-use crate::registry::JournalLocation;
 use std::io::Write;
 use std::path::Path;
 
-/// The directory `serve --dev` keeps its files in, under the working directory.
-pub const DEV_DIR: &str = ".leasegate";
-
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
-    #[error(
-        "--dev issues its demo lease into a file journal; give --journal a file, or leave it out"
-    )]
-    StreamJournal,
     #[error("{path}: {error}")]
     Io { path: String, error: std::io::Error },
     #[error(transparent)]
@@ -63,15 +55,6 @@ pub fn signing_key(path: &Path) -> Result<Key, DevError> {
     Ok(key)
 }
 
-/// What `serve --dev` needs to find or issue its demo lease.
-#[derive(Debug, Clone)]
-pub struct Demo {
-    pub journal: std::path::PathBuf,
-    pub key_path: std::path::PathBuf,
-    /// The demo lease's allow list.
-    pub hosts: Vec<String>,
-}
-
 /// The demo lease `serve --dev` hands out, and whether an open one was reused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DemoLease {
@@ -81,41 +64,16 @@ pub struct DemoLease {
 
 const DEMO_AGENT: &str = "dev-agent";
 
-/// `serve --dev`: fills in the journal, key and egress log under [`DEV_DIR`] (made if
-/// missing) where the flags left them out, and logs refusals rather than revoking unless
-/// `--on-refusal` says otherwise. Issues nothing: see [`demo_lease`].
-pub fn prepare(args: &mut ServeArgs) -> Result<Demo, DevError> {
+/// `serve --dev`'s directory [`DEV_DIR`] and its key, made where missing; the configuration
+/// ([`crate::config::ServeConfig::resolve`]) then points at them where the flags say nothing.
+pub fn prepare() -> Result<(), DevError> {
     let dir = Path::new(DEV_DIR);
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-    let key_path = dir.join("dev.key");
+    let key_path = dev_file("dev.key");
     if !key_path.exists() {
         write_key_file(&key_path, &Key::generate())?;
     }
-    let journal = match args
-        .journal
-        .get_or_insert_with(|| JournalLocation::File(dir.join("journal.jsonl")))
-    {
-        JournalLocation::File(path) => path.clone(),
-        JournalLocation::Nats(_) => return Err(DevError::StreamJournal),
-    };
-    if args.key_files.is_empty() {
-        args.key_files.push(key_path.clone());
-    }
-    if args.egress_log.is_none() {
-        args.egress_log = Some(dir.join("egress.jsonl").display().to_string());
-    }
-    // One refusal must not end the demo: a user trying things out hits refusals on purpose.
-    args.on_refusal.get_or_insert(OnRefusalArg::Log);
-    let hosts = if args.allow_hosts.is_empty() {
-        vec!["*".to_owned()]
-    } else {
-        args.allow_hosts.clone()
-    };
-    Ok(Demo {
-        journal,
-        key_path,
-        hosts,
-    })
+    Ok(())
 }
 
 /// The open demo lease in the journal for the same hosts, signed with the dev key, if there

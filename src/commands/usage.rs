@@ -5,16 +5,22 @@
 //! holding the same lines give the same report; a line that does not read as an egress line
 //! is counted, never fatal.
 
+use super::{block_on, CliResult};
+use crate::cli::UsageArgs;
 use crate::contract::Timestamp;
 use crate::registry::store::nats::{subject_token, NatsError, NatsOptions, NatsStream};
 use crate::registry::store::NatsLocation;
+use crate::registry::{JournalLocation, StoreOptions};
 use crate::telemetry::egress::{LoggedLine, ReadLine};
 use crate::telemetry::egress_stream::{self, EGRESS_SUBJECTS};
+use anyhow::Context;
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::io::{self, BufRead};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// Hosts listed per lease.
@@ -347,6 +353,45 @@ pub fn render_table(leases: &[LeaseUsage]) -> String {
         })
         .collect();
     crate::table::render(header, &cells)
+}
+
+/// `usage`: one report from an egress stream or an egress log file.
+pub fn exec(args: UsageArgs) -> CliResult {
+    let since = args.since.map(super::ago);
+    let mut tally = Tally::new(Filter {
+        lease: args.lease,
+        since,
+    });
+    match &args.from {
+        JournalLocation::File(path) if path.as_os_str() == "-" => {
+            read_lines(std::io::stdin().lock(), &mut tally).context("reading stdin")?
+        }
+        JournalLocation::File(path) => std::fs::File::open(path)
+            .and_then(|file| read_lines(std::io::BufReader::new(file), &mut tally))
+            .with_context(|| format!("reading {}", path.display()))?,
+        JournalLocation::Nats(nats) => block_on(read_stream(
+            nats,
+            &StoreOptions::from(&args.store).nats,
+            &mut tally,
+        ))?,
+    }
+    let report = tally.finish();
+    if report.unreadable > 0 {
+        eprintln!(
+            "leasegate usage: {} line(s) of {} are not egress lines; skipped",
+            report.unreadable, args.from
+        );
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for lease in &report.leases {
+            serde_json::to_writer(&mut out, lease)?;
+            writeln!(out)?;
+        }
+    } else {
+        out.write_all(render_table(&report.leases).as_bytes())?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -4,8 +4,11 @@
 //! Invariant: exit 0 only on a `200` status line from the admin API's `/healthz` (or `/readyz`
 //! with `--ready`) within the timeout; anything else is one line on stderr and exit 1.
 
+use super::CliResult;
+use crate::cli::HealthArgs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// How long the whole probe may take.
@@ -52,6 +55,28 @@ pub fn probe(addr: SocketAddr, path: &str, token: Option<&str>) -> Result<String
         _ => {
             let body = text.split("\r\n\r\n").nth(1).unwrap_or("").trim();
             Err(format!("{addr}{path}: {status} {body}").trim().to_owned())
+        }
+    }
+}
+
+/// `health`: 0 when the admin API answers 200, else one line and 1.
+pub fn exec(args: HealthArgs) -> CliResult {
+    let path = if args.ready { "/readyz" } else { "/healthz" };
+    let token = match &args.admin_token_file {
+        Some(file) => match std::fs::read_to_string(file) {
+            Ok(token) => Some(token.trim().to_owned()),
+            Err(e) => {
+                eprintln!("leasegate health: {}: {e}", file.display());
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+        None => None,
+    };
+    match target(&args.admin).and_then(|addr| probe(addr, path, token.as_deref())) {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("leasegate health: {e}");
+            Ok(ExitCode::FAILURE)
         }
     }
 }

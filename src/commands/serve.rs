@@ -1,0 +1,98 @@
+//! `leasegate serve`: run the proxy until SIGINT or SIGTERM, then drain.
+//!
+//! Invariant: the flags become the configuration in one step ([`ServeConfig::resolve`]); the
+//! listeners are bound, and the journal file made, before the descriptor limit is touched and
+//! before a `--dev` demo lease is issued (a lease only for a proxy that can start); the
+//! listening address is the last word on stdout unless stdout carries the egress log.
+
+use super::{dev, shutdown_signal, CliResult};
+use crate::cli::ServeArgs;
+use crate::config::{Credentials, OnRefusal, ProxyConfig, ServeConfig, ServeStart};
+use crate::contract::token;
+use crate::registry::{open, JournalLocation};
+use crate::server::Server;
+use crate::telemetry::egress::Destination;
+use std::process::ExitCode;
+
+/// Threads of `serve`'s main runtime (the control plane; connections have their own).
+const CONTROL_THREADS: usize = 2;
+
+pub fn exec(args: Box<ServeArgs>) -> CliResult {
+    crate::memory::configure();
+    // Connections live on their own workers (`--worker-threads`, proxy::workers); this
+    // runtime keeps the journal, the admin API and lease ports' bookkeeping.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(CONTROL_THREADS)
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(*args))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.dev {
+        dev::prepare()?;
+    }
+    let start = ServeConfig::resolve(args).await?;
+    let config = &start.config;
+    let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
+    let egress = match &config.egress {
+        None => "egress log off".to_owned(),
+        Some(Destination::Stdout) => "egress log on stdout".to_owned(),
+        Some(Destination::File(path)) => format!("egress log {}", path.display()),
+    };
+    let egress_on_stdout = config.egress == Some(Destination::Stdout);
+    let tls = config.tls.is_some();
+    let credentials = config.proxy.credentials;
+    // Bind first: a demo lease is issued only for a proxy that can start.
+    let bound = Server::bind(config).await?;
+    if let JournalLocation::File(path) = &config.journal {
+        open::create_journal_file(path, start.create_journal).await?;
+    }
+    let max_connections = start.fit_connections()?;
+    let ServeStart { config, demo, .. } = start;
+    let config = ServeConfig {
+        proxy: ProxyConfig {
+            max_connections,
+            ..config.proxy
+        },
+        ..config
+    };
+    let demo_lease = match &demo {
+        Some(demo) => Some(dev::demo_lease(demo)?),
+        None => None,
+    };
+    let server = Server::start_bound(config, bound).await?;
+    if let (Some(demo), Some(lease)) = (&demo, demo_lease) {
+        // In token mode the demo lease's credential is its token, minted with the dev key.
+        let credential = match credentials {
+            Credentials::Token => token::mint(&dev::signing_key(&demo.key_path)?, &lease.id),
+            Credentials::Id => lease.id.clone(),
+        };
+        let scheme = if tls { "https" } else { "http" };
+        let url = format!("{scheme}://agent:{credential}@{}", server.addr);
+        let how = if lease.reused { "reused" } else { "issued" };
+        let refusals = if revoking {
+            "a refusal revokes the lease"
+        } else {
+            "refusals are logged, not revoking (--on-refusal revoke to revoke)"
+        };
+        println!(
+            "leasegate (dev) on {} with demo lease {} ({how}); {refusals}; {egress}",
+            server.addr, lease.id
+        );
+        println!(
+            "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
+             ALL_PROXY={url} all_proxy={url}"
+        );
+    } else if egress_on_stdout {
+        // stdout carries the egress log's JSON lines: keep it pure.
+        eprintln!("leasegate ({egress}) listening on {}", server.addr);
+    } else {
+        // The address stays the last word: scripts take it from there.
+        println!("leasegate ({egress}) listening on {}", server.addr);
+    }
+    shutdown_signal().await;
+    server.shutdown().await;
+    Ok(())
+}
