@@ -5,11 +5,12 @@
 
 use crate::harness::{admin_get, admin_text, eventually, http_origin, raw, readyz_turns, Harness};
 use crate::nats_support::{publish_file, NatsCluster, Role};
-use crate::scale_out::{refuse, replica};
+use crate::scale_out::{refuse, replica, replica_at};
 use crate::support::bin;
 use leasegate::contract::Keyring;
 use leasegate::registry::store::nats::{NatsOptions, NatsStore};
-use leasegate::registry::Registry;
+use leasegate::registry::{JournalLocation, Registry, StoreOptions};
+use leasegate::server::Server;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -276,5 +277,117 @@ async fn a_replica_stopped_while_a_lease_is_revoked_refuses_it_as_soon_as_it_run
         admitted.is_empty(),
         "B admitted {} of {TRIALS} leases revoked while it was stopped",
         admitted.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_once_contact_is_back()
+{
+    const TRIALS: usize = 3;
+    // B's --store-stale-after: the gap it notices, and the bound of its catch-up.
+    const STALE: Duration = Duration::from_secs(2);
+    let mut cluster = NatsCluster::start_unadvertised(3);
+    let stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let leases: Vec<String> = (0..TRIALS)
+        .map(|_| h.lease(&["origin.test"], &[]))
+        .collect();
+    publish_file(&stream, &h.journal).await;
+    let a = replica_at(
+        &h,
+        NatsCluster::location_of(Role::Replica, &cluster.nodes[0], "LG"),
+        3,
+        "a",
+    )
+    .await;
+    // B reaches the cluster through the third node only.
+    let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
+    config.journal = JournalLocation::Nats(NatsCluster::location_of(
+        Role::Replica,
+        &cluster.nodes[2],
+        "LG",
+    ));
+    config.store = StoreOptions {
+        data_dir: h.dir.path().join("b"),
+        ..StoreOptions::default()
+    };
+    config.store.nats.replicas = 3;
+    config.store.nats.stale_after = STALE;
+    let b = Server::start(config).await.unwrap();
+    let connect = |lease: &str| format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n");
+    let opened = eventually(Duration::from_secs(10), || async {
+        refusal_code(&raw(b.addr, connect(&leases[TRIALS - 1]).as_bytes()).await)
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(opened.is_some(), "B never admitted the leases");
+    let no_contact = || {
+        b.proxy
+            .registry
+            .store_health()
+            .problem
+            .is_some_and(|p| p.contains("no contact"))
+    };
+
+    for lease in &leases {
+        cluster.nodes[2].kill();
+        let lost = eventually(Duration::from_secs(20), || async {
+            no_contact().then_some(())
+        })
+        .await;
+        assert!(
+            lost.is_some(),
+            "B never noticed it had lost contact: {:?}",
+            b.proxy.registry.store_health().problem
+        );
+        // Revoked on A, through a node B cannot reach: B hears of it only through the stream
+        // (the closing broadcast is gone by the time B is connected again).
+        refuse(&a, lease).await;
+        // The record is appended after the refusal is answered (and may wait for a new
+        // stream leader): B is to find it in the stream.
+        let appended = eventually(Duration::from_secs(30), || async {
+            let lines = stream.read_all().await.ok()?;
+            lines
+                .iter()
+                .any(|(_, line)| {
+                    let record: serde_json::Value = serde_json::from_slice(line).unwrap();
+                    record["event"] == "revoked" && record["lease_id"] == lease.as_str()
+                })
+                .then_some(())
+        })
+        .await;
+        assert!(
+            appended.is_some(),
+            "A's revocation never reached the stream"
+        );
+        tokio::task::block_in_place(|| cluster.nodes[2].start());
+        // The first request B reads once the stream answers it again is decided on what the
+        // stream holds, not on the state B had before the gap.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while no_contact() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "B never regained contact"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let asked = std::time::Instant::now();
+        let answer = raw(b.addr, connect(lease).as_bytes()).await;
+        let took = asked.elapsed();
+        assert_eq!(
+            refusal_code(&answer).as_deref(),
+            Some("lease-revoked"),
+            "B admitted a lease revoked while it had no contact with the stream (after {took:?}; {:?}): {answer}",
+            b.proxy.registry.journal_problem()
+        );
+    }
+    assert!(
+        readyz_turns(&b, 200, Duration::from_secs(20))
+            .await
+            .is_some(),
+        "B never ready again"
     );
 }

@@ -37,10 +37,14 @@
 //! - Lag is the stream's, not ours: once an answer names a last sequence not handed out yet,
 //!   the store is behind from that answer until it hands that sequence out; behind longer
 //!   than [`LAG_GRACE`] is a problem.
-//! - A stream deleted and created again (another creation time, or a last sequence below what
-//!   was handed out) is a new store: its first read is a [`Batch::replaced`] generation from
-//!   its first message, nothing of the old one is handed out after it, and the store is not
-//!   settled (a problem) until it has handed out what the new stream held when it was found.
+//! - Only an answer that names the stream's leader is its current state: a cluster member
+//!   without a leader (just restarted) answers from its own copy, perhaps far behind. Such an
+//!   answer is contact, nothing more: no lag, no replacement, no head for a catch-up to reach.
+//! - A stream deleted and created again (another creation time, or a last sequence below one
+//!   delivered before the question was asked, said by two answers in a row) is a new store:
+//!   its first read is a [`Batch::replaced`] generation from its first message, nothing of the
+//!   old one is handed out after it, and the store is not settled (a problem) until it has
+//!   handed out what the new stream held when it was found.
 
 use super::location::{NatsAuth, NatsLocation};
 use super::nats_broadcast::Broadcaster;
@@ -318,9 +322,17 @@ impl NatsStream {
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
             .map_err(io::Error::other)?;
+        // A server without a cluster answers as the stream's leader; in a cluster, a member of
+        // a group without a leader (one just restarted, before it hears of the leader) answers
+        // from its own state, with no leader named.
+        let led = info
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.leader.as_deref().is_some_and(|l| !l.is_empty()));
         Ok(Incarnation {
             created: info.created.unix_timestamp_nanos(),
             head: info.state.last_sequence,
+            led,
         })
     }
 
@@ -552,6 +564,44 @@ pub struct Incarnation {
     pub created: i128,
     /// Its last sequence (0 when empty).
     pub head: u64,
+    /// The answer names the stream's leader (or comes from a server without a cluster): it is
+    /// the stream's current state. Without a leader, a member answers from its own copy, which
+    /// after a restart can be far behind (a lower last sequence, even 0).
+    pub led: bool,
+}
+
+/// What one answer says of the stream followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// The stream followed, as it stands.
+    Same,
+    /// Another stream: another creation time, or a last sequence below one delivered before
+    /// the question was asked (a stream never goes back).
+    Other,
+    /// Nothing to go by: no leader named, or the store moved on to another generation while the
+    /// question was out.
+    Unsure,
+}
+
+/// What the stream followed was when a question was asked of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Asked {
+    generation: u64,
+    /// The last sequence delivered then: the answer's stream, if it is ours, holds it.
+    delivered: u64,
+}
+
+/// Compares `answer` with the stream followed (created at `created`, in `generation` now)
+/// as it was when the question was `asked`. A delivery between the question and the answer
+/// is not a lower answer: only what was delivered before the question counts.
+fn compare(created: i128, generation: u64, asked: Asked, answer: Incarnation) -> Seen {
+    if !answer.led || asked.generation != generation {
+        Seen::Unsure
+    } else if answer.created != created || answer.head < asked.delivered {
+        Seen::Other
+    } else {
+        Seen::Same
+    }
 }
 
 fn at(sequence: u64) -> Position {
@@ -778,6 +828,9 @@ struct Contact {
     behind: Option<(Instant, u64)>,
     /// The creation time of the stream followed.
     created: i128,
+    /// An answer said another stream (its creation time, and when it arrived): a second one
+    /// asked after it must say the same before the stream is folded afresh.
+    suspect: Option<(i128, Instant)>,
 }
 
 impl NatsStore {
@@ -822,6 +875,7 @@ impl NatsStore {
                 head: initial_head,
                 behind: None,
                 created,
+                suspect: None,
             }),
             stalled: tokio::sync::Notify::new(),
             replaced: watch::channel(0).0,
@@ -858,6 +912,14 @@ impl NatsStore {
             reason: e.to_string(),
         };
         let incarnation = stream.incarnation().await.map_err(stream_error)?;
+        if !incarnation.led {
+            // Its last sequence would be a member's own, perhaps far behind: the fold would
+            // settle short of the stream.
+            return Err(NatsError::Stream {
+                location: location.to_string(),
+                reason: "the stream has no leader yet".into(),
+            });
+        }
         // A snapshot that cannot be read is not used while the journal holds everything; once
         // it is purged, nothing partial is folded.
         // Waiting mends a failed read, not a purged stream without its snapshot.
@@ -1033,9 +1095,15 @@ async fn probe(stream: NatsStream, shared: Arc<Shared>) {
     let mut behind: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
+        let (asked, asked_at) = (shared.asked(), Instant::now());
         if let Ok(incarnation) = stream.incarnation().await {
             let head = incarnation.head;
-            shared.observe(incarnation, &stream.location);
+            if shared
+                .observe(incarnation, asked, asked_at, &stream.location)
+                .is_none()
+            {
+                continue;
+            }
             let delivered = *shared.delivered.borrow();
             let now = Instant::now();
             behind = match behind {
@@ -1072,16 +1140,48 @@ impl Shared {
         }
     }
 
-    /// The stream answered with `now`: contact, lag, and a replacement (another creation
-    /// time, or a last sequence below what was delivered: a stream never goes back) starts a
-    /// new generation from the new stream's first message. Returns the generation `now` is
-    /// in.
-    fn observe(&self, now: Incarnation, location: &NatsLocation) -> u64 {
+    /// Where the stream followed stands before a question is asked of it.
+    fn asked(&self) -> Asked {
+        let received = self.received();
+        Asked {
+            generation: received.generation,
+            delivered: received.last,
+        }
+    }
+
+    /// The stream answered with `now` a question `asked` at `asked_at`: contact; then, if the
+    /// answer names a leader, lag, and a replacement ([`compare`]: another creation time, or a
+    /// last sequence below what was delivered before the question) that a second answer,
+    /// asked after the first arrived, confirms starts a new generation from the new stream's
+    /// first message. Returns the generation `now` is in, or `None` when the answer is not
+    /// the stream's current state (no leader named, a replacement not yet confirmed).
+    fn observe(
+        &self,
+        now: Incarnation,
+        asked: Asked,
+        asked_at: Instant,
+        location: &NatsLocation,
+    ) -> Option<u64> {
         // Lock order: received, then contact (as `health`).
         let mut received = self.received();
         let mut contact = self.contact();
-        contact.last = Instant::now();
-        if now.created != contact.created || now.head < received.last {
+        let answered = Instant::now();
+        contact.last = answered;
+        match compare(contact.created, received.generation, asked, now) {
+            Seen::Unsure => return None,
+            Seen::Same => contact.suspect = None,
+            Seen::Other => match contact.suspect {
+                Some((created, since)) if created == now.created && asked_at >= since => {
+                    contact.suspect = None;
+                }
+                _ => {
+                    tracing::info!(store = %location, created = now.created, holds = now.head, folded_up_to = received.last, "the journal stream answers as another stream: asking again before folding it afresh");
+                    contact.suspect = Some((now.created, answered));
+                    return None;
+                }
+            },
+        }
+        if contact.created != now.created || now.head < received.last {
             let (old_created, old_last) = (contact.created, received.last);
             *received = Received {
                 lines: Vec::new(),
@@ -1098,7 +1198,7 @@ impl Shared {
             tracing::warn!(store = %location, was_created = old_created, created = now.created, folded_up_to = old_last, holds = now.head, "the journal stream was deleted and created again: folding the new one from its start (leases only the old one granted are no longer admitted; closures already seen stay in force)");
             self.delivered.send_replace(0);
             self.replaced.send_modify(|n| *n += 1);
-            return received.generation;
+            return Some(received.generation);
         }
         contact.head = now.head;
         let handed = received.handed;
@@ -1106,7 +1206,7 @@ impl Shared {
             Some((_, target)) if handed < target => {}
             _ => contact.behind = (handed < now.head).then_some((contact.last, now.head)),
         }
-        received.generation
+        Some(received.generation)
     }
 }
 
@@ -1159,8 +1259,16 @@ impl Store for NatsStore {
 
     fn head(&self) -> BoxFuture<'_, io::Result<Position>> {
         Box::pin(async move {
+            let (asked, asked_at) = (self.shared.asked(), Instant::now());
             let now = self.stream.incarnation().await?;
-            let generation = self.shared.observe(now, &self.stream.location);
+            let generation = self
+                .shared
+                .observe(now, asked, asked_at, &self.stream.location)
+                .ok_or_else(|| {
+                    io::Error::other(
+                        "the stream's answer is not known to be current (no leader named, or it names another stream not yet confirmed)",
+                    )
+                })?;
             Ok(Position {
                 generation,
                 offset: now.head,
@@ -1259,5 +1367,125 @@ impl Store for NatsStore {
             reconnects: self.stream.reconnects(),
             replaced: received.generation - GENERATION,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CREATED: i128 = 1_700_000_000_000_000_000;
+
+    fn answer(created: i128, head: u64, led: bool) -> Incarnation {
+        Incarnation { created, head, led }
+    }
+
+    fn asked(delivered: u64) -> Asked {
+        Asked {
+            generation: GENERATION,
+            delivered,
+        }
+    }
+
+    #[test]
+    fn only_a_led_answer_below_what_was_delivered_before_it_was_asked_is_another_stream() {
+        let same = |asked_at: Asked, now| compare(CREATED, GENERATION, asked_at, now);
+        assert_eq!(same(asked(5), answer(CREATED, 5, true)), Seen::Same);
+        assert_eq!(same(asked(5), answer(CREATED, 9, true)), Seen::Same);
+        // Asked before message 5 arrived, answered after: not a stream that went back.
+        assert_eq!(same(asked(4), answer(CREATED, 4, true)), Seen::Same);
+        assert_eq!(same(asked(5), answer(CREATED, 4, true)), Seen::Other);
+        assert_eq!(same(asked(5), answer(CREATED + 1, 9, true)), Seen::Other);
+        // A member without a leader answers from its own copy: nothing to go by, whatever it
+        // says (0 messages, another creation time it was recovering).
+        assert_eq!(same(asked(5), answer(CREATED, 0, false)), Seen::Unsure);
+        assert_eq!(same(asked(5), answer(CREATED + 1, 0, false)), Seen::Unsure);
+        // Asked of the generation before: the answer may be of the stream that replaced it.
+        assert_eq!(
+            compare(CREATED, GENERATION + 1, asked(5), answer(CREATED, 0, true)),
+            Seen::Unsure
+        );
+    }
+
+    fn shared(created: i128, delivered: u64) -> Shared {
+        Shared {
+            received: Mutex::new(Received {
+                lines: Vec::new(),
+                too_long: 0,
+                last: delivered,
+                handed: delivered,
+                settle_at: delivered,
+                generation: GENERATION,
+                restarted: false,
+            }),
+            delivered: watch::channel(delivered).0,
+            contact: Mutex::new(Contact {
+                last: Instant::now(),
+                head: delivered,
+                behind: None,
+                created,
+                suspect: None,
+            }),
+            stalled: tokio::sync::Notify::new(),
+            replaced: watch::channel(0).0,
+        }
+    }
+
+    #[test]
+    fn a_replacement_is_folded_only_once_a_second_answer_asked_after_the_first_confirms_it() {
+        let location: NatsLocation = "nats://127.0.0.1:4222/LG".parse().unwrap();
+        let shared = shared(CREATED, 5);
+        let ask = || (shared.asked(), Instant::now());
+
+        // A stale or odd answer once, then the stream as it is: no new generation.
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            None
+        );
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED, 5, true), a, at, &location),
+            Some(GENERATION)
+        );
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            None
+        );
+        assert_eq!(shared.received().generation, GENERATION);
+        assert_eq!(*shared.replaced.borrow(), 0);
+
+        // Two answers asked at the same moment are not two looks.
+        let (a, at) = (shared.asked(), Instant::now() - Duration::from_secs(1));
+        assert_eq!(
+            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            None
+        );
+        assert_eq!(shared.received().generation, GENERATION);
+
+        // Without a leader: contact, nothing else.
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED + 1, 0, false), a, at, &location),
+            None
+        );
+        assert_eq!(shared.contact().suspect.map(|s| s.0), Some(CREATED));
+
+        // The same other stream twice in a row: folded afresh.
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED + 1, 2, true), a, at, &location),
+            None
+        );
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED + 1, 2, true), a, at, &location),
+            Some(GENERATION + 1)
+        );
+        let received = shared.received();
+        assert!(received.restarted);
+        assert_eq!((received.last, received.settle_at), (0, 2));
+        assert_eq!(*shared.replaced.borrow(), 1);
     }
 }
