@@ -7,9 +7,9 @@
 use crate::cli;
 use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
+use crate::nats::NatsOptions;
 use crate::policy::{Guard, Ports};
 use crate::proxy::upstream::Resolver;
-use crate::registry::store::NatsOptions;
 use crate::registry::{JournalLocation, StoreOptions, WallClock};
 use crate::telemetry::egress::Destination;
 use crate::telemetry::egress_stream::EgressStreamConfig;

@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod issue;
 pub mod log_gate;
 pub mod memory;
+pub mod nats;
 pub mod policy;
 pub mod proxy;
 pub mod registry;

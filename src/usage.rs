@@ -6,7 +6,7 @@
 //! is counted, never fatal.
 
 use crate::contract::Timestamp;
-use crate::registry::store::nats::{subject_token, NatsError, NatsOptions, NatsStream};
+use crate::nats::{subject_token, NatsError, NatsOptions, NatsStream};
 use crate::registry::store::NatsLocation;
 use crate::telemetry::egress::{LoggedLine, ReadLine};
 use crate::telemetry::egress_stream::{self, EGRESS_SUBJECTS};

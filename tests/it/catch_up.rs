@@ -3,12 +3,15 @@
 //! last sequence, and a replica that was stopped does not admit before it has read what it
 //! missed.
 
-use crate::harness::{admin_get, admin_text, eventually, http_origin, raw, readyz_turns, Harness};
+use crate::harness::{
+    admin_get, admin_text, eventually, http_origin, raw, readyz_turns, Harness, Origin,
+};
 use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::scale_out::{refuse, replica, replica_at};
 use crate::support::bin;
 use leasegate::contract::Keyring;
-use leasegate::registry::store::nats::{NatsOptions, NatsStore};
+use leasegate::nats::{NatsOptions, NatsStream};
+use leasegate::registry::store::nats::NatsStore;
 use leasegate::registry::{JournalLocation, Registry, StoreOptions};
 use leasegate::server::Server;
 use std::time::Duration;
@@ -142,7 +145,7 @@ async fn readiness_follows_the_streams_last_sequence_not_the_last_message_receiv
         &options,
         &keyring,
         1 << 20,
-        leasegate::registry::store::nats::IfMissing::Create,
+        leasegate::nats::IfMissing::Create,
     )
     .await
     .unwrap();
@@ -168,6 +171,17 @@ async fn readiness_follows_the_streams_last_sequence_not_the_last_message_receiv
     assert!(registry.snapshot().ledger.lease(&lease).is_some());
     assert_eq!(registry.journal_problem(), None);
     assert_eq!(registry.store_health().lag, Duration::ZERO);
+}
+
+/// A harness with `n` leases for `origin.test`, granted in `stream`; a loopback origin for
+/// them (kept while it is held) and its `origin.test:PORT`.
+async fn leased(stream: &NatsStream, n: usize) -> (Harness, Origin, String, Vec<String>) {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let leases: Vec<String> = (0..n).map(|_| h.lease(&["origin.test"], &[])).collect();
+    publish_file(stream, &h.journal).await;
+    (h, origin, target, leases)
 }
 
 /// `serve` on `cluster`'s stream as a child process (so it can be stopped), on loopback
@@ -233,13 +247,7 @@ async fn a_replica_stopped_while_a_lease_is_revoked_refuses_it_as_soon_as_it_run
     const TRIALS: usize = 8;
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
-    let h = Harness::new();
-    let origin = http_origin().await;
-    let target = format!("origin.test:{}", origin.addr.port());
-    let leases: Vec<String> = (0..TRIALS)
-        .map(|_| h.lease(&["origin.test"], &[]))
-        .collect();
-    publish_file(&stream, &h.journal).await;
+    let (h, _origin, target, leases) = leased(&stream, TRIALS).await;
     let a = replica(&h, &cluster, "LG", "a").await;
     let (b, b_addr) = child_replica(&h, &cluster, "b").await;
     let connect = |lease: &str| format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n");
@@ -288,13 +296,7 @@ async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_onc
     const STALE: Duration = Duration::from_secs(2);
     let mut cluster = NatsCluster::start_unadvertised(3);
     let stream = cluster.journal("LG").await;
-    let h = Harness::new();
-    let origin = http_origin().await;
-    let target = format!("origin.test:{}", origin.addr.port());
-    let leases: Vec<String> = (0..TRIALS)
-        .map(|_| h.lease(&["origin.test"], &[]))
-        .collect();
-    publish_file(&stream, &h.journal).await;
+    let (h, _origin, target, leases) = leased(&stream, TRIALS).await;
     let a = replica_at(
         &h,
         NatsCluster::location_of(Role::Replica, &cluster.nodes[0], "LG"),

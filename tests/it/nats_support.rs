@@ -4,7 +4,7 @@
 //! replicas connect as `lg-replica`, bridges as `lg-issuer`, compaction as `lg-compactor`, the
 //! read-only commands as `lg-reader`, and the tests' own set-up (and attacks) as `lg-operator`.
 
-use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
+use leasegate::nats::{NatsOptions, NatsStream, StreamSpec};
 use leasegate::registry::store::NatsLocation;
 use std::net::TcpListener;
 use std::path::PathBuf;

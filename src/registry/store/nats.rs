@@ -46,30 +46,27 @@
 //!   old one is handed out after it, and the store is not settled (a problem) until it has
 //!   handed out what the new stream held when it was found.
 
-use super::location::{NatsAuth, NatsLocation};
+use super::location::NatsLocation;
 use super::nats_broadcast::Broadcaster;
 use super::whole::{self, Prefer};
 use super::{Batch, BoxFuture, Broadcast, Position, Store, StoreHealth};
 use crate::contract::keys::sha256_hex;
 use crate::contract::Keyring;
 use crate::log_gate::{Flood, Say};
+use crate::nats::connect::patiently;
+use crate::nats::stream::Published;
+use crate::nats::{
+    subject_token, IfMissing, Incarnation, NatsError, NatsOptions, NatsStream, StreamSpec,
+    REQUEST_TIMEOUT,
+};
 use crate::registry::closing::ClosingCheck;
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{consumer, stream};
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::io;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// Journal subjects: `leasegate.journal.<lease_id>`.
-pub const JOURNAL_SUBJECTS: &str = "leasegate.journal";
-
-/// How long JetStream remembers a `Nats-Msg-Id` (the bridges' retries within it are dropped
-/// as duplicates).
-pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(15 * 60);
 
 /// How often the stream's state is asked for (contact and lag).
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
@@ -77,9 +74,6 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// How long the stream may hold a message that a probe saw and we have not handed out before
 /// the store reports itself behind (a probe's answer can come before the message does).
 pub const LAG_GRACE: Duration = Duration::from_millis(250);
-
-/// How long one NATS request may take before it counts as failed.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Behind the stream's last sequence with nothing delivered this long: the consumer is
 /// replaced.
@@ -94,481 +88,6 @@ const APPEND_ATTEMPTS: usize = 8;
 /// A stream opened here starts at generation 1 (0 is "nothing read"); each replacement of
 /// the stream found while following it is the next one.
 const GENERATION: u64 = 1;
-
-/// Connection settings shared by every NATS user (`--nats-*`).
-#[derive(Debug, Clone)]
-pub struct NatsOptions {
-    /// `--nats-creds`: a credentials file (JWT and NKey seed).
-    pub creds: Option<PathBuf>,
-    /// `--nats-tls-ca`: trust these roots for the servers' certificates (TLS required).
-    pub tls_ca: Option<PathBuf>,
-    /// `--nats-replicas`: replicas of a stream we create.
-    pub replicas: usize,
-    /// `--store-stale-after`: without contact this long, the store reports a problem.
-    pub stale_after: Duration,
-    /// `--store-start-timeout`: how long a replica keeps trying to open its journal stream at
-    /// start.
-    pub start_timeout: Duration,
-}
-
-impl Default for NatsOptions {
-    fn default() -> Self {
-        NatsOptions {
-            creds: None,
-            tls_ca: None,
-            replicas: 1,
-            stale_after: Duration::from_secs(5),
-            start_timeout: START_TIMEOUT,
-        }
-    }
-}
-
-/// What a stream we create holds.
-#[derive(Debug, Clone)]
-pub struct StreamSpec {
-    /// Subject prefix: the stream holds `<prefix>.>`.
-    pub prefix: &'static str,
-    /// Messages older than this are dropped (`None`: kept forever).
-    pub max_age: Option<Duration>,
-}
-
-impl StreamSpec {
-    /// The journal: kept forever.
-    pub const JOURNAL: StreamSpec = StreamSpec {
-        prefix: JOURNAL_SUBJECTS,
-        max_age: None,
-    };
-}
-
-/// Why a stream could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum NatsError {
-    #[error("reading {path}: {error}")]
-    Creds { path: String, error: io::Error },
-    #[error("cannot reach NATS at {location}: {reason}")]
-    Connect { location: String, reason: String },
-    #[error("{location}: {reason}")]
-    Stream { location: String, reason: String },
-    /// The stream exists but is not one leasegate may use (other subjects; purged with no
-    /// snapshot covering what is gone).
-    #[error("{location}: {reason}")]
-    Foreign { location: String, reason: String },
-    /// The stream does not exist, and a command that only reads does not create it.
-    #[error("{location}: the stream {stream} does not exist (a command that only reads does not create it)")]
-    Missing { location: String, stream: String },
-    /// The stream could not be opened within `--store-start-timeout`.
-    #[error("{location}: not open after {waited:.1?} of retries (--store-start-timeout); the last error: {last}")]
-    GaveUp {
-        location: String,
-        waited: Duration,
-        last: Box<NatsError>,
-    },
-}
-
-/// Whether opening a stream that does not exist creates it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IfMissing {
-    /// `serve`, `issue`, `journal import` and `mirror`: the stream is made, per its spec.
-    Create,
-    /// The commands that only read: [`NatsError::Missing`].
-    Refuse,
-}
-
-/// A connection to one stream.
-#[derive(Clone)]
-pub struct NatsStream {
-    pub location: NatsLocation,
-    pub client: async_nats::Client,
-    pub jetstream: jetstream::Context,
-    pub stream: stream::Stream,
-    prefix: &'static str,
-    /// Reconnections since connect (`leasegate_store_reconnects_total`).
-    reconnects: Arc<AtomicU64>,
-}
-
-impl std::fmt::Debug for NatsStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsStream")
-            .field("location", &self.location.to_string())
-            .finish()
-    }
-}
-
-/// The subject token for a lease id: the id when it is a safe token (every valid lease id, a
-/// UUID, is), `_` otherwise.
-pub fn subject_token(lease_id: Option<&str>) -> &str {
-    match lease_id {
-        Some(id)
-            if !id.is_empty()
-                && id.len() <= 64
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
-        {
-            id
-        }
-        _ => "_",
-    }
-}
-
-impl NatsStream {
-    /// Connects to `location` and opens its stream, creating it (per `spec`, with
-    /// `options.replicas`) when it is missing. An existing stream must hold exactly
-    /// `<prefix>.>`.
-    pub async fn connect(
-        location: &NatsLocation,
-        options: &NatsOptions,
-        spec: &StreamSpec,
-    ) -> Result<NatsStream, NatsError> {
-        NatsStream::open(location, options, spec, IfMissing::Create).await
-    }
-
-    /// [`NatsStream::connect`] for a command that only reads: a missing stream is
-    /// [`NatsError::Missing`], and stays missing.
-    pub async fn connect_existing(
-        location: &NatsLocation,
-        options: &NatsOptions,
-        spec: &StreamSpec,
-    ) -> Result<NatsStream, NatsError> {
-        NatsStream::open(location, options, spec, IfMissing::Refuse).await
-    }
-
-    /// Connects to `location` and opens its stream; what a missing one does is `missing`'s.
-    pub async fn open(
-        location: &NatsLocation,
-        options: &NatsOptions,
-        spec: &StreamSpec,
-        missing: IfMissing,
-    ) -> Result<NatsStream, NatsError> {
-        let reconnects = Arc::new(AtomicU64::new(0));
-        let client = connect_client(location, options, reconnects.clone()).await?;
-        let jetstream = jetstream::new(client.clone());
-        let stream_error = |reason: String| NatsError::Stream {
-            location: location.to_string(),
-            reason,
-        };
-        let subjects = format!("{}.>", spec.prefix);
-        let config = stream::Config {
-            name: location.stream.clone(),
-            subjects: vec![subjects.clone()],
-            storage: stream::StorageType::File,
-            num_replicas: options.replicas,
-            duplicate_window: DUPLICATE_WINDOW,
-            max_age: spec.max_age.unwrap_or_default(),
-            ..Default::default()
-        };
-        let patience = options.stale_after.max(REQUEST_TIMEOUT);
-        let no_answer = |_| stream_error("JetStream did not answer (is it enabled?)".into());
-        let mut stream = match missing {
-            IfMissing::Create => {
-                tokio::time::timeout(patience, jetstream.get_or_create_stream(config))
-                    .await
-                    .map_err(no_answer)?
-                    .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?
-            }
-            IfMissing::Refuse => tokio::time::timeout(patience, jetstream.get_stream(&config.name))
-                .await
-                .map_err(no_answer)?
-                .map_err(|e| match e.kind() {
-                    jetstream::context::GetStreamErrorKind::JetStream(e)
-                        if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
-                    {
-                        NatsError::Missing {
-                            location: location.to_string(),
-                            stream: location.stream.clone(),
-                        }
-                    }
-                    _ => stream_error(format!("cannot open the stream: {e}")),
-                })?,
-        };
-        let held = stream
-            .info()
-            .await
-            .map_err(|e| stream_error(e.to_string()))?
-            .config
-            .subjects
-            .clone();
-        if held != [subjects.clone()] {
-            return Err(NatsError::Foreign {
-                location: location.to_string(),
-                reason: format!(
-                "the stream holds subjects {held:?}; leasegate needs a stream of its own holding exactly [{subjects:?}]"
-            ),
-            });
-        }
-        Ok(NatsStream {
-            location: location.clone(),
-            client,
-            jetstream,
-            stream,
-            prefix: spec.prefix,
-            reconnects,
-        })
-    }
-
-    /// The subject for a record of `lease_id`.
-    pub fn subject(&self, lease_id: Option<&str>) -> String {
-        format!("{}.{}", self.prefix, subject_token(lease_id))
-    }
-
-    /// The stream's last sequence now (0 when empty).
-    pub async fn last_sequence(&self) -> io::Result<u64> {
-        Ok(self.incarnation().await?.head)
-    }
-
-    /// Which stream answers under our stream's name now, and its last sequence.
-    pub async fn incarnation(&self) -> io::Result<Incarnation> {
-        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
-            .map_err(io::Error::other)?;
-        // A server without a cluster answers as the stream's leader; in a cluster, a member of
-        // a group without a leader (one just restarted, before it hears of the leader) answers
-        // from its own state, with no leader named.
-        let led = info
-            .cluster
-            .as_ref()
-            .is_none_or(|c| c.leader.as_deref().is_some_and(|l| !l.is_empty()));
-        Ok(Incarnation {
-            created: info.created.unix_timestamp_nanos(),
-            head: info.state.last_sequence,
-            led,
-        })
-    }
-
-    /// Publishes `line` to `subject` and waits for the stream's ack; `id` (when given) is the
-    /// `Nats-Msg-Id`, so a retry within [`DUPLICATE_WINDOW`] is not stored twice. Returns the
-    /// message's sequence (the first one's, for a duplicate).
-    pub async fn publish(&self, subject: String, line: &[u8], id: Option<&str>) -> io::Result<u64> {
-        let mut message = jetstream::message::PublishMessage::build()
-            .payload(bytes::Bytes::copy_from_slice(line));
-        if let Some(id) = id {
-            message = message.message_id(id);
-        }
-        let ack = self
-            .jetstream
-            .send_publish(subject, message)
-            .await
-            .map_err(io::Error::other)?;
-        let ack = tokio::time::timeout(REQUEST_TIMEOUT, ack)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no ack from JetStream"))?
-            .map_err(io::Error::other)?;
-        Ok(ack.sequence)
-    }
-
-    /// Appends `record`: a closing record as the module invariants say (it counts as done only
-    /// once the stream holds a line that [`ClosingCheck::accepts`]), anything else published as
-    /// it is. Returns the position of the message that holds it (or that already closed the
-    /// lease).
-    async fn append_record(&self, record: Value, keyring: &Keyring) -> io::Result<Position> {
-        let line = serde_json::to_vec(&record)?;
-        let lease_id = record.get("lease_id").and_then(Value::as_str);
-        let subject = self.subject(lease_id);
-        let Some(check) = ClosingCheck::of(&record, &line, Some(keyring)) else {
-            return Ok(at(self.publish(subject, &line, None).await?));
-        };
-        let token = subject_token(lease_id);
-        // One closing record per lease from every replica: JetStream stages the id when the
-        // publish is proposed, so concurrent duplicates are caught even in a cluster (where the
-        // subject-sequence check alone misses in-flight proposals).
-        let shared_id = format!("leasegate-close-{token}");
-        for _ in 0..APPEND_ATTEMPTS {
-            let last = match self.stream.get_last_raw_message_by_subject(&subject).await {
-                Ok(message) => Some(message),
-                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
-                Err(e) => return Err(io::Error::other(e)),
-            };
-            if let Some(last) = &last {
-                if check.accepts(token, &last.payload) {
-                    return Ok(at(last.sequence));
-                }
-            }
-            let expected = last.map_or(0, |m| m.sequence);
-            match self
-                .publish_once(&subject, &line, &shared_id, Some(expected))
-                .await?
-            {
-                Published::Stored(sequence) => return Ok(at(sequence)),
-                Published::Duplicate(sequence) => {
-                    if self.holds(&subject, &check, sequence).await? {
-                        return Ok(at(sequence));
-                    }
-                    tracing::warn!(lease = check.lease_id(), sequence, store = %self.location, "the stream answers a closing record as a duplicate of a message that does not close the lease (planted under {shared_id}): publishing it under its own id");
-                    break;
-                }
-                Published::Moved => continue,
-            }
-        }
-        // The shared id is taken by something else, or the subject kept moving: an id of our
-        // record's own bytes, which nobody can take before they exist, and no expectation.
-        let own_id = format!("{shared_id}-{}", &sha256_hex(&line)[..32]);
-        match self.publish_once(&subject, &line, &own_id, None).await? {
-            Published::Stored(sequence) => Ok(at(sequence)),
-            Published::Duplicate(sequence) if self.holds(&subject, &check, sequence).await? => {
-                Ok(at(sequence))
-            }
-            _ => Err(io::Error::other(format!(
-                "{subject}: the stream does not hold the closing record and refuses it under {own_id}"
-            ))),
-        }
-    }
-
-    /// Publishes `line` once under `id` (and `expected`, the subject's last sequence, when
-    /// given) and says what the stream did with it.
-    async fn publish_once(
-        &self,
-        subject: &str,
-        line: &[u8],
-        id: &str,
-        expected: Option<u64>,
-    ) -> io::Result<Published> {
-        let mut message = jetstream::message::PublishMessage::build()
-            .payload(bytes::Bytes::copy_from_slice(line))
-            .message_id(id);
-        if let Some(expected) = expected {
-            message = message.expected_last_subject_sequence(expected);
-        }
-        let ack = self
-            .jetstream
-            .send_publish(subject.to_owned(), message)
-            .await
-            .map_err(io::Error::other)?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, ack).await {
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no ack from JetStream",
-            )),
-            Ok(Ok(ack)) if ack.duplicate => Ok(Published::Duplicate(ack.sequence)),
-            Ok(Ok(ack)) => Ok(Published::Stored(ack.sequence)),
-            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
-                Ok(Published::Moved)
-            }
-            Ok(Err(e)) => Err(io::Error::other(e)),
-        }
-    }
-
-    /// Whether the message at `sequence` is on `subject` and stands for the record `check`
-    /// appends.
-    async fn holds(&self, subject: &str, check: &ClosingCheck, sequence: u64) -> io::Result<bool> {
-        let message = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_raw_message(sequence))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "message get timed out"))?
-            .map_err(io::Error::other)?;
-        Ok(message.subject.as_str() == subject
-            && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
-    }
-
-    /// The sequences the stream holds now: a purge moves `first` past every message it
-    /// removed (`first > last`: the stream holds none).
-    pub async fn span(&self) -> io::Result<Span> {
-        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
-            .map_err(io::Error::other)?;
-        let state = &info.state;
-        Ok(Span {
-            first: match state.messages {
-                0 => state.last_sequence + 1,
-                _ => state.first_sequence,
-            },
-            last: state.last_sequence,
-        })
-    }
-
-    /// Every message of the stream from sequence `start`, up to its last sequence at the call.
-    pub async fn read_all_from(&self, start: u64) -> io::Result<Vec<(u64, bytes::Bytes)>> {
-        let mut out = Vec::new();
-        self.read_each_from(start, |sequence, payload| {
-            out.push((sequence, payload));
-            Ok::<_, io::Error>(())
-        })
-        .await?;
-        Ok(out)
-    }
-
-    /// Every message the stream holds, up to its last sequence at the call. After a purge that
-    /// is not the whole journal: readers start with [`super::whole::start`].
-    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
-        self.read_all_from(1).await
-    }
-
-    /// Hands every message of the stream from sequence `start` up to its last sequence at the
-    /// call to `each` in order; stops at `each`'s first error. Returns how many were handed out.
-    pub async fn read_each_from<E: From<io::Error>>(
-        &self,
-        start: u64,
-        mut each: impl FnMut(u64, bytes::Bytes) -> Result<(), E>,
-    ) -> Result<usize, E> {
-        let span = self.span().await?;
-        let head = span.last;
-        if span.first > head || start > head {
-            return Ok(0);
-        }
-        let mut messages = self.ordered_from(start).await?;
-        let mut handed = 0;
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => {
-                    tracing::debug!(error = %e, "ordered consumer");
-                    continue;
-                }
-            };
-            let sequence = message.info().map_err(io::Error::other)?.stream_sequence;
-            each(sequence, message.payload.clone())?;
-            handed += 1;
-            if sequence >= head {
-                break;
-            }
-        }
-        Ok(handed)
-    }
-
-    /// An ordered push consumer delivering every message from `start`.
-    pub async fn ordered_from(&self, start: u64) -> io::Result<consumer::push::Ordered> {
-        let deliver_policy = match start {
-            0 | 1 => consumer::DeliverPolicy::All,
-            start => consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start,
-            },
-        };
-        let consumer = self
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: self.client.new_inbox(),
-                filter_subject: format!("{}.>", self.prefix),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(io::Error::other)?;
-        consumer.messages().await.map_err(io::Error::other)
-    }
-
-    /// The largest message (headers and payload) the server we are connected to takes.
-    pub fn max_payload(&self) -> usize {
-        self.client.server_info().max_payload
-    }
-
-    /// Reconnections since connect.
-    pub fn reconnects(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
-    }
-}
-
-/// One stream under a name, as a stream info answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Incarnation {
-    /// Its creation time (Unix nanoseconds): another one is another stream.
-    pub created: i128,
-    /// Its last sequence (0 when empty).
-    pub head: u64,
-    /// The answer names the stream's leader (or comes from a server without a cluster): it is
-    /// the stream's current state. Without a leader, a member answers from its own copy, which
-    /// after a restart can be far behind (a lower last sequence, even 0).
-    pub led: bool,
-}
 
 /// What one answer says of the stream followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -611,151 +130,85 @@ fn at(sequence: u64) -> Position {
     }
 }
 
-/// The sequences a stream holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    /// The first sequence held (past the last when none is).
-    pub first: u64,
-    /// The last sequence stored (kept through a purge).
-    pub last: u64,
-}
-
-impl Span {
-    /// Whether messages were removed from the stream's start: what it holds is not the whole
-    /// journal.
-    pub fn is_purged(&self) -> bool {
-        self.first > 1
-    }
-}
-
-/// What the stream did with one publish.
-enum Published {
-    /// Stored at this sequence.
-    Stored(u64),
-    /// Answered as a duplicate of the message at this sequence (its id was seen before).
-    Duplicate(u64),
-    /// The subject's last sequence was not the one expected.
-    Moved,
-}
-
-async fn connect_client(
-    location: &NatsLocation,
-    options: &NatsOptions,
-    reconnects: Arc<AtomicU64>,
-) -> Result<async_nats::Client, NatsError> {
-    let mut connect = async_nats::ConnectOptions::new();
-    if let Some(path) = &options.creds {
-        connect = connect
-            .credentials_file(path)
+/// Appends `record`: a closing record as the module invariants say (it counts as done only
+/// once the stream holds a line that [`ClosingCheck::accepts`]), anything else published as
+/// it is. Returns the position of the message that holds it (or that already closed the
+/// lease).
+async fn append_record(
+    stream: &NatsStream,
+    record: Value,
+    keyring: &Keyring,
+) -> io::Result<Position> {
+    let line = serde_json::to_vec(&record)?;
+    let lease_id = record.get("lease_id").and_then(Value::as_str);
+    let subject = stream.subject(lease_id);
+    let Some(check) = ClosingCheck::of(&record, &line, Some(keyring)) else {
+        return Ok(at(stream.publish(subject, &line, None).await?));
+    };
+    let token = subject_token(lease_id);
+    // One closing record per lease from every replica: JetStream stages the id when the
+    // publish is proposed, so concurrent duplicates are caught even in a cluster (where the
+    // subject-sequence check alone misses in-flight proposals).
+    let shared_id = format!("leasegate-close-{token}");
+    for _ in 0..APPEND_ATTEMPTS {
+        let last = match stream
+            .stream
+            .get_last_raw_message_by_subject(&subject)
             .await
-            .map_err(|error| NatsError::Creds {
-                path: path.display().to_string(),
-                error,
-            })?;
-    }
-    match &location.auth {
-        Some(NatsAuth::UserPassword { user, password }) => {
-            connect = connect.user_and_password(user.clone(), password.clone());
-        }
-        Some(NatsAuth::Token(token)) => connect = connect.token(token.clone()),
-        None => {}
-    }
-    if let Some(ca) = &options.tls_ca {
-        connect = connect.add_root_certificates(ca.clone()).require_tls(true);
-    }
-    if location.tls {
-        connect = connect.require_tls(true);
-    }
-    let was_disconnected = Arc::new(AtomicBool::new(false));
-    let described = location.to_string();
-    connect = connect
-        .connection_timeout(REQUEST_TIMEOUT)
-        .request_timeout(Some(REQUEST_TIMEOUT))
-        .name("leasegate")
-        .event_callback(move |event| {
-            let (reconnects, was_disconnected) = (reconnects.clone(), was_disconnected.clone());
-            let described = described.clone();
-            async move {
-                match event {
-                    async_nats::Event::Disconnected => {
-                        was_disconnected.store(true, Ordering::Relaxed);
-                        tracing::warn!(store = %described, "disconnected from NATS; reconnecting");
-                    }
-                    async_nats::Event::Connected => {
-                        if was_disconnected.swap(false, Ordering::Relaxed) {
-                            reconnects.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(store = %described, "reconnected to NATS");
-                        }
-                    }
-                    other => tracing::debug!(store = %described, event = %other, "NATS"),
-                }
+        {
+            Ok(message) => Some(message),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
+            Err(e) => return Err(io::Error::other(e)),
+        };
+        if let Some(last) = &last {
+            if check.accepts(token, &last.payload) {
+                return Ok(at(last.sequence));
             }
-        });
-    let servers: Vec<async_nats::ServerAddr> = location
-        .servers
-        .iter()
-        .map(|s| {
-            let scheme = if location.tls { "tls" } else { "nats" };
-            format!("{scheme}://{s}")
-                .parse()
-                .map_err(|e: io::Error| NatsError::Connect {
-                    location: location.to_string(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect::<Result<_, _>>()?;
-    connect
-        .connect(servers)
-        .await
-        .map_err(|e| NatsError::Connect {
-            location: location.to_string(),
-            reason: e.to_string(),
-        })
+        }
+        let expected = last.map_or(0, |m| m.sequence);
+        match stream
+            .publish_once(&subject, &line, &shared_id, Some(expected))
+            .await?
+        {
+            Published::Stored(sequence) => return Ok(at(sequence)),
+            Published::Duplicate(sequence) => {
+                if holds(stream, &subject, &check, sequence).await? {
+                    return Ok(at(sequence));
+                }
+                tracing::warn!(lease = check.lease_id(), sequence, store = %stream.location, "the stream answers a closing record as a duplicate of a message that does not close the lease (planted under {shared_id}): publishing it under its own id");
+                break;
+            }
+            Published::Moved => continue,
+        }
+    }
+    // The shared id is taken by something else, or the subject kept moving: an id of our
+    // record's own bytes, which nobody can take before they exist, and no expectation.
+    let own_id = format!("{shared_id}-{}", &sha256_hex(&line)[..32]);
+    match stream.publish_once(&subject, &line, &own_id, None).await? {
+        Published::Stored(sequence) => Ok(at(sequence)),
+        Published::Duplicate(sequence) if holds(stream, &subject, &check, sequence).await? => {
+            Ok(at(sequence))
+        }
+        _ => Err(io::Error::other(format!(
+            "{subject}: the stream does not hold the closing record and refuses it under {own_id}"
+        ))),
+    }
 }
 
-/// How long a replica keeps trying to open its journal stream at start, by default (a cluster
-/// that is itself starting, or that has lost its quorum, elects its leaders first).
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Runs `attempt` until it succeeds, with backoff, for `options.start_timeout` whatever the
-/// error, except those that waiting cannot mend (credentials that cannot be read, a stream
-/// leasegate may not use or is not to create): those are returned at once. Past the timeout
-/// the error names the last attempt's.
-async fn patiently<T, F, Fut>(
-    location: &NatsLocation,
-    options: &NatsOptions,
-    mut attempt: F,
-) -> Result<T, NatsError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, NatsError>>,
-{
-    let started = Instant::now();
-    let deadline = started + options.start_timeout;
-    let mut backoff = Duration::from_millis(250);
-    loop {
-        let error = match attempt().await {
-            Ok(done) => return Ok(done),
-            Err(
-                error @ (NatsError::Creds { .. }
-                | NatsError::Foreign { .. }
-                | NatsError::Missing { .. }),
-            ) => return Err(error),
-            Err(error) => error,
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(NatsError::GaveUp {
-                location: location.to_string(),
-                waited: started.elapsed(),
-                last: Box::new(error),
-            });
-        }
-        let wait = backoff.min(left);
-        tracing::warn!(%error, retry_in = ?wait, "the journal stream cannot be opened yet");
-        tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(Duration::from_secs(4));
-    }
+/// Whether the message at `sequence` is on `subject` and stands for the record `check`
+/// appends.
+async fn holds(
+    stream: &NatsStream,
+    subject: &str,
+    check: &ClosingCheck,
+    sequence: u64,
+) -> io::Result<bool> {
+    let message = tokio::time::timeout(REQUEST_TIMEOUT, stream.stream.get_raw_message(sequence))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "message get timed out"))?
+        .map_err(io::Error::other)?;
+    Ok(message.subject.as_str() == subject
+        && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
 }
 
 /// What opening the journal stream yields: the stream, its last sequence then, the sequence
@@ -1247,7 +700,7 @@ impl Store for NatsStore {
         // Spawned, so that the append goes through even if the caller stops waiting.
         let (stream, record) = (self.stream.clone(), record.clone());
         let keyring = self.keyring.clone();
-        let task = tokio::spawn(async move { stream.append_record(record, &keyring).await });
+        let task = tokio::spawn(async move { append_record(&stream, record, &keyring).await });
         Box::pin(async move {
             let at = task.await.map_err(io::Error::other)??;
             Ok(Position {
