@@ -3,10 +3,10 @@
 //! patience of a start (`--store-start-timeout`).
 //!
 //! Invariants:
-//! - Every connection is made here ([`connect`]), with the same request timeout
+//! - Every connection is made here (`connect`), with the same request timeout
 //!   ([`REQUEST_TIMEOUT`]) and name; credentials from the URL are handed to the client, never
 //!   logged; each reconnection after a disconnect is counted once.
-//! - A start is retried for `--store-start-timeout` whatever the error ([`patiently`]), except
+//! - A start is retried for `--store-start-timeout` whatever the error (`patiently`), except
 //!   those waiting cannot mend; giving up names the last error.
 
 use crate::registry::store::location::{NatsAuth, NatsLocation};

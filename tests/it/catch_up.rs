@@ -293,7 +293,7 @@ async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_onc
 {
     const TRIALS: usize = 3;
     // B's --store-stale-after: the gap it notices, and the bound of its catch-up.
-    const STALE: Duration = Duration::from_secs(2);
+    const STALE: Duration = Duration::from_secs(4);
     let mut cluster = NatsCluster::start_unadvertised(3);
     let stream = cluster.journal("LG").await;
     let (h, _origin, target, leases) = leased(&stream, TRIALS).await;
