@@ -199,7 +199,7 @@ impl NatsStream {
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
             .map_err(io::Error::other)?;
         // A server without a cluster answers as the stream's leader; in a cluster, a member of
-        // a group without a leader (one just restarted, before it hears of the leader) answers
+        // a group without a leader (lost quorum, cut off from the others) answers
         // from its own state, with no leader named.
         let led = info
             .cluster
@@ -374,7 +374,7 @@ pub struct Incarnation {
     pub head: u64,
     /// The answer names the stream's leader (or comes from a server without a cluster): it is
     /// the stream's current state. Without a leader, a member answers from its own copy, which
-    /// after a restart can be far behind (a lower last sequence, even 0).
+    /// can be behind (a lower last sequence, even 0).
     pub led: bool,
 }
 

@@ -38,7 +38,7 @@
 //!   the store is behind from that answer until it hands that sequence out; behind longer
 //!   than [`LAG_GRACE`] is a problem.
 //! - Only an answer that names the stream's leader is its current state: a cluster member
-//!   without a leader (just restarted) answers from its own copy, perhaps far behind. Such an
+//!   without a leader (lost quorum, cut off) answers from its own copy, perhaps behind. Such an
 //!   answer is contact, nothing more: no lag, no replacement, no head for a catch-up to reach.
 //! - A stream deleted and created again (another creation time, or a last sequence below one
 //!   delivered before the question was asked, said by two answers in a row) is a new store:
