@@ -17,8 +17,8 @@ mod nats_support;
 
 use common::{keyring, lease_id, percentiles, setting, signed_lease};
 use leasegate::contract::{Key, Timestamp};
+use leasegate::nats::NatsStream;
 use leasegate::registry::open::open_registry;
-use leasegate::registry::store::nats::NatsStream;
 use leasegate::registry::{JournalLocation, Registry, StoreOptions};
 use nats_support::{NatsCluster, Role};
 use serde_json::json;
@@ -160,7 +160,7 @@ fn main() {
         let operator = NatsStream::connect(
             &operator,
             &Default::default(),
-            &leasegate::registry::store::nats::StreamSpec::JOURNAL,
+            &leasegate::nats::StreamSpec::JOURNAL,
         )
         .await
         .unwrap();

@@ -12,6 +12,7 @@ pub mod descriptors;
 pub mod durable;
 pub mod log_gate;
 pub mod memory;
+pub mod nats;
 pub mod policy;
 pub mod proxy;
 pub mod registry;

@@ -8,7 +8,7 @@
 use super::{block_on, CliResult};
 use crate::cli::UsageArgs;
 use crate::contract::Timestamp;
-use crate::registry::store::nats::{subject_token, NatsError, NatsOptions, NatsStream};
+use crate::nats::{subject_token, NatsError, NatsOptions, NatsStream};
 use crate::registry::store::NatsLocation;
 use crate::registry::{JournalLocation, StoreOptions};
 use crate::telemetry::egress::{LoggedLine, ReadLine};

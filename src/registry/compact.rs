@@ -15,12 +15,12 @@
 use super::journal::split_lines;
 use super::ledger::{Applied, InvalidReason, Ledger};
 use super::store::file::swap::{self, SwapError, Swapped};
-use super::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
 use super::store::snapshot::{self, Marker};
 use super::store::whole::{self, Prefer};
 use super::store::NatsLocation;
 use crate::contract::record::Record;
 use crate::contract::{Keyring, Timestamp};
+use crate::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::Duration;

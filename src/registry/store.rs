@@ -14,7 +14,7 @@ pub mod whole;
 
 pub use file::FileStore;
 pub use location::{JournalLocation, NatsAuth, NatsLocation};
-pub use nats::{NatsOptions, NatsStore};
+pub use nats::NatsStore;
 
 use serde_json::Value;
 use std::future::Future;

@@ -14,7 +14,7 @@
 //! - Reachability is logged once per change, not once per line; so is the start of dropping.
 
 use super::egress::{write_line, EgressEvent};
-use crate::registry::store::nats::{subject_token, NatsOptions, NatsStream, StreamSpec};
+use crate::nats::{subject_token, NatsOptions, NatsStream, StreamSpec};
 use crate::registry::store::NatsLocation;
 use async_nats::connection::State;
 use async_nats::jetstream::message::PublishMessage;

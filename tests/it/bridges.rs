@@ -6,7 +6,7 @@ use crate::nats_support::{NatsCluster, Role};
 use crate::support::{granted_line, lease, leasegate, leasegate_command};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
-use leasegate::registry::store::nats::NatsStream;
+use leasegate::nats::NatsStream;
 use serde_json::{Map, Value};
 use std::io::Write;
 use std::path::Path;

@@ -3,13 +3,17 @@
 //! last sequence, and a replica that was stopped does not admit before it has read what it
 //! missed.
 
-use crate::harness::{admin_get, admin_text, eventually, http_origin, raw, readyz_turns, Harness};
+use crate::harness::{
+    admin_get, admin_text, eventually, http_origin, raw, readyz_turns, Harness, Origin,
+};
 use crate::nats_support::{publish_file, NatsCluster, Role};
-use crate::scale_out::{refuse, replica};
+use crate::scale_out::{refuse, replica, replica_at};
 use crate::support::bin;
 use leasegate::contract::Keyring;
-use leasegate::registry::store::nats::{NatsOptions, NatsStore};
-use leasegate::registry::Registry;
+use leasegate::nats::{NatsOptions, NatsStream};
+use leasegate::registry::store::nats::NatsStore;
+use leasegate::registry::{JournalLocation, Registry, StoreOptions};
+use leasegate::server::Server;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -141,7 +145,7 @@ async fn readiness_follows_the_streams_last_sequence_not_the_last_message_receiv
         &options,
         &keyring,
         1 << 20,
-        leasegate::registry::store::nats::IfMissing::Create,
+        leasegate::nats::IfMissing::Create,
     )
     .await
     .unwrap();
@@ -167,6 +171,17 @@ async fn readiness_follows_the_streams_last_sequence_not_the_last_message_receiv
     assert!(registry.snapshot().ledger.lease(&lease).is_some());
     assert_eq!(registry.journal_problem(), None);
     assert_eq!(registry.store_health().lag, Duration::ZERO);
+}
+
+/// A harness with `n` leases for `origin.test`, granted in `stream`; a loopback origin for
+/// them (kept while it is held) and its `origin.test:PORT`.
+async fn leased(stream: &NatsStream, n: usize) -> (Harness, Origin, String, Vec<String>) {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let target = format!("origin.test:{}", origin.addr.port());
+    let leases: Vec<String> = (0..n).map(|_| h.lease(&["origin.test"], &[])).collect();
+    publish_file(stream, &h.journal).await;
+    (h, origin, target, leases)
 }
 
 /// `serve` on `cluster`'s stream as a child process (so it can be stopped), on loopback
@@ -232,13 +247,7 @@ async fn a_replica_stopped_while_a_lease_is_revoked_refuses_it_as_soon_as_it_run
     const TRIALS: usize = 8;
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
-    let h = Harness::new();
-    let origin = http_origin().await;
-    let target = format!("origin.test:{}", origin.addr.port());
-    let leases: Vec<String> = (0..TRIALS)
-        .map(|_| h.lease(&["origin.test"], &[]))
-        .collect();
-    publish_file(&stream, &h.journal).await;
+    let (h, _origin, target, leases) = leased(&stream, TRIALS).await;
     let a = replica(&h, &cluster, "LG", "a").await;
     let (b, b_addr) = child_replica(&h, &cluster, "b").await;
     let connect = |lease: &str| format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n");
@@ -276,5 +285,111 @@ async fn a_replica_stopped_while_a_lease_is_revoked_refuses_it_as_soon_as_it_run
         admitted.is_empty(),
         "B admitted {} of {TRIALS} leases revoked while it was stopped",
         admitted.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_the_stream_refuses_a_lease_revoked_meanwhile_once_contact_is_back()
+{
+    const TRIALS: usize = 3;
+    // B's --store-stale-after: the gap it notices, and the bound of its catch-up.
+    const STALE: Duration = Duration::from_secs(4);
+    let mut cluster = NatsCluster::start_unadvertised(3);
+    let stream = cluster.journal("LG").await;
+    let (h, _origin, target, leases) = leased(&stream, TRIALS).await;
+    let a = replica_at(
+        &h,
+        NatsCluster::location_of(Role::Replica, &cluster.nodes[0], "LG"),
+        3,
+        "a",
+    )
+    .await;
+    // B reaches the cluster through the third node only.
+    let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
+    config.journal = JournalLocation::Nats(NatsCluster::location_of(
+        Role::Replica,
+        &cluster.nodes[2],
+        "LG",
+    ));
+    config.store = StoreOptions {
+        data_dir: h.dir.path().join("b"),
+        ..StoreOptions::default()
+    };
+    config.store.nats.replicas = 3;
+    config.store.nats.stale_after = STALE;
+    let b = Server::start(config).await.unwrap();
+    let connect = |lease: &str| format!("CONNECT {target} HTTP/1.1\r\nX-Lease-Id: {lease}\r\n\r\n");
+    let opened = eventually(Duration::from_secs(10), || async {
+        refusal_code(&raw(b.addr, connect(&leases[TRIALS - 1]).as_bytes()).await)
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(opened.is_some(), "B never admitted the leases");
+    let no_contact = || {
+        b.proxy
+            .registry
+            .store_health()
+            .problem
+            .is_some_and(|p| p.contains("no contact"))
+    };
+
+    for lease in &leases {
+        cluster.nodes[2].kill();
+        let lost = eventually(Duration::from_secs(20), || async {
+            no_contact().then_some(())
+        })
+        .await;
+        assert!(
+            lost.is_some(),
+            "B never noticed it had lost contact: {:?}",
+            b.proxy.registry.store_health().problem
+        );
+        // Revoked on A, through a node B cannot reach: B hears of it only through the stream
+        // (the closing broadcast is gone by the time B is connected again).
+        refuse(&a, lease).await;
+        // The record is appended after the refusal is answered (and may wait for a new
+        // stream leader): B is to find it in the stream.
+        let appended = eventually(Duration::from_secs(30), || async {
+            let lines = stream.read_all().await.ok()?;
+            lines
+                .iter()
+                .any(|(_, line)| {
+                    let record: serde_json::Value = serde_json::from_slice(line).unwrap();
+                    record["event"] == "revoked" && record["lease_id"] == lease.as_str()
+                })
+                .then_some(())
+        })
+        .await;
+        assert!(
+            appended.is_some(),
+            "A's revocation never reached the stream"
+        );
+        tokio::task::block_in_place(|| cluster.nodes[2].start());
+        // The first request B reads once the stream answers it again is decided on what the
+        // stream holds, not on the state B had before the gap.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while no_contact() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "B never regained contact"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let asked = std::time::Instant::now();
+        let answer = raw(b.addr, connect(lease).as_bytes()).await;
+        let took = asked.elapsed();
+        assert_eq!(
+            refusal_code(&answer).as_deref(),
+            Some("lease-revoked"),
+            "B admitted a lease revoked while it had no contact with the stream (after {took:?}; {:?}): {answer}",
+            b.proxy.registry.journal_problem()
+        );
+    }
+    assert!(
+        readyz_turns(&b, 200, Duration::from_secs(20))
+            .await
+            .is_some(),
+        "B never ready again"
     );
 }

@@ -34,7 +34,7 @@ async fn metric_turns(server: &Server, name: &str, want: f64) -> Option<f64> {
 }
 
 /// The leader of `stream`'s stream, by node name.
-async fn leader_of(stream: &leasegate::registry::store::nats::NatsStream) -> String {
+async fn leader_of(stream: &leasegate::nats::NatsStream) -> String {
     eventually(Duration::from_secs(10), || async {
         stream.stream.get_info().await.ok()?.cluster?.leader
     })
@@ -154,10 +154,10 @@ async fn forged_and_misdirected_broadcasts_close_nothing() {
     assert!(until_status(&b, &target_lease, "open", Duration::from_secs(5)).await);
     // An attacker who may publish on the subjects (a replica's credentials) without the key.
     let attacker = NatsCluster::location_of(Role::Replica, &cluster.nodes[0], "LG");
-    let attacker = leasegate::registry::store::nats::NatsStream::connect(
+    let attacker = leasegate::nats::NatsStream::connect(
         &attacker,
         &Default::default(),
-        &leasegate::registry::store::nats::StreamSpec::JOURNAL,
+        &leasegate::nats::StreamSpec::JOURNAL,
     )
     .await
     .unwrap();

@@ -5,7 +5,7 @@
 use crate::harness::Harness;
 use crate::nats_support::{NatsCluster, Role};
 use crate::support::leasegate;
-use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
+use leasegate::nats::{NatsOptions, NatsStream, StreamSpec};
 
 /// Whether `cluster` has a stream named `name` (asked through a stream of its own, whose
 /// subjects overlap no leasegate stream's).

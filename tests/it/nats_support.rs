@@ -4,7 +4,7 @@
 //! replicas connect as `lg-replica`, bridges as `lg-issuer`, compaction as `lg-compactor`, the
 //! read-only commands as `lg-reader`, and the tests' own set-up (and attacks) as `lg-operator`.
 
-use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
+use leasegate::nats::{NatsOptions, NatsStream, StreamSpec};
 use leasegate::registry::store::NatsLocation;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -143,6 +143,17 @@ impl NatsCluster {
 
     /// [`NatsCluster::start`] with `extra` appended to every node's configuration.
     pub fn start_with(n: usize, extra: &str) -> NatsCluster {
+        NatsCluster::start_configured(n, extra, "")
+    }
+
+    /// A cluster of `n` whose nodes do not tell clients of each other (`no_advertise`): a
+    /// client given one node stays on it, so killing that node cuts the client off.
+    pub fn start_unadvertised(n: usize) -> NatsCluster {
+        NatsCluster::start_configured(n, "", "no_advertise: true, ")
+    }
+
+    /// `extra` appended to every node's configuration, `cluster` inside its cluster block.
+    fn start_configured(n: usize, extra: &str, cluster: &str) -> NatsCluster {
         let dir = tempfile::tempdir().unwrap();
         let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nats");
         for file in ["leasegate.conf", "permissions.conf"] {
@@ -165,7 +176,7 @@ impl NatsCluster {
                     .map(|(_, (_, r))| format!("nats-route://127.0.0.1:{r}"))
                     .collect();
                 config.push_str(&format!(
-                    "cluster {{ name: lg, listen: 127.0.0.1:{route}, routes: [{}] }}\n",
+                    "cluster {{ name: lg, {cluster}listen: 127.0.0.1:{route}, routes: [{}] }}\n",
                     routes.join(", ")
                 ));
             }

@@ -7,7 +7,8 @@ use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::scale_out::{admin_revoke, replica};
 use crate::support::leasegate;
 use leasegate::contract::Timestamp;
-use leasegate::registry::store::nats::{NatsOptions, NatsStore, NatsStream};
+use leasegate::nats::{NatsOptions, NatsStream};
+use leasegate::registry::store::nats::NatsStore;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::Output;
@@ -246,7 +247,7 @@ async fn a_purged_stream_without_a_covering_snapshot_is_refused_by_every_reader(
         &NatsOptions::default(),
         &keyring,
         1 << 20,
-        leasegate::registry::store::nats::IfMissing::Create,
+        leasegate::nats::IfMissing::Create,
     )
     .await;
     let error = opened
@@ -307,7 +308,7 @@ async fn a_pipelined_import_keeps_each_lease_in_file_order_through_a_leader_kill
     let reader = NatsStream::connect(
         &cluster.location("LEASES"),
         &NatsOptions::default(),
-        &leasegate::registry::store::nats::StreamSpec::JOURNAL,
+        &leasegate::nats::StreamSpec::JOURNAL,
     )
     .await
     .unwrap();

@@ -8,7 +8,7 @@ use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::scale_out::replica;
 use crate::support::leasegate_command;
 use futures_util::StreamExt;
-use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
+use leasegate::nats::{NatsOptions, NatsStream, StreamSpec};
 use leasegate::server::Server;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};

@@ -5,7 +5,7 @@ use crate::harness::{
     admin_get, eventually, http_origin, raw, readyz_turns, streaming_tunnel, until_closed, Harness,
 };
 use crate::nats_support::{publish_file, NatsCluster, Role};
-use leasegate::registry::store::nats::NatsStream;
+use leasegate::nats::NatsStream;
 use leasegate::registry::store::NatsLocation;
 use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
@@ -505,10 +505,10 @@ async fn a_replica_keeps_following_when_the_stream_leader_dies_under_it() {
     let after = tokio::fs::read(&h.journal).await.unwrap();
     let other = NatsCluster::location_of(Role::Operator, &cluster.nodes[alive[1]], "LG");
     let publisher = eventually(Duration::from_secs(20), || async {
-        leasegate::registry::store::nats::NatsStream::connect(
+        leasegate::nats::NatsStream::connect(
             &other,
             &Default::default(),
-            &leasegate::registry::store::nats::StreamSpec::JOURNAL,
+            &leasegate::nats::StreamSpec::JOURNAL,
         )
         .await
         .ok()

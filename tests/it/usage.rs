@@ -4,7 +4,7 @@
 use crate::harness::{curl, eventually, http_origin, proxy_url, raw, Harness};
 use crate::nats_support::{publish_file, NatsCluster, Role};
 use crate::support::leasegate;
-use leasegate::registry::store::nats::{NatsOptions, NatsStream};
+use leasegate::nats::{NatsOptions, NatsStream};
 use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;

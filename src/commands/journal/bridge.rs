@@ -21,8 +21,8 @@ mod window;
 pub use window::WINDOW;
 
 use crate::contract::Keyring;
+use crate::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
 use crate::registry::journal;
-use crate::registry::store::nats::{NatsError, NatsOptions, NatsStream, StreamSpec};
 use crate::registry::store::whole::{self, Prefer, StartError};
 use crate::registry::store::{FileStore, NatsLocation, Store};
 use sha2::{Digest, Sha256};

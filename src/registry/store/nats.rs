@@ -37,35 +37,36 @@
 //! - Lag is the stream's, not ours: once an answer names a last sequence not handed out yet,
 //!   the store is behind from that answer until it hands that sequence out; behind longer
 //!   than [`LAG_GRACE`] is a problem.
-//! - A stream deleted and created again (another creation time, or a last sequence below what
-//!   was handed out) is a new store: its first read is a [`Batch::replaced`] generation from
-//!   its first message, nothing of the old one is handed out after it, and the store is not
-//!   settled (a problem) until it has handed out what the new stream held when it was found.
+//! - Only an answer that names the stream's leader is its current state: a cluster member
+//!   without a leader (lost quorum, cut off) answers from its own copy, perhaps behind. Such an
+//!   answer is contact, nothing more: no lag, no replacement, no head for a catch-up to reach.
+//! - A stream deleted and created again (another creation time, or a last sequence below one
+//!   delivered before the question was asked, said by two answers in a row) is a new store:
+//!   its first read is a [`Batch::replaced`] generation from its first message, nothing of the
+//!   old one is handed out after it, and the store is not settled (a problem) until it has
+//!   handed out what the new stream held when it was found.
 
-use super::location::{NatsAuth, NatsLocation};
+use super::location::NatsLocation;
 use super::nats_broadcast::Broadcaster;
 use super::whole::{self, Prefer};
 use super::{Batch, BoxFuture, Broadcast, Position, Store, StoreHealth};
 use crate::contract::keys::sha256_hex;
 use crate::contract::Keyring;
 use crate::log_gate::{Flood, Say};
+use crate::nats::connect::patiently;
+use crate::nats::stream::Published;
+use crate::nats::{
+    subject_token, IfMissing, Incarnation, NatsError, NatsOptions, NatsStream, StreamSpec,
+    REQUEST_TIMEOUT,
+};
 use crate::registry::closing::ClosingCheck;
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{consumer, stream};
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::io;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// Journal subjects: `leasegate.journal.<lease_id>`.
-pub const JOURNAL_SUBJECTS: &str = "leasegate.journal";
-
-/// How long JetStream remembers a `Nats-Msg-Id` (the bridges' retries within it are dropped
-/// as duplicates).
-pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(15 * 60);
 
 /// How often the stream's state is asked for (contact and lag).
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
@@ -73,9 +74,6 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// How long the stream may hold a message that a probe saw and we have not handed out before
 /// the store reports itself behind (a probe's answer can come before the message does).
 pub const LAG_GRACE: Duration = Duration::from_millis(250);
-
-/// How long one NATS request may take before it counts as failed.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Behind the stream's last sequence with nothing delivered this long: the consumer is
 /// replaced.
@@ -91,467 +89,38 @@ const APPEND_ATTEMPTS: usize = 8;
 /// the stream found while following it is the next one.
 const GENERATION: u64 = 1;
 
-/// Connection settings shared by every NATS user (`--nats-*`).
-#[derive(Debug, Clone)]
-pub struct NatsOptions {
-    /// `--nats-creds`: a credentials file (JWT and NKey seed).
-    pub creds: Option<PathBuf>,
-    /// `--nats-tls-ca`: trust these roots for the servers' certificates (TLS required).
-    pub tls_ca: Option<PathBuf>,
-    /// `--nats-replicas`: replicas of a stream we create.
-    pub replicas: usize,
-    /// `--store-stale-after`: without contact this long, the store reports a problem.
-    pub stale_after: Duration,
-    /// `--store-start-timeout`: how long a replica keeps trying to open its journal stream at
-    /// start.
-    pub start_timeout: Duration,
-}
-
-impl Default for NatsOptions {
-    fn default() -> Self {
-        NatsOptions {
-            creds: None,
-            tls_ca: None,
-            replicas: 1,
-            stale_after: Duration::from_secs(5),
-            start_timeout: START_TIMEOUT,
-        }
-    }
-}
-
-/// What a stream we create holds.
-#[derive(Debug, Clone)]
-pub struct StreamSpec {
-    /// Subject prefix: the stream holds `<prefix>.>`.
-    pub prefix: &'static str,
-    /// Messages older than this are dropped (`None`: kept forever).
-    pub max_age: Option<Duration>,
-}
-
-impl StreamSpec {
-    /// The journal: kept forever.
-    pub const JOURNAL: StreamSpec = StreamSpec {
-        prefix: JOURNAL_SUBJECTS,
-        max_age: None,
-    };
-}
-
-/// Why a stream could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum NatsError {
-    #[error("reading {path}: {error}")]
-    Creds { path: String, error: io::Error },
-    #[error("cannot reach NATS at {location}: {reason}")]
-    Connect { location: String, reason: String },
-    #[error("{location}: {reason}")]
-    Stream { location: String, reason: String },
-    /// The stream exists but is not one leasegate may use (other subjects; purged with no
-    /// snapshot covering what is gone).
-    #[error("{location}: {reason}")]
-    Foreign { location: String, reason: String },
-    /// The stream does not exist, and a command that only reads does not create it.
-    #[error("{location}: the stream {stream} does not exist (a command that only reads does not create it)")]
-    Missing { location: String, stream: String },
-    /// The stream could not be opened within `--store-start-timeout`.
-    #[error("{location}: not open after {waited:.1?} of retries (--store-start-timeout); the last error: {last}")]
-    GaveUp {
-        location: String,
-        waited: Duration,
-        last: Box<NatsError>,
-    },
-}
-
-/// Whether opening a stream that does not exist creates it.
+/// What one answer says of the stream followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IfMissing {
-    /// `serve`, `issue`, `journal import` and `mirror`: the stream is made, per its spec.
-    Create,
-    /// The commands that only read: [`NatsError::Missing`].
-    Refuse,
+enum Seen {
+    /// The stream followed, as it stands.
+    Same,
+    /// Another stream: another creation time, or a last sequence below one delivered before
+    /// the question was asked (a stream never goes back).
+    Other,
+    /// Nothing to go by: no leader named, or the store moved on to another generation while the
+    /// question was out.
+    Unsure,
 }
 
-/// A connection to one stream.
-#[derive(Clone)]
-pub struct NatsStream {
-    pub location: NatsLocation,
-    pub client: async_nats::Client,
-    pub jetstream: jetstream::Context,
-    pub stream: stream::Stream,
-    prefix: &'static str,
-    /// Reconnections since connect (`leasegate_store_reconnects_total`).
-    reconnects: Arc<AtomicU64>,
-}
-
-impl std::fmt::Debug for NatsStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsStream")
-            .field("location", &self.location.to_string())
-            .finish()
-    }
-}
-
-/// The subject token for a lease id: the id when it is a safe token (every valid lease id, a
-/// UUID, is), `_` otherwise.
-pub fn subject_token(lease_id: Option<&str>) -> &str {
-    match lease_id {
-        Some(id)
-            if !id.is_empty()
-                && id.len() <= 64
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
-        {
-            id
-        }
-        _ => "_",
-    }
-}
-
-impl NatsStream {
-    /// Connects to `location` and opens its stream, creating it (per `spec`, with
-    /// `options.replicas`) when it is missing. An existing stream must hold exactly
-    /// `<prefix>.>`.
-    pub async fn connect(
-        location: &NatsLocation,
-        options: &NatsOptions,
-        spec: &StreamSpec,
-    ) -> Result<NatsStream, NatsError> {
-        NatsStream::open(location, options, spec, IfMissing::Create).await
-    }
-
-    /// [`NatsStream::connect`] for a command that only reads: a missing stream is
-    /// [`NatsError::Missing`], and stays missing.
-    pub async fn connect_existing(
-        location: &NatsLocation,
-        options: &NatsOptions,
-        spec: &StreamSpec,
-    ) -> Result<NatsStream, NatsError> {
-        NatsStream::open(location, options, spec, IfMissing::Refuse).await
-    }
-
-    /// Connects to `location` and opens its stream; what a missing one does is `missing`'s.
-    pub async fn open(
-        location: &NatsLocation,
-        options: &NatsOptions,
-        spec: &StreamSpec,
-        missing: IfMissing,
-    ) -> Result<NatsStream, NatsError> {
-        let reconnects = Arc::new(AtomicU64::new(0));
-        let client = connect_client(location, options, reconnects.clone()).await?;
-        let jetstream = jetstream::new(client.clone());
-        let stream_error = |reason: String| NatsError::Stream {
-            location: location.to_string(),
-            reason,
-        };
-        let subjects = format!("{}.>", spec.prefix);
-        let config = stream::Config {
-            name: location.stream.clone(),
-            subjects: vec![subjects.clone()],
-            storage: stream::StorageType::File,
-            num_replicas: options.replicas,
-            duplicate_window: DUPLICATE_WINDOW,
-            max_age: spec.max_age.unwrap_or_default(),
-            ..Default::default()
-        };
-        let patience = options.stale_after.max(REQUEST_TIMEOUT);
-        let no_answer = |_| stream_error("JetStream did not answer (is it enabled?)".into());
-        let mut stream = match missing {
-            IfMissing::Create => {
-                tokio::time::timeout(patience, jetstream.get_or_create_stream(config))
-                    .await
-                    .map_err(no_answer)?
-                    .map_err(|e| stream_error(format!("cannot open or create the stream: {e}")))?
-            }
-            IfMissing::Refuse => tokio::time::timeout(patience, jetstream.get_stream(&config.name))
-                .await
-                .map_err(no_answer)?
-                .map_err(|e| match e.kind() {
-                    jetstream::context::GetStreamErrorKind::JetStream(e)
-                        if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
-                    {
-                        NatsError::Missing {
-                            location: location.to_string(),
-                            stream: location.stream.clone(),
-                        }
-                    }
-                    _ => stream_error(format!("cannot open the stream: {e}")),
-                })?,
-        };
-        let held = stream
-            .info()
-            .await
-            .map_err(|e| stream_error(e.to_string()))?
-            .config
-            .subjects
-            .clone();
-        if held != [subjects.clone()] {
-            return Err(NatsError::Foreign {
-                location: location.to_string(),
-                reason: format!(
-                "the stream holds subjects {held:?}; leasegate needs a stream of its own holding exactly [{subjects:?}]"
-            ),
-            });
-        }
-        Ok(NatsStream {
-            location: location.clone(),
-            client,
-            jetstream,
-            stream,
-            prefix: spec.prefix,
-            reconnects,
-        })
-    }
-
-    /// The subject for a record of `lease_id`.
-    pub fn subject(&self, lease_id: Option<&str>) -> String {
-        format!("{}.{}", self.prefix, subject_token(lease_id))
-    }
-
-    /// The stream's last sequence now (0 when empty).
-    pub async fn last_sequence(&self) -> io::Result<u64> {
-        Ok(self.incarnation().await?.head)
-    }
-
-    /// Which stream answers under our stream's name now, and its last sequence.
-    pub async fn incarnation(&self) -> io::Result<Incarnation> {
-        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
-            .map_err(io::Error::other)?;
-        Ok(Incarnation {
-            created: info.created.unix_timestamp_nanos(),
-            head: info.state.last_sequence,
-        })
-    }
-
-    /// Publishes `line` to `subject` and waits for the stream's ack; `id` (when given) is the
-    /// `Nats-Msg-Id`, so a retry within [`DUPLICATE_WINDOW`] is not stored twice. Returns the
-    /// message's sequence (the first one's, for a duplicate).
-    pub async fn publish(&self, subject: String, line: &[u8], id: Option<&str>) -> io::Result<u64> {
-        let mut message = jetstream::message::PublishMessage::build()
-            .payload(bytes::Bytes::copy_from_slice(line));
-        if let Some(id) = id {
-            message = message.message_id(id);
-        }
-        let ack = self
-            .jetstream
-            .send_publish(subject, message)
-            .await
-            .map_err(io::Error::other)?;
-        let ack = tokio::time::timeout(REQUEST_TIMEOUT, ack)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no ack from JetStream"))?
-            .map_err(io::Error::other)?;
-        Ok(ack.sequence)
-    }
-
-    /// Appends `record`: a closing record as the module invariants say (it counts as done only
-    /// once the stream holds a line that [`ClosingCheck::accepts`]), anything else published as
-    /// it is. Returns the position of the message that holds it (or that already closed the
-    /// lease).
-    async fn append_record(&self, record: Value, keyring: &Keyring) -> io::Result<Position> {
-        let line = serde_json::to_vec(&record)?;
-        let lease_id = record.get("lease_id").and_then(Value::as_str);
-        let subject = self.subject(lease_id);
-        let Some(check) = ClosingCheck::of(&record, &line, Some(keyring)) else {
-            return Ok(at(self.publish(subject, &line, None).await?));
-        };
-        let token = subject_token(lease_id);
-        // One closing record per lease from every replica: JetStream stages the id when the
-        // publish is proposed, so concurrent duplicates are caught even in a cluster (where the
-        // subject-sequence check alone misses in-flight proposals).
-        let shared_id = format!("leasegate-close-{token}");
-        for _ in 0..APPEND_ATTEMPTS {
-            let last = match self.stream.get_last_raw_message_by_subject(&subject).await {
-                Ok(message) => Some(message),
-                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
-                Err(e) => return Err(io::Error::other(e)),
-            };
-            if let Some(last) = &last {
-                if check.accepts(token, &last.payload) {
-                    return Ok(at(last.sequence));
-                }
-            }
-            let expected = last.map_or(0, |m| m.sequence);
-            match self
-                .publish_once(&subject, &line, &shared_id, Some(expected))
-                .await?
-            {
-                Published::Stored(sequence) => return Ok(at(sequence)),
-                Published::Duplicate(sequence) => {
-                    if self.holds(&subject, &check, sequence).await? {
-                        return Ok(at(sequence));
-                    }
-                    tracing::warn!(lease = check.lease_id(), sequence, store = %self.location, "the stream answers a closing record as a duplicate of a message that does not close the lease (planted under {shared_id}): publishing it under its own id");
-                    break;
-                }
-                Published::Moved => continue,
-            }
-        }
-        // The shared id is taken by something else, or the subject kept moving: an id of our
-        // record's own bytes, which nobody can take before they exist, and no expectation.
-        let own_id = format!("{shared_id}-{}", &sha256_hex(&line)[..32]);
-        match self.publish_once(&subject, &line, &own_id, None).await? {
-            Published::Stored(sequence) => Ok(at(sequence)),
-            Published::Duplicate(sequence) if self.holds(&subject, &check, sequence).await? => {
-                Ok(at(sequence))
-            }
-            _ => Err(io::Error::other(format!(
-                "{subject}: the stream does not hold the closing record and refuses it under {own_id}"
-            ))),
-        }
-    }
-
-    /// Publishes `line` once under `id` (and `expected`, the subject's last sequence, when
-    /// given) and says what the stream did with it.
-    async fn publish_once(
-        &self,
-        subject: &str,
-        line: &[u8],
-        id: &str,
-        expected: Option<u64>,
-    ) -> io::Result<Published> {
-        let mut message = jetstream::message::PublishMessage::build()
-            .payload(bytes::Bytes::copy_from_slice(line))
-            .message_id(id);
-        if let Some(expected) = expected {
-            message = message.expected_last_subject_sequence(expected);
-        }
-        let ack = self
-            .jetstream
-            .send_publish(subject.to_owned(), message)
-            .await
-            .map_err(io::Error::other)?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, ack).await {
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no ack from JetStream",
-            )),
-            Ok(Ok(ack)) if ack.duplicate => Ok(Published::Duplicate(ack.sequence)),
-            Ok(Ok(ack)) => Ok(Published::Stored(ack.sequence)),
-            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
-                Ok(Published::Moved)
-            }
-            Ok(Err(e)) => Err(io::Error::other(e)),
-        }
-    }
-
-    /// Whether the message at `sequence` is on `subject` and stands for the record `check`
-    /// appends.
-    async fn holds(&self, subject: &str, check: &ClosingCheck, sequence: u64) -> io::Result<bool> {
-        let message = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_raw_message(sequence))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "message get timed out"))?
-            .map_err(io::Error::other)?;
-        Ok(message.subject.as_str() == subject
-            && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
-    }
-
-    /// The sequences the stream holds now: a purge moves `first` past every message it
-    /// removed (`first > last`: the stream holds none).
-    pub async fn span(&self) -> io::Result<Span> {
-        let info = tokio::time::timeout(REQUEST_TIMEOUT, self.stream.get_info())
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "stream info timed out"))?
-            .map_err(io::Error::other)?;
-        let state = &info.state;
-        Ok(Span {
-            first: match state.messages {
-                0 => state.last_sequence + 1,
-                _ => state.first_sequence,
-            },
-            last: state.last_sequence,
-        })
-    }
-
-    /// Every message of the stream from sequence `start`, up to its last sequence at the call.
-    pub async fn read_all_from(&self, start: u64) -> io::Result<Vec<(u64, bytes::Bytes)>> {
-        let mut out = Vec::new();
-        self.read_each_from(start, |sequence, payload| {
-            out.push((sequence, payload));
-            Ok::<_, io::Error>(())
-        })
-        .await?;
-        Ok(out)
-    }
-
-    /// Every message the stream holds, up to its last sequence at the call. After a purge that
-    /// is not the whole journal: readers start with [`super::whole::start`].
-    pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
-        self.read_all_from(1).await
-    }
-
-    /// Hands every message of the stream from sequence `start` up to its last sequence at the
-    /// call to `each` in order; stops at `each`'s first error. Returns how many were handed out.
-    pub async fn read_each_from<E: From<io::Error>>(
-        &self,
-        start: u64,
-        mut each: impl FnMut(u64, bytes::Bytes) -> Result<(), E>,
-    ) -> Result<usize, E> {
-        let span = self.span().await?;
-        let head = span.last;
-        if span.first > head || start > head {
-            return Ok(0);
-        }
-        let mut messages = self.ordered_from(start).await?;
-        let mut handed = 0;
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => {
-                    tracing::debug!(error = %e, "ordered consumer");
-                    continue;
-                }
-            };
-            let sequence = message.info().map_err(io::Error::other)?.stream_sequence;
-            each(sequence, message.payload.clone())?;
-            handed += 1;
-            if sequence >= head {
-                break;
-            }
-        }
-        Ok(handed)
-    }
-
-    /// An ordered push consumer delivering every message from `start`.
-    pub async fn ordered_from(&self, start: u64) -> io::Result<consumer::push::Ordered> {
-        let deliver_policy = match start {
-            0 | 1 => consumer::DeliverPolicy::All,
-            start => consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start,
-            },
-        };
-        let consumer = self
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: self.client.new_inbox(),
-                filter_subject: format!("{}.>", self.prefix),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(io::Error::other)?;
-        consumer.messages().await.map_err(io::Error::other)
-    }
-
-    /// The largest message (headers and payload) the server we are connected to takes.
-    pub fn max_payload(&self) -> usize {
-        self.client.server_info().max_payload
-    }
-
-    /// Reconnections since connect.
-    pub fn reconnects(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
-    }
-}
-
-/// One stream under a name, as a stream info answers.
+/// What the stream followed was when a question was asked of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Incarnation {
-    /// Its creation time (Unix nanoseconds): another one is another stream.
-    pub created: i128,
-    /// Its last sequence (0 when empty).
-    pub head: u64,
+struct Asked {
+    generation: u64,
+    /// The last sequence delivered then: the answer's stream, if it is ours, holds it.
+    delivered: u64,
+}
+
+/// Compares `answer` with the stream followed (created at `created`, in `generation` now)
+/// as it was when the question was `asked`. A delivery between the question and the answer
+/// is not a lower answer: only what was delivered before the question counts.
+fn compare(created: i128, generation: u64, asked: Asked, answer: Incarnation) -> Seen {
+    if !answer.led || asked.generation != generation {
+        Seen::Unsure
+    } else if answer.created != created || answer.head < asked.delivered {
+        Seen::Other
+    } else {
+        Seen::Same
+    }
 }
 
 fn at(sequence: u64) -> Position {
@@ -561,151 +130,85 @@ fn at(sequence: u64) -> Position {
     }
 }
 
-/// The sequences a stream holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    /// The first sequence held (past the last when none is).
-    pub first: u64,
-    /// The last sequence stored (kept through a purge).
-    pub last: u64,
-}
-
-impl Span {
-    /// Whether messages were removed from the stream's start: what it holds is not the whole
-    /// journal.
-    pub fn is_purged(&self) -> bool {
-        self.first > 1
-    }
-}
-
-/// What the stream did with one publish.
-enum Published {
-    /// Stored at this sequence.
-    Stored(u64),
-    /// Answered as a duplicate of the message at this sequence (its id was seen before).
-    Duplicate(u64),
-    /// The subject's last sequence was not the one expected.
-    Moved,
-}
-
-async fn connect_client(
-    location: &NatsLocation,
-    options: &NatsOptions,
-    reconnects: Arc<AtomicU64>,
-) -> Result<async_nats::Client, NatsError> {
-    let mut connect = async_nats::ConnectOptions::new();
-    if let Some(path) = &options.creds {
-        connect = connect
-            .credentials_file(path)
+/// Appends `record`: a closing record as the module invariants say (it counts as done only
+/// once the stream holds a line that [`ClosingCheck::accepts`]), anything else published as
+/// it is. Returns the position of the message that holds it (or that already closed the
+/// lease).
+async fn append_record(
+    stream: &NatsStream,
+    record: Value,
+    keyring: &Keyring,
+) -> io::Result<Position> {
+    let line = serde_json::to_vec(&record)?;
+    let lease_id = record.get("lease_id").and_then(Value::as_str);
+    let subject = stream.subject(lease_id);
+    let Some(check) = ClosingCheck::of(&record, &line, Some(keyring)) else {
+        return Ok(at(stream.publish(subject, &line, None).await?));
+    };
+    let token = subject_token(lease_id);
+    // One closing record per lease from every replica: JetStream stages the id when the
+    // publish is proposed, so concurrent duplicates are caught even in a cluster (where the
+    // subject-sequence check alone misses in-flight proposals).
+    let shared_id = format!("leasegate-close-{token}");
+    for _ in 0..APPEND_ATTEMPTS {
+        let last = match stream
+            .stream
+            .get_last_raw_message_by_subject(&subject)
             .await
-            .map_err(|error| NatsError::Creds {
-                path: path.display().to_string(),
-                error,
-            })?;
-    }
-    match &location.auth {
-        Some(NatsAuth::UserPassword { user, password }) => {
-            connect = connect.user_and_password(user.clone(), password.clone());
-        }
-        Some(NatsAuth::Token(token)) => connect = connect.token(token.clone()),
-        None => {}
-    }
-    if let Some(ca) = &options.tls_ca {
-        connect = connect.add_root_certificates(ca.clone()).require_tls(true);
-    }
-    if location.tls {
-        connect = connect.require_tls(true);
-    }
-    let was_disconnected = Arc::new(AtomicBool::new(false));
-    let described = location.to_string();
-    connect = connect
-        .connection_timeout(REQUEST_TIMEOUT)
-        .request_timeout(Some(REQUEST_TIMEOUT))
-        .name("leasegate")
-        .event_callback(move |event| {
-            let (reconnects, was_disconnected) = (reconnects.clone(), was_disconnected.clone());
-            let described = described.clone();
-            async move {
-                match event {
-                    async_nats::Event::Disconnected => {
-                        was_disconnected.store(true, Ordering::Relaxed);
-                        tracing::warn!(store = %described, "disconnected from NATS; reconnecting");
-                    }
-                    async_nats::Event::Connected => {
-                        if was_disconnected.swap(false, Ordering::Relaxed) {
-                            reconnects.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(store = %described, "reconnected to NATS");
-                        }
-                    }
-                    other => tracing::debug!(store = %described, event = %other, "NATS"),
-                }
+        {
+            Ok(message) => Some(message),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
+            Err(e) => return Err(io::Error::other(e)),
+        };
+        if let Some(last) = &last {
+            if check.accepts(token, &last.payload) {
+                return Ok(at(last.sequence));
             }
-        });
-    let servers: Vec<async_nats::ServerAddr> = location
-        .servers
-        .iter()
-        .map(|s| {
-            let scheme = if location.tls { "tls" } else { "nats" };
-            format!("{scheme}://{s}")
-                .parse()
-                .map_err(|e: io::Error| NatsError::Connect {
-                    location: location.to_string(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect::<Result<_, _>>()?;
-    connect
-        .connect(servers)
-        .await
-        .map_err(|e| NatsError::Connect {
-            location: location.to_string(),
-            reason: e.to_string(),
-        })
+        }
+        let expected = last.map_or(0, |m| m.sequence);
+        match stream
+            .publish_once(&subject, &line, &shared_id, Some(expected))
+            .await?
+        {
+            Published::Stored(sequence) => return Ok(at(sequence)),
+            Published::Duplicate(sequence) => {
+                if holds(stream, &subject, &check, sequence).await? {
+                    return Ok(at(sequence));
+                }
+                tracing::warn!(lease = check.lease_id(), sequence, store = %stream.location, "the stream answers a closing record as a duplicate of a message that does not close the lease (planted under {shared_id}): publishing it under its own id");
+                break;
+            }
+            Published::Moved => continue,
+        }
+    }
+    // The shared id is taken by something else, or the subject kept moving: an id of our
+    // record's own bytes, which nobody can take before they exist, and no expectation.
+    let own_id = format!("{shared_id}-{}", &sha256_hex(&line)[..32]);
+    match stream.publish_once(&subject, &line, &own_id, None).await? {
+        Published::Stored(sequence) => Ok(at(sequence)),
+        Published::Duplicate(sequence) if holds(stream, &subject, &check, sequence).await? => {
+            Ok(at(sequence))
+        }
+        _ => Err(io::Error::other(format!(
+            "{subject}: the stream does not hold the closing record and refuses it under {own_id}"
+        ))),
+    }
 }
 
-/// How long a replica keeps trying to open its journal stream at start, by default (a cluster
-/// that is itself starting, or that has lost its quorum, elects its leaders first).
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Runs `attempt` until it succeeds, with backoff, for `options.start_timeout` whatever the
-/// error, except those that waiting cannot mend (credentials that cannot be read, a stream
-/// leasegate may not use or is not to create): those are returned at once. Past the timeout
-/// the error names the last attempt's.
-async fn patiently<T, F, Fut>(
-    location: &NatsLocation,
-    options: &NatsOptions,
-    mut attempt: F,
-) -> Result<T, NatsError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, NatsError>>,
-{
-    let started = Instant::now();
-    let deadline = started + options.start_timeout;
-    let mut backoff = Duration::from_millis(250);
-    loop {
-        let error = match attempt().await {
-            Ok(done) => return Ok(done),
-            Err(
-                error @ (NatsError::Creds { .. }
-                | NatsError::Foreign { .. }
-                | NatsError::Missing { .. }),
-            ) => return Err(error),
-            Err(error) => error,
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(NatsError::GaveUp {
-                location: location.to_string(),
-                waited: started.elapsed(),
-                last: Box::new(error),
-            });
-        }
-        let wait = backoff.min(left);
-        tracing::warn!(%error, retry_in = ?wait, "the journal stream cannot be opened yet");
-        tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(Duration::from_secs(4));
-    }
+/// Whether the message at `sequence` is on `subject` and stands for the record `check`
+/// appends.
+async fn holds(
+    stream: &NatsStream,
+    subject: &str,
+    check: &ClosingCheck,
+    sequence: u64,
+) -> io::Result<bool> {
+    let message = tokio::time::timeout(REQUEST_TIMEOUT, stream.stream.get_raw_message(sequence))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "message get timed out"))?
+        .map_err(io::Error::other)?;
+    Ok(message.subject.as_str() == subject
+        && check.accepts(subject_token(Some(check.lease_id())), &message.payload))
 }
 
 /// What opening the journal stream yields: the stream, its last sequence then, the sequence
@@ -778,6 +281,9 @@ struct Contact {
     behind: Option<(Instant, u64)>,
     /// The creation time of the stream followed.
     created: i128,
+    /// An answer said another stream (its creation time, and when it arrived): a second one
+    /// asked after it must say the same before the stream is folded afresh.
+    suspect: Option<(i128, Instant)>,
 }
 
 impl NatsStore {
@@ -822,6 +328,7 @@ impl NatsStore {
                 head: initial_head,
                 behind: None,
                 created,
+                suspect: None,
             }),
             stalled: tokio::sync::Notify::new(),
             replaced: watch::channel(0).0,
@@ -858,6 +365,14 @@ impl NatsStore {
             reason: e.to_string(),
         };
         let incarnation = stream.incarnation().await.map_err(stream_error)?;
+        if !incarnation.led {
+            // Its last sequence would be a member's own, perhaps far behind: the fold would
+            // settle short of the stream.
+            return Err(NatsError::Stream {
+                location: location.to_string(),
+                reason: "the stream has no leader yet".into(),
+            });
+        }
         // A snapshot that cannot be read is not used while the journal holds everything; once
         // it is purged, nothing partial is folded.
         // Waiting mends a failed read, not a purged stream without its snapshot.
@@ -1033,9 +548,15 @@ async fn probe(stream: NatsStream, shared: Arc<Shared>) {
     let mut behind: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
+        let (asked, asked_at) = (shared.asked(), Instant::now());
         if let Ok(incarnation) = stream.incarnation().await {
             let head = incarnation.head;
-            shared.observe(incarnation, &stream.location);
+            if shared
+                .observe(incarnation, asked, asked_at, &stream.location)
+                .is_none()
+            {
+                continue;
+            }
             let delivered = *shared.delivered.borrow();
             let now = Instant::now();
             behind = match behind {
@@ -1072,16 +593,48 @@ impl Shared {
         }
     }
 
-    /// The stream answered with `now`: contact, lag, and a replacement (another creation
-    /// time, or a last sequence below what was delivered: a stream never goes back) starts a
-    /// new generation from the new stream's first message. Returns the generation `now` is
-    /// in.
-    fn observe(&self, now: Incarnation, location: &NatsLocation) -> u64 {
+    /// Where the stream followed stands before a question is asked of it.
+    fn asked(&self) -> Asked {
+        let received = self.received();
+        Asked {
+            generation: received.generation,
+            delivered: received.last,
+        }
+    }
+
+    /// The stream answered with `now` a question `asked` at `asked_at`: contact; then, if the
+    /// answer names a leader, lag, and a replacement ([`compare`]: another creation time, or a
+    /// last sequence below what was delivered before the question) that a second answer,
+    /// asked after the first arrived, confirms starts a new generation from the new stream's
+    /// first message. Returns the generation `now` is in, or `None` when the answer is not
+    /// the stream's current state (no leader named, a replacement not yet confirmed).
+    fn observe(
+        &self,
+        now: Incarnation,
+        asked: Asked,
+        asked_at: Instant,
+        location: &NatsLocation,
+    ) -> Option<u64> {
         // Lock order: received, then contact (as `health`).
         let mut received = self.received();
         let mut contact = self.contact();
-        contact.last = Instant::now();
-        if now.created != contact.created || now.head < received.last {
+        let answered = Instant::now();
+        contact.last = answered;
+        match compare(contact.created, received.generation, asked, now) {
+            Seen::Unsure => return None,
+            Seen::Same => contact.suspect = None,
+            Seen::Other => match contact.suspect {
+                Some((created, since)) if created == now.created && asked_at >= since => {
+                    contact.suspect = None;
+                }
+                _ => {
+                    tracing::info!(store = %location, created = now.created, holds = now.head, folded_up_to = received.last, "the journal stream answers as another stream: asking again before folding it afresh");
+                    contact.suspect = Some((now.created, answered));
+                    return None;
+                }
+            },
+        }
+        if contact.created != now.created || now.head < received.last {
             let (old_created, old_last) = (contact.created, received.last);
             *received = Received {
                 lines: Vec::new(),
@@ -1098,7 +651,7 @@ impl Shared {
             tracing::warn!(store = %location, was_created = old_created, created = now.created, folded_up_to = old_last, holds = now.head, "the journal stream was deleted and created again: folding the new one from its start (leases only the old one granted are no longer admitted; closures already seen stay in force)");
             self.delivered.send_replace(0);
             self.replaced.send_modify(|n| *n += 1);
-            return received.generation;
+            return Some(received.generation);
         }
         contact.head = now.head;
         let handed = received.handed;
@@ -1106,7 +659,7 @@ impl Shared {
             Some((_, target)) if handed < target => {}
             _ => contact.behind = (handed < now.head).then_some((contact.last, now.head)),
         }
-        received.generation
+        Some(received.generation)
     }
 }
 
@@ -1147,7 +700,7 @@ impl Store for NatsStore {
         // Spawned, so that the append goes through even if the caller stops waiting.
         let (stream, record) = (self.stream.clone(), record.clone());
         let keyring = self.keyring.clone();
-        let task = tokio::spawn(async move { stream.append_record(record, &keyring).await });
+        let task = tokio::spawn(async move { append_record(&stream, record, &keyring).await });
         Box::pin(async move {
             let at = task.await.map_err(io::Error::other)??;
             Ok(Position {
@@ -1159,8 +712,16 @@ impl Store for NatsStore {
 
     fn head(&self) -> BoxFuture<'_, io::Result<Position>> {
         Box::pin(async move {
+            let (asked, asked_at) = (self.shared.asked(), Instant::now());
             let now = self.stream.incarnation().await?;
-            let generation = self.shared.observe(now, &self.stream.location);
+            let generation = self
+                .shared
+                .observe(now, asked, asked_at, &self.stream.location)
+                .ok_or_else(|| {
+                    io::Error::other(
+                        "the stream's answer is not known to be current (no leader named, or it names another stream not yet confirmed)",
+                    )
+                })?;
             Ok(Position {
                 generation,
                 offset: now.head,
@@ -1259,5 +820,125 @@ impl Store for NatsStore {
             reconnects: self.stream.reconnects(),
             replaced: received.generation - GENERATION,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CREATED: i128 = 1_700_000_000_000_000_000;
+
+    fn answer(created: i128, head: u64, led: bool) -> Incarnation {
+        Incarnation { created, head, led }
+    }
+
+    fn asked(delivered: u64) -> Asked {
+        Asked {
+            generation: GENERATION,
+            delivered,
+        }
+    }
+
+    #[test]
+    fn only_a_led_answer_below_what_was_delivered_before_it_was_asked_is_another_stream() {
+        let same = |asked_at: Asked, now| compare(CREATED, GENERATION, asked_at, now);
+        assert_eq!(same(asked(5), answer(CREATED, 5, true)), Seen::Same);
+        assert_eq!(same(asked(5), answer(CREATED, 9, true)), Seen::Same);
+        // Asked before message 5 arrived, answered after: not a stream that went back.
+        assert_eq!(same(asked(4), answer(CREATED, 4, true)), Seen::Same);
+        assert_eq!(same(asked(5), answer(CREATED, 4, true)), Seen::Other);
+        assert_eq!(same(asked(5), answer(CREATED + 1, 9, true)), Seen::Other);
+        // A member without a leader answers from its own copy: nothing to go by, whatever it
+        // says (0 messages, another creation time it was recovering).
+        assert_eq!(same(asked(5), answer(CREATED, 0, false)), Seen::Unsure);
+        assert_eq!(same(asked(5), answer(CREATED + 1, 0, false)), Seen::Unsure);
+        // Asked of the generation before: the answer may be of the stream that replaced it.
+        assert_eq!(
+            compare(CREATED, GENERATION + 1, asked(5), answer(CREATED, 0, true)),
+            Seen::Unsure
+        );
+    }
+
+    fn shared(created: i128, delivered: u64) -> Shared {
+        Shared {
+            received: Mutex::new(Received {
+                lines: Vec::new(),
+                too_long: 0,
+                last: delivered,
+                handed: delivered,
+                settle_at: delivered,
+                generation: GENERATION,
+                restarted: false,
+            }),
+            delivered: watch::channel(delivered).0,
+            contact: Mutex::new(Contact {
+                last: Instant::now(),
+                head: delivered,
+                behind: None,
+                created,
+                suspect: None,
+            }),
+            stalled: tokio::sync::Notify::new(),
+            replaced: watch::channel(0).0,
+        }
+    }
+
+    #[test]
+    fn a_replacement_is_folded_only_once_a_second_answer_asked_after_the_first_confirms_it() {
+        let location: NatsLocation = "nats://127.0.0.1:4222/LG".parse().unwrap();
+        let shared = shared(CREATED, 5);
+        let ask = || (shared.asked(), Instant::now());
+
+        // A stale or odd answer once, then the stream as it is: no new generation.
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            None
+        );
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED, 5, true), a, at, &location),
+            Some(GENERATION)
+        );
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            None
+        );
+        assert_eq!(shared.received().generation, GENERATION);
+        assert_eq!(*shared.replaced.borrow(), 0);
+
+        // Two answers asked at the same moment are not two looks.
+        let (a, at) = (shared.asked(), Instant::now() - Duration::from_secs(1));
+        assert_eq!(
+            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            None
+        );
+        assert_eq!(shared.received().generation, GENERATION);
+
+        // Without a leader: contact, nothing else.
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED + 1, 0, false), a, at, &location),
+            None
+        );
+        assert_eq!(shared.contact().suspect.map(|s| s.0), Some(CREATED));
+
+        // The same other stream twice in a row: folded afresh.
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED + 1, 2, true), a, at, &location),
+            None
+        );
+        let (a, at) = ask();
+        assert_eq!(
+            shared.observe(answer(CREATED + 1, 2, true), a, at, &location),
+            Some(GENERATION + 1)
+        );
+        let received = shared.received();
+        assert!(received.restarted);
+        assert_eq!((received.last, received.settle_at), (0, 2));
+        assert_eq!(*shared.replaced.borrow(), 1);
     }
 }

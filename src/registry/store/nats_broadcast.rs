@@ -8,8 +8,8 @@
 //! subscriber yet, a disconnection, a slow consumer) costs only time — the journal still
 //! carries the record.
 
-use super::nats::{subject_token, NatsStream};
 use super::Broadcast;
+use crate::nats::{subject_token, NatsStream};
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::io;

@@ -17,8 +17,8 @@
 //! snapshot it has just read back and verified covers.
 
 use super::location::NatsLocation;
-use super::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
 use crate::contract::{Key, Keyring};
+use crate::nats::{NatsError, NatsOptions, NatsStream, StreamSpec, REQUEST_TIMEOUT};
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};

@@ -8,9 +8,9 @@
 //! the snapshot covers, which the stream must still hold. Anything else is an error that names
 //! what is missing: a partial journal is never folded.
 
-use super::nats::{NatsStream, Span};
 use super::snapshot::{self, Marker};
 use crate::contract::Keyring;
+use crate::nats::{NatsStream, Span};
 use std::io;
 
 /// Whether a reader of a stream that was never purged starts from its snapshot.
