@@ -293,7 +293,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-#[path = "../../tests/it/tls_hello.rs"]
+#[path = "../../tests/it/support/tls_hello.rs"]
 mod tls_hello;
 
 #[cfg(test)]

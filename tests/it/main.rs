@@ -1,40 +1,11 @@
-//! The integration suite: one binary, modules by area.
+//! The integration suite: one binary, modules by area; helpers in `support/`.
 
-mod admin_flood;
-mod boundary_guard;
-mod boundary_ops;
-mod boundary_stream;
-mod boundary_tls;
-mod bounded;
-mod bridges;
-mod catch_up;
+mod admin;
+mod boundary;
 mod cli;
-mod clients;
-mod clock;
-mod compact;
-mod conformance;
-mod dashboard;
-mod deploy;
-mod descriptors;
-mod failover;
-mod fold;
-mod fuzz_corpus;
-mod harness;
-mod lease_ports;
+mod cluster;
+mod contract;
+mod journal;
 mod live;
-mod missing_stream;
-mod nats_support;
-mod operate;
-mod pipeline;
 mod proxy;
-mod purge;
-mod quorum_loss;
-mod run_trust;
-mod scale_out;
-mod starvation;
-mod suggest;
 mod support;
-mod tls_hello;
-mod tunnels;
-mod usage;
-mod ux;

@@ -1,0 +1,175 @@
+//! Shared test helpers: contract data, signed leases, the built binary.
+
+pub mod harness;
+pub mod nats;
+pub mod tls_hello;
+
+use leasegate::contract::lease::sign;
+use leasegate::contract::{Key, Timestamp};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+pub fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
+}
+
+pub fn read_json(rel: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(data(rel)).unwrap()).unwrap()
+}
+
+pub fn t(text: &str) -> Timestamp {
+    Timestamp::parse(text).unwrap()
+}
+
+/// A deterministic key for tests (never the published test key).
+pub fn key(seed: u8) -> Key {
+    Key::from_bytes([seed; 32])
+}
+
+/// A lease id from a small number, in the contract's UUID form.
+pub fn id(n: u32) -> String {
+    format!("{n:08x}-0000-4000-8000-000000000000")
+}
+
+/// A signed lease built by hand.
+pub fn lease(
+    key: &Key,
+    lease_id: &str,
+    parent: Option<&str>,
+    window: (&str, &str),
+    allow: &[&str],
+    deny: &[&str],
+) -> Value {
+    let mut manifest = json!({
+        "schema_version": "1.2",
+        "agent": {"name": "tester", "kind": "external", "runtime_agent": "unknown"},
+        "intent": {"purpose": "test"},
+        "allow": {"tools": [], "read_paths": [], "write_paths": [], "hosts": allow, "commands": []},
+        "deny": {"commands": [], "paths": [], "hosts": deny},
+        "budget": {},
+        "approvals": [],
+    });
+    let mut lease = json!({
+        "schema_version": "1.2",
+        "lease_id": lease_id,
+        "declared_hash": "0".repeat(64),
+        "issued_at": window.0,
+        "expires_at": window.1,
+        "issuer_session_id": "tests",
+    });
+    if let Some(parent) = parent {
+        manifest["parent_lease_id"] = parent.into();
+        lease["parent_lease_id"] = parent.into();
+    }
+    lease["manifest"] = manifest;
+    sign(&mut lease, key).unwrap();
+    lease
+}
+
+/// A `granted` journal line for a lease.
+pub fn granted_line(lease: &Value, at: &str) -> String {
+    json!({
+        "schema_version": "1.2",
+        "at": at,
+        "event": "granted",
+        "lease_id": lease["lease_id"],
+        "lease": lease,
+    })
+    .to_string()
+}
+
+/// A closing or other event line without a lease.
+pub fn event_line(event: &str, lease_id: &str, at: &str, extra: Value) -> String {
+    let mut line = json!({"schema_version": "1.0", "at": at, "event": event, "lease_id": lease_id});
+    for (k, v) in extra.as_object().unwrap() {
+        line[k] = v.clone();
+    }
+    line.to_string()
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_leasegate")
+}
+
+/// The one way tests run the built binary: `args`, with RUST_LOG cleared and every port open
+/// to tunnels and forwarded requests (origins listen on random ports; a test of the port
+/// defaults removes `LEASEGATE_CONNECT_PORTS` and `LEASEGATE_FORWARD_PORTS`).
+pub fn leasegate_command(args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(bin());
+    command.args(args);
+    with_test_env(&mut command);
+    command
+}
+
+/// [`leasegate_command`] under a file descriptor limit: `ulimit` runs with `limit` as its
+/// arguments in a shell that then becomes the binary (`-n 256`: soft and hard limit 256).
+pub fn leasegate_command_under(limit: &str, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new("bash");
+    command
+        .arg("-c")
+        .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
+        .arg(bin())
+        .args(args);
+    with_test_env(&mut command);
+    command
+}
+
+fn with_test_env(command: &mut std::process::Command) {
+    command
+        .env_remove("RUST_LOG")
+        .env("LEASEGATE_CONNECT_PORTS", "1-65535")
+        .env("LEASEGATE_FORWARD_PORTS", "1-65535");
+}
+
+/// `serve` on `journal` under `key` with per-lease ports in `range` (no admin listener, any
+/// proxy port; its data directory beside the journal), its stderr piped for the test to read.
+pub fn serve_lease_ports(journal: &str, key: &str, range: &str) -> std::process::Child {
+    let data = std::path::Path::new(journal).with_file_name("data");
+    let data = data.to_str().unwrap();
+    serve_piped(journal, key, &["--lease-ports", range, "--data-dir", data])
+}
+
+/// `serve` on `journal` under `key` with `more` flags (no admin listener, any proxy port), its
+/// stderr piped for the test to read.
+pub fn serve_piped(journal: &str, key: &str, more: &[&str]) -> std::process::Child {
+    let mut args = vec![
+        "serve",
+        "--admin",
+        "off",
+        "--listen",
+        "127.0.0.1:0",
+        "--journal",
+        journal,
+        "--key-file",
+        key,
+    ];
+    args.extend_from_slice(more);
+    leasegate_command(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Runs the binary from an async test without blocking the runtime's threads (which may be
+/// serving the proxy under test).
+pub async fn leasegate(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::from(leasegate_command(args))
+        .output()
+        .await
+        .unwrap()
+}
+
+/// Runs the binary from a plain `#[test]`.
+pub fn leasegate_sync(args: &[&str]) -> std::process::Output {
+    leasegate_command(args).output().unwrap()
+}
+
+/// `line` (a journal record) signed by `signer`.
+pub fn signed_line(line: &str, signer: &Key) -> String {
+    let mut record: Value = serde_json::from_str(line).unwrap();
+    sign(&mut record, signer).unwrap();
+    record.to_string()
+}
