@@ -2,6 +2,7 @@
 //! log episode (not one line per lease) for an exhausted lease-port range.
 
 use crate::support::harness::{admin_get, port_range, Harness};
+use crate::support::succeeded;
 use crate::support::{leasegate_command, serve_lease_ports};
 use leasegate::contract::Timestamp;
 use leasegate::issue::{self, IssueRequest};
@@ -136,14 +137,7 @@ fn the_leases_command_filters_limits_and_orders() {
     let run = |extra: &[&str]| -> Vec<String> {
         let mut args = vec!["leases", "--journal", journal, "--key-file", key];
         args.extend(extra);
-        let out = leasegate_command(&args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
+        succeeded(&leasegate_command(&args).output().unwrap())
             .lines()
             .map(str::to_owned)
             .collect()

@@ -1,6 +1,7 @@
 //! Watching leasegate: the Grafana dashboard's queries against the real `/metrics`, and the
 //! admin page at `/` in a real headless Chromium driven over W3C WebDriver.
 
+use crate::support::harness::status_through;
 use crate::support::harness::{
     admin_get, admin_text, curl, eventually, http_origin, proxy_url, raw, status_of, Harness,
 };
@@ -419,7 +420,6 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     );
 
     // Traffic: allowed calls through the lease and its child, one refused through `strayed`.
-    let proxy = proxy_url(&server, &lease);
     let port = origin.addr.port();
     let allowed = format!("http://origin.test:{port}/");
     let rounds = if std::env::var_os("LEASEGATE_SCREENSHOT").is_some() {
@@ -434,22 +434,14 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
             tokio::time::sleep(Duration::from_millis(1000)).await;
         }
         for _ in 0..(1 + round % 6) {
-            assert_eq!(curl(&["-x", &proxy, &allowed], &[]).await.status, 200);
+            assert_eq!(status_through(&server, &lease, &allowed).await, 200);
             calls += 1;
         }
-        let child_proxy = proxy_url(&server, &child);
-        assert_eq!(curl(&["-x", &child_proxy, &allowed], &[]).await.status, 200);
+        assert_eq!(status_through(&server, &child, &allowed).await, 200);
     }
-    let strayed_proxy = proxy_url(&server, &strayed);
-    assert_eq!(
-        curl(&["-x", &strayed_proxy, &allowed], &[]).await.status,
-        200
-    );
+    assert_eq!(status_through(&server, &strayed, &allowed).await, 200);
     let denied = format!("http://other.test:{port}/");
-    assert_eq!(
-        curl(&["-x", &strayed_proxy, &denied], &[]).await.status,
-        403
-    );
+    assert_eq!(status_through(&server, &strayed, &denied).await, 403);
     let since = std::time::Instant::now();
     let strayed_row = format!("tr.lease[data-lease-id='{strayed}']");
     let field = |row: &str, name: &str| {

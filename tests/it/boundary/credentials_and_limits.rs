@@ -4,6 +4,7 @@
 use crate::support::harness::{
     admin_get, curl, http_origin, status_of, streaming_tunnel, until_closed, Harness,
 };
+use crate::support::succeeded;
 use crate::support::{leasegate, leasegate_command};
 use leasegate::config::Credentials;
 use leasegate::contract::{token, Key};
@@ -196,12 +197,7 @@ fn issue_prints_the_token_second_and_token_mints_the_same() {
     ])
     .output()
     .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = succeeded(&out);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
     let lease = lines[0];

@@ -1,9 +1,11 @@
 //! The boundary: deny entries that are IP literals, malformed patterns,
 //! the upstream pool across leases, and a wildcard listener's own interface addresses.
 
+use crate::support::harness::through;
 use crate::support::harness::{
     admin_text, curl, eventually, http_origin, open_tunnel, proxy_url, raw, status_of, Harness,
 };
+use crate::support::succeeded;
 use crate::support::{granted_line, key, lease, leasegate_sync as run};
 use leasegate::proxy::{OnRefusal, ProxyConfig};
 use leasegate::server::Server;
@@ -24,11 +26,11 @@ async fn a_denied_ip_literal_refuses_a_name_resolving_to_it_end_to_end() {
     let denying = h.lease(&["*"], &["127.0.0.1"]);
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
     let url = format!("http://origin.test:{}/", origin.addr.port());
-    let control = curl(&["-x", &proxy_url(&server, &open), &url], &[]).await;
+    let control = through(&server, &open, &url).await;
     assert_eq!(control.status, 200, "{control:?}");
     let before = origin.connections.load(Ordering::SeqCst);
 
-    let out = curl(&["-x", &proxy_url(&server, &denying), &url], &[]).await;
+    let out = through(&server, &denying, &url).await;
     assert_eq!(out.status, 403, "{out:?}");
     assert_eq!(
         out.header("x-leasegate-refusal").as_deref(),
@@ -140,7 +142,7 @@ fn issue_refuses_every_spelling_that_is_not_a_pattern() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
     let journal = dir.path().join("journal.jsonl");
-    assert!(run(&["keygen", "--out", s(&key)]).status.success());
+    succeeded(&run(&["keygen", "--out", s(&key)]));
     for (flag, host, said) in [
         (
             "--allow-host",
@@ -194,11 +196,7 @@ fn issue_refuses_every_spelling_that_is_not_a_pattern() {
         "--deny-host",
         "0x7f.0.0.1",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let line = std::fs::read_to_string(&journal).unwrap();
     assert!(
         line.contains(r#""hosts":["*.xn--bcher-kva.example"]"#)

@@ -3,6 +3,7 @@
 //! with the container paths mapped to a temporary directory. No Docker engine is needed.
 
 use crate::support::bin;
+use crate::support::succeeded;
 use serde_yaml_ng::Value as Yaml;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -88,14 +89,7 @@ fn service_command(name: &str, root: &Path) -> Command {
 }
 
 fn stdout_of(command: &mut Command) -> String {
-    let output = command.output().expect("runs");
-    assert!(
-        output.status.success(),
-        "{:?}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("utf-8")
+    succeeded(&command.output().expect("runs"))
 }
 
 #[test]

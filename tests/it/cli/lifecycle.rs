@@ -1,5 +1,6 @@
 //! The CLI end to end: keygen → issue → verify → leases → revoke → leases, and failures.
 
+use crate::support::succeeded;
 use crate::support::{data, leasegate_command};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -21,8 +22,7 @@ fn issue_verify_leases_revoke_round_trip() {
     let journal = dir.path().join("journal.jsonl");
 
     let out = run(&["keygen", "--out", s(&key)]);
-    assert!(out.status.success());
-    let fingerprint = stdout(&out).trim().to_owned();
+    let fingerprint = succeeded(&out).trim().to_owned();
     assert!(
         fingerprint.starts_with("sha256:") && fingerprint.len() == 23,
         "{fingerprint}"
@@ -52,12 +52,7 @@ fn issue_verify_leases_revoke_round_trip() {
         "--name",
         "root-agent",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let parent = stdout(&out).lines().next().unwrap().to_owned();
+    let parent = succeeded(&out).lines().next().unwrap().to_owned();
     assert_eq!(parent.len(), 36);
 
     // A child must stay inside its parent's hosts.
@@ -87,8 +82,7 @@ fn issue_verify_leases_revoke_round_trip() {
         "--ttl",
         "10m",
     ]);
-    assert!(out.status.success());
-    let child = stdout(&out).lines().next().unwrap().to_owned();
+    let child = succeeded(&out).lines().next().unwrap().to_owned();
 
     let out = run(&["verify", "--key-file", s(&key), s(&journal)]);
     assert_eq!(
@@ -121,7 +115,7 @@ fn issue_verify_leases_revoke_round_trip() {
         "--reason",
         "done here",
     ]);
-    assert!(out.status.success());
+    succeeded(&out);
     let out = run(&[
         "leases",
         "--journal",
@@ -157,18 +151,16 @@ fn a_tampered_lease_fails_verify() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
     let journal = dir.path().join("journal.jsonl");
-    assert!(run(&["keygen", "--out", s(&key)]).status.success());
-    assert!(run(&[
+    succeeded(&run(&["keygen", "--out", s(&key)]));
+    succeeded(&run(&[
         "issue",
         "--journal",
         s(&journal),
         "--key-file",
         s(&key),
         "--allow-host",
-        "api.example.com"
-    ])
-    .status
-    .success());
+        "api.example.com",
+    ]));
     let line = std::fs::read_to_string(&journal).unwrap();
     let record: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
     let lease_file = dir.path().join("lease.json");
@@ -247,7 +239,7 @@ fn flags_read_environment_variables() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
     let journal = dir.path().join("journal.jsonl");
-    assert!(run(&["keygen", "--out", s(&key)]).status.success());
+    succeeded(&run(&["keygen", "--out", s(&key)]));
     let out = leasegate_command(&["issue"])
         .env("LEASEGATE_JOURNAL", &journal)
         .env("LEASEGATE_KEY_FILE", &key)
@@ -255,11 +247,7 @@ fn flags_read_environment_variables() {
         .env("LEASEGATE_NAME", "from-env")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let text = std::fs::read_to_string(&journal).unwrap();
     assert!(
         text.contains(r#""hosts":["a.example.com","b.example.com"]"#) && text.contains("from-env")
@@ -271,7 +259,7 @@ fn check_explains_the_verdict_and_the_deciding_pattern() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
     let journal = dir.path().join("journal.jsonl");
-    assert!(run(&["keygen", "--out", s(&key)]).status.success());
+    succeeded(&run(&["keygen", "--out", s(&key)]));
     let out = run(&[
         "issue",
         "--journal",

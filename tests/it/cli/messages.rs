@@ -3,6 +3,7 @@
 
 use crate::support::harness::{curl, http_origin, proxy_url, raw, Harness};
 use crate::support::leasegate_command;
+use crate::support::succeeded;
 
 /// The first line of a raw response.
 fn status_line(response: &str) -> &str {
@@ -411,13 +412,7 @@ fn issue_sync(journal: &str, key: &str, hosts: &[&str]) -> String {
     for host in hosts {
         args.extend(["--allow-host", host]);
     }
-    let out = leasegate_command(&args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    succeeded(&leasegate_command(&args).output().unwrap())
         .lines()
         .next()
         .unwrap()

@@ -3,6 +3,7 @@
 
 use crate::support::harness::{curl, http_origin, proxy_url, Harness};
 use crate::support::leasegate;
+use crate::support::leasegate_ok;
 use leasegate::proxy::Mode;
 
 /// Names the recorded session reaches, all served by one loopback origin.
@@ -17,13 +18,7 @@ const NAMES: &[(&str, &str)] = &[
 async fn suggest(args: &[&str]) -> String {
     let mut argv = vec!["suggest"];
     argv.extend_from_slice(args);
-    let out = leasegate(&argv).await;
-    assert!(
-        out.status.success(),
-        "suggest {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    leasegate_ok(&argv).await
 }
 
 /// The `--allow-host` values of the flags line (the one line that is not a comment).
@@ -126,13 +121,7 @@ async fn a_lease_issued_from_a_report_mode_recording_allows_what_was_recorded() 
     for host in &hosts {
         issue.extend(["--allow-host", host.as_str()]);
     }
-    let out = leasegate(&issue).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let issued = String::from_utf8(out.stdout).unwrap();
+    let issued = leasegate_ok(&issue).await;
     let suggested = issued.lines().next().unwrap().to_owned();
     let server = h.start(h.config(NAMES)).await;
     let proxy = proxy_url(&server, &suggested);
@@ -319,9 +308,7 @@ async fn agent_is_the_manifests_and_a_label_names_its_leases() {
     args.extend(journal);
     let mut argv = vec!["suggest"];
     argv.extend(&args);
-    let out = leasegate(&argv).await;
-    assert!(out.status.success());
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stdout = leasegate_ok(&argv).await;
     assert!(
         stdout.starts_with(&format!(
             "# label victim-agent: 2 call(s), 2 entries\n# leases: {first}, {second}\n# warning: "

@@ -3,6 +3,7 @@
 
 use crate::support::harness::{eventually, Harness};
 use crate::support::nats::{NatsCluster, Role};
+use crate::support::succeeded;
 use crate::support::{granted_line, lease, leasegate, leasegate_command};
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
@@ -10,20 +11,10 @@ use leasegate::registry::store::nats::NatsStream;
 use serde_json::{Map, Value};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{:?}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -92,7 +83,7 @@ pub(crate) async fn start_mirror(file: &Path, url: &str) -> (Child, String) {
 
 /// `leases --json` on a journal (file or stream).
 async fn leases_json(journal: &str, key: &Path) -> String {
-    stdout(
+    succeeded(
         &leasegate(&[
             "leases",
             "--journal",
@@ -108,7 +99,7 @@ async fn leases_json(journal: &str, key: &Path) -> String {
 /// `export URL` to stdout.
 async fn export(url: &str) -> Vec<u8> {
     let output = leasegate(&["journal", "export", url]).await;
-    stdout(&output);
+    succeeded(&output);
     output.stdout
 }
 
@@ -132,19 +123,19 @@ async fn import_twice_then_export_is_the_file_byte_for_byte() {
     let source = std::fs::read(&h.journal).unwrap();
     let imported = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
     assert_eq!(
-        stdout(&imported),
+        succeeded(&imported),
         "imported 4 lines, 0 already in the stream\n"
     );
     let again = leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await;
     assert_eq!(
-        stdout(&again),
+        succeeded(&again),
         "imported 0 lines, 4 already in the stream\n"
     );
     assert_eq!(stream.read_all().await.unwrap().len(), 4);
     assert_eq!(export(&url).await, source);
     let out = h.dir.path().join("exported.jsonl");
     let exported = leasegate(&["journal", "export", &url, "--out", path(&out)]).await;
-    assert_eq!(stdout(&exported), "");
+    assert_eq!(succeeded(&exported), "");
     assert_eq!(std::fs::read(&out).unwrap(), source);
     let leftovers: Vec<_> = std::fs::read_dir(h.dir.path())
         .unwrap()
@@ -180,7 +171,7 @@ async fn import_publishes_only_the_copies_the_stream_lacks() {
     std::fs::write(&first, format!("{x}\n")).unwrap();
     let imported = leasegate(&["journal", "import", path(&first), "--to", &issuer]).await;
     assert_eq!(
-        stdout(&imported),
+        succeeded(&imported),
         "imported 1 lines, 0 already in the stream\n"
     );
     // x twice in the file, once in the stream: one more x. An empty line carries nothing; a
@@ -189,7 +180,7 @@ async fn import_publishes_only_the_copies_the_stream_lacks() {
     std::fs::write(&whole, format!("{x}\n{y}\n\n{x}\n{{\"lease_id\":\"z\"")).unwrap();
     let imported = leasegate(&["journal", "import", path(&whole), "--to", &issuer]).await;
     assert_eq!(
-        stdout(&imported),
+        succeeded(&imported),
         "imported 2 lines, 1 already in the stream; the last line has no newline and was left out\n"
     );
     assert_eq!(export(&url).await, format!("{x}\n{y}\n{x}\n").into_bytes());
@@ -227,17 +218,18 @@ async fn leases_verify_and_check_read_a_stream() {
     let open = h.lease(&["api.example.com"], &[]);
     let revoked = h.lease(&["api.example.com"], &[]);
     leasegate::issue::revoke(&h.journal, &h.key, &revoked, "done", Timestamp::now()).unwrap();
-    stdout(&leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await);
+    succeeded(&leasegate(&["journal", "import", path(&h.journal), "--to", &issuer]).await);
     let journal = path(&h.journal);
     assert_eq!(
         leases_json(&url, &h.key_path).await,
         leases_json(journal, &h.key_path).await
     );
-    let table =
-        stdout(&leasegate(&["leases", "--journal", &url, "--key-file", path(&h.key_path)]).await);
+    let table = succeeded(
+        &leasegate(&["leases", "--journal", &url, "--key-file", path(&h.key_path)]).await,
+    );
     assert!(table.contains(&open) && table.contains(&revoked), "{table}");
     let verify = leasegate(&["verify", "--key-file", path(&h.key_path), &url]).await;
-    assert_eq!(stdout(&verify), "");
+    assert_eq!(succeeded(&verify), "");
     assert_eq!(
         String::from_utf8_lossy(&verify.stderr),
         format!(
@@ -262,7 +254,7 @@ async fn leases_verify_and_check_read_a_stream() {
         }
     };
     let allowed = check(open).await;
-    assert!(stdout(&allowed).starts_with("allow\n"), "{allowed:?}");
+    assert!(succeeded(&allowed).starts_with("allow\n"), "{allowed:?}");
     let refused = check(revoked).await;
     assert_eq!(refused.status.code(), Some(1));
     let text = String::from_utf8_lossy(&refused.stdout);
@@ -593,11 +585,7 @@ async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
         path(&ca),
     ])
     .await;
-    assert!(
-        imported.status.success(),
-        "{}",
-        String::from_utf8_lossy(&imported.stderr)
-    );
+    succeeded(&imported);
     let listed = leasegate(&[
         "leases",
         "--journal",
@@ -609,12 +597,7 @@ async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
         "--json",
     ])
     .await;
-    assert!(
-        listed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&listed.stderr)
-    );
-    let row: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let row: Value = serde_json::from_str(&succeeded(&listed)).unwrap();
     assert_eq!(row["lease_id"], lease.as_str());
     assert_eq!(row["status"], "open");
     // Without the CA the server's certificate is not trusted: a clear error, nothing read.

@@ -1,8 +1,9 @@
 //! Usage across replicas: every replica publishes its egress lines to one NATS stream
 //! (`--egress-stream`), `leasegate usage` sums them; the request path does not depend on NATS.
 
+use crate::support::harness::through;
 use crate::support::harness::{curl, eventually, http_origin, proxy_url, raw, Harness};
-use crate::support::leasegate;
+use crate::support::leasegate_ok;
 use crate::support::nats::{publish_file, NatsCluster, Role};
 use leasegate::registry::store::nats::{NatsOptions, NatsStream};
 use leasegate::registry::{JournalLocation, StoreOptions};
@@ -56,13 +57,7 @@ async fn egress_stream(cluster: &NatsCluster) -> NatsStream {
 async fn usage(args: &[&str]) -> String {
     let mut argv = vec!["usage"];
     argv.extend_from_slice(args);
-    let out = leasegate(&argv).await;
-    assert!(
-        out.status.success(),
-        "usage {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    leasegate_ok(&argv).await
 }
 
 /// `usage --json` output, parsed: one object per lease.
@@ -138,7 +133,7 @@ async fn usage_sums_the_egress_of_every_replica() {
     .await;
     assert_eq!(out.status, 200, "{}", out.stderr);
     assert!(out.body_text().starts_with("300 "), "{}", out.body_text());
-    let out = curl(&["-x", &proxy_url(&two, &a), "http://denied.test/"], &[]).await;
+    let out = through(&two, &a, "http://denied.test/").await;
     assert_eq!(out.status, 403);
     // Lease b: one download of 5000 bytes on two.
     let out = curl(
@@ -280,7 +275,7 @@ async fn requests_go_on_while_nats_is_down_and_what_overflows_is_counted() {
     let server = Server::start(config).await.unwrap();
     let url = format!("http://origin.test:{}/", origin.addr.port());
     let get = || async {
-        let out = curl(&["-x", &proxy_url(&server, &lease), &url], &[]).await;
+        let out = through(&server, &lease, &url).await;
         assert_eq!(out.status, 200, "{}", out.stderr);
     };
 

@@ -4,11 +4,11 @@
 use crate::admin::operate::sample;
 use crate::cluster::scale_out::{admin_revoke, replica};
 use crate::live::follow::{issue_cli, revoke_cli};
-use crate::support::harness::{
-    admin_get, admin_text, curl, eventually, http_origin, proxy_url, Harness,
-};
+use crate::support::harness::answer_through;
+use crate::support::harness::{admin_get, admin_text, eventually, http_origin, Harness};
+use crate::support::leasegate_ok;
 use crate::support::nats::{publish_file, NatsCluster, Role};
-use crate::support::{event_line, granted_line, id, key, lease, leasegate, signed_line};
+use crate::support::{event_line, granted_line, id, key, lease, signed_line};
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::registry::compact::{select, DEFAULT_RETENTION};
 use leasegate::registry::journal::fold_bytes;
@@ -191,12 +191,6 @@ fn compact_args(h: &Harness) -> [&str; 6] {
     ]
 }
 
-/// What the proxy answers a plain request through `lease`: the status and the refusal code.
-async fn through(server: &Server, lease: &str, url: &str) -> (u16, Option<String>) {
-    let out = curl(&["-x", &proxy_url(server, lease), url], &[]).await;
-    (out.status, out.header("x-leasegate-refusal"))
-}
-
 /// Compacted under a running proxy: it follows the new file from what it covers (its fold
 /// counts no line twice), and a lease granted or revoked after the swap, by another process or
 /// through the proxy's own admin API, is followed. The old file is kept byte for byte.
@@ -209,16 +203,10 @@ async fn a_running_proxy_follows_a_compaction_without_folding_again() {
     let revoked_elsewhere = h.lease(&["origin.test"], &[]);
     let revoked_here = h.lease(&["origin.test"], &[]);
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
-    assert_eq!(through(&server, &kept, &url).await.0, 200);
+    assert_eq!(answer_through(&server, &kept, &url).await.0, 200);
     let before = std::fs::read(&h.journal).unwrap();
 
-    let out = leasegate(&compact_args(&h)).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = leasegate_ok(&compact_args(&h)).await;
     assert!(stdout.contains("3 of 4 lines kept"), "{stdout}");
     assert!(stdout.contains("3 leases kept, 1 dropped"), "{stdout}");
     let archives: Vec<_> = std::fs::read_dir(h.dir.path())
@@ -237,7 +225,7 @@ async fn a_running_proxy_follows_a_compaction_without_folding_again() {
 
     let fresh = issue_cli(&h, "origin.test", &[]).await;
     let opened = eventually(Duration::from_secs(5), || async {
-        (through(&server, &fresh, &url).await.0 == 200).then_some(())
+        (answer_through(&server, &fresh, &url).await.0 == 200).then_some(())
     })
     .await;
     assert!(
@@ -246,19 +234,19 @@ async fn a_running_proxy_follows_a_compaction_without_folding_again() {
     );
     revoke_cli(&h, &revoked_elsewhere).await;
     let refused = eventually(Duration::from_secs(5), || async {
-        let answer = through(&server, &revoked_elsewhere, &url).await;
+        let answer = answer_through(&server, &revoked_elsewhere, &url).await;
         (answer.0 == 403).then_some(answer.1)
     })
     .await;
     assert_eq!(refused, Some(Some("lease-revoked".into())));
     admin_revoke(&server, &revoked_here).await;
     assert_eq!(
-        through(&server, &revoked_here, &url).await,
+        answer_through(&server, &revoked_here, &url).await,
         (403, Some("lease-revoked".into()))
     );
-    assert_eq!(through(&server, &kept, &url).await.0, 200);
+    assert_eq!(answer_through(&server, &kept, &url).await.0, 200);
     assert_eq!(
-        through(&server, &old, &url).await.1.as_deref(),
+        answer_through(&server, &old, &url).await.1.as_deref(),
         Some("lease-expired")
     );
 
@@ -317,13 +305,7 @@ async fn a_new_replica_starts_from_the_snapshot_and_follows_the_stream() {
 
     let url = cluster.url_as(Role::Compactor, "LGC");
     let key = h.key_path.to_str().unwrap();
-    let out = leasegate(&["journal", "compact", "--journal", &url, "--key-file", key]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = leasegate_ok(&["journal", "compact", "--journal", &url, "--key-file", key]).await;
     assert!(
         stdout.contains("up to sequence 3: 2 of 3 lines kept"),
         "{stdout}"

@@ -1,19 +1,14 @@
 //! The proxy's clock stepped back: an expiry it has seen stays seen, in memory and across a
 //! restart; the step shows on `/readyz` and `/metrics`.
 
-use crate::support::harness::{admin_get, admin_text, curl, http_origin, proxy_url, Harness};
+use crate::support::harness::answer_through;
+use crate::support::harness::{admin_get, admin_text, http_origin, Harness};
 use leasegate::contract::Timestamp;
 use leasegate::registry::WallClock;
 use leasegate::server::Server;
 use std::time::Duration;
 
 const HOUR: i64 = 3_600_000;
-
-/// The status and refusal code of a request through `server` under `lease`.
-async fn ask(server: &Server, lease: &str, url: &str) -> (u16, Option<String>) {
-    let out = curl(&["-x", &proxy_url(server, lease), url], &[]).await;
-    (out.status, out.header("x-leasegate-refusal"))
-}
 
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
@@ -56,20 +51,20 @@ async fn a_lease_seen_expired_stays_expired_when_the_clock_steps_back() {
     let wall = WallClock::adjustable();
     let server = start(wall.clone()).await.unwrap();
     assert_eq!(
-        ask(&server, &expired, &url).await,
+        answer_through(&server, &expired, &url).await,
         (403, Some("lease-expired".into()))
     );
-    assert_eq!(ask(&server, &open, &url).await, (200, None));
+    assert_eq!(answer_through(&server, &open, &url).await, (200, None));
     let (status, ready) = admin_get(&server, "/readyz").await;
     assert_eq!((status, ready.get("clock")), (200, None), "{ready}");
 
     wall.step(-HOUR);
     assert_eq!(
-        ask(&server, &expired, &url).await,
+        answer_through(&server, &expired, &url).await,
         (403, Some("lease-expired".into())),
         "the expiry the proxy saw stands"
     );
-    assert_eq!(ask(&server, &open, &url).await, (200, None));
+    assert_eq!(answer_through(&server, &open, &url).await, (200, None));
     let (status, ready) = admin_get(&server, "/readyz").await;
     assert_eq!(status, 200, "{ready}");
     assert_eq!(ready["clock"]["steps_back"], 1, "{ready}");
@@ -87,11 +82,11 @@ async fn a_lease_seen_expired_stays_expired_when_the_clock_steps_back() {
     wall.step(-HOUR);
     let server = start(wall).await.unwrap();
     assert_eq!(
-        ask(&server, &expired, &url).await,
+        answer_through(&server, &expired, &url).await,
         (403, Some("lease-expired".into())),
         "the floor written down before the restart stands"
     );
-    assert_eq!(ask(&server, &open, &url).await, (200, None));
+    assert_eq!(answer_through(&server, &open, &url).await, (200, None));
     let (status, ready) = admin_get(&server, "/readyz").await;
     assert_eq!(status, 200, "{ready}");
     assert_eq!(ready["clock"]["steps_back"], 1, "{ready}");

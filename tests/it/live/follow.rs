@@ -1,10 +1,11 @@
 //! Live leases: journal tailing, teardown on revocation and expiry, per-lease ports, `run`.
 
+use crate::support::harness::status_through;
 use crate::support::harness::{
-    admin_get, curl, eventually, http_origin, port_range, proxy_url, raw, read_until, readyz_turns,
+    admin_get, curl, eventually, http_origin, port_range, raw, read_until, readyz_turns,
     streaming_tunnel, until_closed, Harness,
 };
-use crate::support::leasegate;
+use crate::support::leasegate_ok;
 use leasegate::contract::Timestamp;
 use std::time::{Duration, Instant};
 
@@ -19,21 +20,11 @@ pub(crate) async fn issue_cli(h: &Harness, allow: &str, extra: &[&str]) -> Strin
         allow,
     ];
     args.extend_from_slice(extra);
-    let out = leasegate(&args).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap()
-        .to_owned()
+    leasegate_ok(&args).await.lines().next().unwrap().to_owned()
 }
 
 pub(crate) async fn revoke_cli(h: &Harness, lease: &str) {
-    let out = leasegate(&[
+    leasegate_ok(&[
         "revoke",
         "--journal",
         h.journal.to_str().unwrap(),
@@ -45,11 +36,6 @@ pub(crate) async fn revoke_cli(h: &Harness, lease: &str) {
         "operator revoked",
     ])
     .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,11 +47,7 @@ async fn a_lease_issued_while_running_opens_within_the_poll_interval() {
     let lease = issue_cli(&h, "origin.test", &[]).await;
     let issued = Instant::now();
     let works = eventually(Duration::from_secs(5), || async {
-        (curl(&["-x", &proxy_url(&server, &lease), &url], &[])
-            .await
-            .status
-            == 200)
-            .then_some(())
+        (status_through(&server, &lease, &url).await == 200).then_some(())
     })
     .await;
     assert!(works.is_some(), "the new lease never opened");
@@ -220,11 +202,7 @@ async fn a_rotated_journal_is_read_from_its_start() {
         .unwrap();
     let new = issue_cli(&h, "origin.test", &[]).await;
     let opened = eventually(Duration::from_secs(5), || async {
-        (curl(&["-x", &proxy_url(&server, &new), &url], &[])
-            .await
-            .status
-            == 200)
-            .then_some(())
+        (status_through(&server, &new, &url).await == 200).then_some(())
     })
     .await;
     assert!(
@@ -232,9 +210,7 @@ async fn a_rotated_journal_is_read_from_its_start() {
         "a lease in the new journal file never opened"
     );
     assert_eq!(
-        curl(&["-x", &proxy_url(&server, &old), &url], &[])
-            .await
-            .status,
+        status_through(&server, &old, &url).await,
         200,
         "earlier state is kept"
     );
@@ -855,12 +831,7 @@ async fn a_huge_torn_last_line_is_skipped_without_being_held_and_the_proxy_serve
         .await
         .is_some());
     let url = format!("http://origin.test:{}/", origin.addr.port());
-    assert_eq!(
-        curl(&["-x", &proxy_url(&server, &before), &url], &[])
-            .await
-            .status,
-        200
-    );
+    assert_eq!(status_through(&server, &before, &url).await, 200);
     let too_long = |text: &str| {
         crate::admin::operate::sample(
             text,
@@ -872,9 +843,8 @@ async fn a_huge_torn_last_line_is_skipped_without_being_held_and_the_proxy_serve
 
     // An append after it: a newline first ends the torn line, then the grant is read.
     let after = h.lease(&["origin.test"], &[]);
-    let proxy = proxy_url(&server, &after);
     let served = eventually(Duration::from_secs(5), || async {
-        (curl(&["-x", &proxy, &url], &[]).await.status == 200).then_some(())
+        (status_through(&server, &after, &url).await == 200).then_some(())
     })
     .await;
     assert!(

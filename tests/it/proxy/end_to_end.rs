@@ -4,6 +4,7 @@ use crate::support::harness::{
     admin_get, curl, eventually, exchange, http_origin, https_origin, pattern_byte, proxy_url, raw,
     raw_to_close, sha_hex, status_of, Harness,
 };
+use crate::support::harness::{status_through, through};
 use leasegate::contract::Timestamp;
 use leasegate::proxy::Mode;
 use serde_json::Value;
@@ -378,7 +379,7 @@ async fn chain_refusals_each_have_their_code() {
     .into_iter()
     .enumerate()
     {
-        let out = curl(&["-x", &proxy_url(&server, &lease), &url], &[]).await;
+        let out = through(&server, &lease, &url).await;
         assert_refused(&h, &out, 403, code, n + 1).await;
     }
     assert_eq!(
@@ -437,10 +438,10 @@ async fn retired_leases_keep_their_refusal_codes() {
     .into_iter()
     .enumerate()
     {
-        let out = curl(&["-x", &proxy_url(&server, lease), &url], &[]).await;
+        let out = through(&server, lease, &url).await;
         assert_refused(&h, &out, 403, code, n + 1).await;
     }
-    let out = curl(&["-x", &proxy_url(&server, &open), &url], &[]).await;
+    let out = through(&server, &open, &url).await;
     assert_eq!(out.status, 200, "{out:?}");
 }
 
@@ -471,7 +472,7 @@ async fn assert_revoked_after(
         leasegate::contract::lease::verify_signature(record, &h.key).unwrap(),
         "signed with the lease's key"
     );
-    let out = curl(&["-x", &proxy_url(server, lease), probe_url], &[]).await;
+    let out = through(server, lease, probe_url).await;
     assert_eq!(
         out.header("x-leasegate-refusal").as_deref(),
         Some("lease-revoked"),
@@ -488,12 +489,7 @@ async fn host_denied_revokes_and_the_lease_opens_nothing_after() {
         .start(h.config(&[("origin.test", "127.0.0.1"), ("denied.test", "127.0.0.1")]))
         .await;
     let ok_url = format!("http://origin.test:{}/", origin.addr.port());
-    assert_eq!(
-        curl(&["-x", &proxy_url(&server, &lease), &ok_url], &[])
-            .await
-            .status,
-        200
-    );
+    assert_eq!(status_through(&server, &lease, &ok_url).await, 200);
     let out = curl(
         &[
             "-x",

@@ -523,6 +523,23 @@ pub fn proxy_url(server: &Server, lease: &str) -> String {
     format!("http://agent:{lease}@{}", server.addr)
 }
 
+/// A plain request for `url` through `server` under `lease` (curl, the lease as Basic
+/// credentials): the whole answer.
+pub async fn through(server: &Server, lease: &str, url: &str) -> CurlOutput {
+    curl(&["-x", &proxy_url(server, lease), url], &[]).await
+}
+
+/// The status of a request for `url` through `server` under `lease` (0: no answer).
+pub async fn status_through(server: &Server, lease: &str, url: &str) -> u16 {
+    through(server, lease, url).await.status
+}
+
+/// The status and refusal code of a request for `url` through `server` under `lease`.
+pub async fn answer_through(server: &Server, lease: &str, url: &str) -> (u16, Option<String>) {
+    let out = through(server, lease, url).await;
+    (out.status, out.header("x-leasegate-refusal"))
+}
+
 /// Sends raw bytes to `addr` and reads one response: its head, and its body when it has a
 /// Content-Length (or everything until the peer closes, at most 5 s).
 pub async fn raw(addr: SocketAddr, request: &[u8]) -> String {

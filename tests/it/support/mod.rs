@@ -167,6 +167,31 @@ pub fn leasegate_sync(args: &[&str]) -> std::process::Output {
     leasegate_command(args).output().unwrap()
 }
 
+/// [`leasegate`] that must succeed: its stdout. A failure shows the arguments, the exit status,
+/// stderr and stdout.
+pub async fn leasegate_ok(args: &[&str]) -> String {
+    expect_success(&format!("{args:?}"), &leasegate(args).await)
+}
+
+/// The stdout of `out`, asserting that its command succeeded; a failure shows the exit status,
+/// stderr and stdout.
+#[track_caller]
+pub fn succeeded(out: &std::process::Output) -> String {
+    expect_success("the command", out)
+}
+
+#[track_caller]
+fn expect_success(what: &str, out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
 /// `line` (a journal record) signed by `signer`.
 pub fn signed_line(line: &str, signer: &Key) -> String {
     let mut record: Value = serde_json::from_str(line).unwrap();
