@@ -2,6 +2,7 @@
 //! admin page at `/` in a real headless Chromium driven over W3C WebDriver.
 
 use crate::support::harness::status_through;
+use crate::support::harness::AT_ONCE;
 use crate::support::harness::{
     admin_get, admin_text, curl, eventually, http_origin, proxy_url, raw, status_of, Harness,
 };
@@ -451,7 +452,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     };
     let shown = browser
         .until(
-            Duration::from_secs(2),
+            AT_ONCE,
             &format!(
                 "const text = (row, f) => (document.querySelector(row + \" [data-field='\" + f + \"']\") || {{}}).textContent;
                  return text(\"{row}\", 'calls') === '{calls}' && text(\"{row}\", 'refused') === '0'
@@ -461,7 +462,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
         .await;
     if shown.is_none() {
         panic!(
-            "the calls and the refusal do not show within 2 s: lease calls {} (want {calls}), strayed calls {} refused {}",
+            "the calls and the refusal do not show within {AT_ONCE:?}: lease calls {} (want {calls}), strayed calls {} refused {}",
             browser.script(&field(&row, "calls")).await,
             browser.script(&field(&strayed_row, "calls")).await,
             browser.script(&field(&strayed_row, "refused")).await
@@ -470,11 +471,11 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     let refusal = format!("tr.refusal[data-lease-id='{strayed}'][data-code='host-not-allowed']");
     browser
         .until(
-            Duration::from_secs(2).saturating_sub(since.elapsed()),
+            AT_ONCE.saturating_sub(since.elapsed()),
             &format!("return document.querySelector(\"{refusal}\") !== null;"),
         )
         .await
-        .expect("the refusal and its code show within 2 s");
+        .expect("the refusal and its code show in time");
     assert_eq!(
         browser
             .script(&format!(
@@ -487,7 +488,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     // The refusal revoked its lease, and the page says so.
     browser
         .until(
-            Duration::from_secs(2),
+            AT_ONCE,
             &format!(
                 "return document.querySelector(\"{strayed_row}\").dataset.status === 'revoked';"
             ),
@@ -496,7 +497,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
         .expect("the refused lease shows as revoked");
     browser
         .until(
-            Duration::from_secs(2),
+            AT_ONCE,
             "return document.getElementById('open-count').textContent === '2';",
         )
         .await
@@ -529,7 +530,7 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
     browser.click(&button).await;
     browser
         .until(
-            Duration::from_secs(2),
+            AT_ONCE,
             &format!("return document.querySelector(\"{row}\").dataset.status === 'revoked';"),
         )
         .await

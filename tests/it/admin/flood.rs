@@ -2,6 +2,7 @@
 //! beyond a small limit, the admin API holds a bounded number of connections, and a revocation
 //! appended to the journal still closes a lease's tunnel at once.
 
+use crate::support::harness::AT_ONCE;
 use crate::support::harness::{
     admin_text, eventually, exchange, http_origin, status_of, streaming_tunnel, until_closed,
     Harness,
@@ -26,9 +27,10 @@ pub(crate) const FLOODERS: usize = 64;
 /// 512, and the flood that filled them was 2,000 clients; both are scaled down together.
 pub(crate) const BLOCKING_THREADS: usize = 16;
 
-/// How soon the revocation must close the tunnel, flood or not. Without a flood it takes one
-/// poll (50 ms); behind the flood it took seconds.
-const TEARDOWN_WITHIN: Duration = Duration::from_millis(1500);
+/// How soon the revocation must close the tunnel, flood or not, on a loaded machine. Without a
+/// flood it takes one poll (50 ms); behind the flood it took seconds, or forever. The p99 under
+/// a flood is `benches/starvation.rs`'s.
+const TEARDOWN_WITHIN: Duration = AT_ONCE;
 
 /// Appends `LEASES` leases open for an hour, signed with the harness's key.
 pub(crate) fn many_leases(h: &Harness) {

@@ -106,8 +106,7 @@ fn local_non_loopback_v4() -> Option<IpAddr> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wildcard_listener_refuses_connects_to_its_own_interface_addresses() {
     let Some(own) = local_non_loopback_v4() else {
-        eprintln!("skipped: this machine has no non-loopback IPv4 address");
-        return;
+        return crate::support::netns::rerun_with_own_address().await;
     };
     let h = Harness::new();
     let lease = h.lease(&["*"], &[]);

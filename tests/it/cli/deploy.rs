@@ -168,9 +168,8 @@ fn image_keeps_its_healthcheck_and_a_stripped_binary() {
 /// CI runs as root.
 #[test]
 fn image_tree_runs_under_chroot() {
-    if !nix_is_root() {
-        eprintln!("skipped: chroot needs root");
-        return;
+    if !crate::support::is_root() {
+        return crate::support::skip("chroot needs root (CI runs as root)");
     }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("rootfs");
@@ -251,16 +250,6 @@ fn image_tree_runs_under_chroot() {
         healthy,
         "`leasegate health` never passed inside the image tree"
     );
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|status| {
-            status
-                .lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -3,7 +3,7 @@
 
 use crate::support::harness::{curl, http_origin, proxy_url, Harness};
 use crate::support::leasegate;
-use crate::support::leasegate_ok;
+use crate::support::{leasegate_ok, succeeded};
 use leasegate::proxy::Mode;
 
 /// Names the recorded session reaches, all served by one loopback origin.
@@ -308,7 +308,8 @@ async fn agent_is_the_manifests_and_a_label_names_its_leases() {
     args.extend(journal);
     let mut argv = vec!["suggest"];
     argv.extend(&args);
-    let stdout = leasegate_ok(&argv).await;
+    let out = leasegate(&argv).await;
+    let stdout = succeeded(&out);
     assert!(
         stdout.starts_with(&format!(
             "# label victim-agent: 2 call(s), 2 entries\n# leases: {first}, {second}\n# warning: "

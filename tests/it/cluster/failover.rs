@@ -3,6 +3,7 @@
 //! holds one record per lease, and the fold counts it once. Forged broadcasts close nothing.
 
 use crate::cluster::scale_out::{proxy_revocations, refuse, replica_at, until_status};
+use crate::support::harness::AT_ONCE;
 use crate::support::harness::{
     admin_text, eventually, http_origin, streaming_tunnel, until_closed, Harness,
 };
@@ -13,7 +14,9 @@ use leasegate::server::Server;
 use serde_json::{Map, Value};
 use std::time::Duration;
 
-/// What the old path took through a leader kill: up to ~9 s. The broadcast takes milliseconds.
+/// What the old path took through a leader kill: up to ~9 s. The broadcast takes milliseconds:
+/// the median closing is within this, and every one within [`AT_ONCE`] (a loaded machine may
+/// stall one).
 const CLOSED_WITHIN: Duration = Duration::from_secs(2);
 
 /// A metric's value on `server`'s `/metrics` (rendered once a second): `want` once it is, or
@@ -90,12 +93,19 @@ async fn a_refusal_closes_the_lease_on_another_replica_while_the_stream_has_no_l
     let all = &closed;
     for (lease, closed) in leases.iter().zip(all) {
         assert!(
-            *closed < CLOSED_WITHIN,
+            *closed < AT_ONCE,
             "{lease}: closed on B {closed:?} after its refusal on A (all: {all:?})"
         );
     }
+    let mut sorted = closed.clone();
+    sorted.sort();
+    assert!(
+        sorted[sorted.len() / 2] < CLOSED_WITHIN,
+        "the median closing on B took {:?} (all: {all:?})",
+        sorted[sorted.len() / 2]
+    );
     for lease in &leases {
-        assert!(until_status(&b, lease, "revoked", Duration::from_secs(1)).await);
+        assert!(until_status(&b, lease, "revoked", AT_ONCE).await);
     }
 
     // The stream, once it has a leader again, holds one record per lease, and B's fold counts

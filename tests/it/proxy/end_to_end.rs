@@ -1,5 +1,6 @@
 //! The proxy end to end over real sockets: curl and raw clients, loopback origins.
 
+use crate::support::harness::AT_ONCE;
 use crate::support::harness::{
     admin_get, curl, eventually, exchange, http_origin, https_origin, pattern_byte, proxy_url, raw,
     raw_to_close, sha_hex, status_of, Harness,
@@ -1006,10 +1007,12 @@ async fn an_upstream_silent_past_the_response_timeout_is_a_504() {
     );
 
     let started = std::time::Instant::now();
-    let out = curl(&["-x", &proxy, &format!("{base}/delay/3000")], &[]).await;
+    // The origin answers only after the bound: a proxy that waited for it is caught.
+    let delay = (AT_ONCE + Duration::from_secs(1)).as_millis();
+    let out = curl(&["-x", &proxy, &format!("{base}/delay/{delay}")], &[]).await;
     assert_refused(&h, &out, 504, "upstream-timeout", 2).await;
     assert!(
-        started.elapsed() < Duration::from_millis(2500),
+        started.elapsed() < AT_ONCE,
         "answered only after {:?}",
         started.elapsed()
     );

@@ -2,6 +2,7 @@
 
 pub mod harness;
 pub mod nats;
+pub mod netns;
 pub mod tls_hello;
 
 use leasegate::contract::lease::sign;
@@ -190,6 +191,44 @@ fn expect_success(what: &str, out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+/// Whether `command` is on `PATH`.
+pub fn has_command(command: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path)
+            .any(|dir| std::fs::metadata(dir.join(command)).is_ok_and(|m| m.is_file()))
+    })
+}
+
+/// Whether this process runs as root (its real user id is 0).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|status| {
+            status
+                .lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether this run is CI's (`CI=true`), where no test may pass by skipping.
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Ends a test that cannot run on this machine: under `CI=true` it fails with `why` (which says
+/// what is missing and how to install it); elsewhere it prints `SKIPPED <test>: <why>` on stderr
+/// and the test returns.
+#[track_caller]
+pub fn skip(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    assert!(
+        !is_ci(),
+        "{test} cannot run: {why} (CI=true: no test passes by skipping)"
+    );
+    eprintln!("SKIPPED {test}: {why}");
 }
 
 /// `line` (a journal record) signed by `signer`.
