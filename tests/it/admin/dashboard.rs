@@ -6,6 +6,7 @@ use crate::support::harness::AT_ONCE;
 use crate::support::harness::{
     admin_get, admin_text, curl, eventually, http_origin, proxy_url, raw, status_of, Harness,
 };
+use crate::support::missing;
 use base64::Engine;
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
@@ -350,6 +351,12 @@ async fn admin_with_token(server: &Server, method: &str, path: &str, token: &str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
+    if missing(
+        &[&chromedriver_bin(), "chromium"],
+        "apt-get install chromium chromium-driver; .ci/run does",
+    ) {
+        return;
+    }
     const TOKEN: &str = "dashboard-admin-token";
     let h = Harness::new();
     let origin = http_origin().await;
@@ -552,6 +559,12 @@ async fn the_dashboard_shows_calls_and_refusals_live_and_revokes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_pages_through_leases_and_filters_them() {
+    if missing(
+        &[&chromedriver_bin(), "chromium"],
+        "apt-get install chromium chromium-driver; .ci/run does",
+    ) {
+        return;
+    }
     const LEASES: usize = 105;
     let h = Harness::new();
     let leases: Vec<String> = (0..LEASES)
@@ -668,6 +681,12 @@ async fn serve_page(ip: [u8; 4], page: String) -> SocketAddr {
 /// the dashboard on the admin API's own origin still revokes, with no token configured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_from_another_site_cannot_revoke_or_read_leases() {
+    if missing(
+        &[&chromedriver_bin(), "chromium"],
+        "apt-get install chromium chromium-driver; .ci/run does",
+    ) {
+        return;
+    }
     let h = Harness::new();
     let by_fetch = h.lease(&["origin.test"], &[]);
     let by_form = h.lease(&["origin.test"], &[]);

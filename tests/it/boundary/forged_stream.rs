@@ -6,6 +6,7 @@ use crate::cluster::scale_out::{admin_revoke, refuse, replica};
 use crate::support::harness::AT_ONCE;
 use crate::support::harness::{admin_get, eventually, raw, Harness};
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use futures_util::StreamExt;
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
@@ -129,6 +130,9 @@ fn heartbeat(lease: &str, _: &Harness) -> Vec<u8> {
 /// record as a duplicate of it, which must not count as the record being in the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_planted_under_the_closing_id_does_not_suppress_a_revocation() {
+    if nats_missing() {
+        return;
+    }
     closes_everywhere_despite(heartbeat, true).await;
 }
 
@@ -136,12 +140,18 @@ async fn a_message_planted_under_the_closing_id_does_not_suppress_a_revocation()
 /// so it must not pass for "already closed".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_last_message_does_not_pass_for_a_closing() {
+    if nats_missing() {
+        return;
+    }
     closes_everywhere_despite(forged_revocation, false).await;
 }
 
 /// Both at once: a forged closing as the last message, published under the shared id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_closing_under_the_closing_id_does_not_suppress_a_revocation() {
+    if nats_missing() {
+        return;
+    }
     closes_everywhere_despite(forged_revocation, true).await;
 }
 
@@ -255,16 +265,25 @@ async fn a_replica_ignores(forgery: Forgery) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_without_a_mac_is_ignored() {
+    if nats_missing() {
+        return;
+    }
     a_replica_ignores(Forgery::NoMac).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_with_a_bad_mac_is_ignored() {
+    if nats_missing() {
+        return;
+    }
     a_replica_ignores(Forgery::BadMac).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_missing_a_line_is_ignored() {
+    if nats_missing() {
+        return;
+    }
     a_replica_ignores(Forgery::LineRemoved).await;
     a_replica_ignores(Forgery::LineDeleted).await;
 }
@@ -275,6 +294,9 @@ async fn a_snapshot_missing_a_line_is_ignored() {
 /// compactor's of the journal and its snapshot stream (`journal compact --purge`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_users_hold_only_what_their_commands_need() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let operator = cluster.journal("LEASES").await;
     let subject = operator.subject(Some("3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c"));

@@ -3,6 +3,7 @@
 
 use crate::support::harness::{eventually, Harness};
 use crate::support::nats::{NatsCluster, Role};
+use crate::support::nats_missing;
 use crate::support::succeeded;
 use crate::support::{granted_line, lease, leasegate, leasegate_command};
 use leasegate::contract::record::{self, Revocation};
@@ -105,6 +106,9 @@ async fn export(url: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_twice_then_export_is_the_file_byte_for_byte() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let issuer = cluster.url_as(Role::Issuer, "LG");
@@ -161,6 +165,9 @@ async fn import_twice_then_export_is_the_file_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_publishes_only_the_copies_the_stream_lacks() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let issuer = cluster.url_as(Role::Issuer, "LG");
@@ -210,6 +217,9 @@ async fn import_publishes_only_the_copies_the_stream_lacks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_verify_and_check_read_a_stream() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     cluster.journal("LG").await;
     let issuer = cluster.url_as(Role::Issuer, "LG");
@@ -275,6 +285,9 @@ fn synthetic(from: usize, n: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirror_survives_kill_9_and_publishes_every_line_once() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let issuer = cluster.url_as(Role::Issuer, "LG");
@@ -338,6 +351,9 @@ async fn mirror_survives_kill_9_and_publishes_every_line_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirror_waits_for_the_server_and_retries_through_an_outage() {
+    if nats_missing() {
+        return;
+    }
     let mut cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let issuer = cluster.url_as(Role::Issuer, "LG");
@@ -453,6 +469,9 @@ fn by_lease(journal: &[u8]) -> std::collections::BTreeMap<String, Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirror_carries_5000_records_across_a_node_killed_in_a_3_node_cluster() {
+    if nats_missing() {
+        return;
+    }
     let started = Instant::now();
     let mut cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
@@ -556,6 +575,9 @@ async fn leader_of(stream: &NatsStream) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
+    if nats_missing() {
+        return;
+    }
     let h = Harness::new();
     let cert =
         rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
@@ -629,6 +651,9 @@ async fn a_stream_behind_tls_is_reached_with_nats_tls_ca_only() {
 /// `import` (which then exits non-zero naming the line) and `mirror` (which moves on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_line_does_not_hold_back_the_revocations_behind_it() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start_with(1, "max_payload: 65536\n");
     let stream = cluster.journal("LG").await;
     let issuer = cluster.url_as(Role::Issuer, "LG");

@@ -9,6 +9,7 @@ use crate::support::harness::{
     admin_get, admin_text, eventually, http_origin, raw, readyz_turns, Harness,
 };
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use leasegate::contract::Keyring;
 use leasegate::registry::store::nats::{NatsOptions, NatsStore};
 use leasegate::registry::Registry;
@@ -43,6 +44,9 @@ fn grant_of(h: &Harness, lease: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_deleted_and_created_again_is_folded_from_its_start() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -128,6 +132,9 @@ async fn a_stream_deleted_and_created_again_is_folded_from_its_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_streams_last_sequence_not_the_last_message_received() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -231,6 +238,9 @@ fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_stopped_while_a_lease_is_revoked_refuses_it_as_soon_as_it_runs_again() {
+    if nats_missing() {
+        return;
+    }
     const TRIALS: usize = 8;
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;

@@ -8,6 +8,7 @@ use crate::support::harness::{
     admin_text, eventually, http_origin, streaming_tunnel, until_closed, Harness,
 };
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::{Key, Timestamp};
 use leasegate::server::Server;
@@ -47,6 +48,9 @@ async fn leader_of(stream: &leasegate::registry::store::nats::NatsStream) -> Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_closes_the_lease_on_another_replica_while_the_stream_has_no_leader() {
+    if nats_missing() {
+        return;
+    }
     const LEASES: usize = 4;
     let mut cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
@@ -153,6 +157,9 @@ fn revocation(lease: &str, key: &Key) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_and_misdirected_broadcasts_close_nothing() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();

@@ -6,6 +6,7 @@ use crate::cluster::scale_out::{admin_revoke, replica};
 use crate::support::harness::{admin_get, eventually, Harness};
 use crate::support::leasegate;
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use leasegate::contract::Timestamp;
 use leasegate::registry::store::nats::{NatsOptions, NatsStore, NatsStream};
 use serde_json::Value;
@@ -66,6 +67,9 @@ fn lines_of(h: &Harness, leases: &[&str]) -> Vec<String> {
 /// replica and `leases` folded only the messages left, and the import published them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purged_stream_is_read_from_its_verified_snapshot_by_every_reader() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LEASES").await;
     let h = Harness::new();
@@ -190,6 +194,9 @@ async fn a_purged_stream_is_read_from_its_verified_snapshot_by_every_reader() {
 /// purged was folded as one waiting for its grant, and the lease vanished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purged_stream_without_a_covering_snapshot_is_refused_by_every_reader() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LEASES").await;
     let h = Harness::new();
@@ -263,6 +270,9 @@ async fn a_purged_stream_without_a_covering_snapshot_is_refused_by_every_reader(
 /// leader killed mid-import: every line lands once, and each lease's lines are in file order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_import_keeps_each_lease_in_file_order_through_a_leader_kill() {
+    if nats_missing() {
+        return;
+    }
     let mut cluster = NatsCluster::start(3);
     let stream = cluster.journal("LEASES").await;
     let h = Harness::new();

@@ -7,6 +7,7 @@ use crate::cluster::scale_out::replica;
 use crate::support::harness::{eventually, raw, Harness};
 use crate::support::leasegate_command;
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use futures_util::StreamExt;
 use leasegate::registry::store::nats::{NatsOptions, NatsStream, StreamSpec};
 use leasegate::server::Server;
@@ -287,6 +288,9 @@ async fn an_admin_revoke_survives_a_kill_while_the_stream_has_no_leader() {
 /// landed, before the queue was rewritten) is not appended again at restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_record_the_stream_holds_is_not_appended_again() {
+    if nats_missing() {
+        return;
+    }
     let h = Harness::new();
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
@@ -324,6 +328,9 @@ async fn a_queued_record_the_stream_holds_is_not_appended_again() {
 /// 5-11 s it used to give up after) and then serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_started_during_a_quorum_loss_comes_up_once_the_quorum_is_back() {
+    if nats_missing() {
+        return;
+    }
     let h = Harness::new();
     let (mut cluster, stream, lease) = cluster_with_lease(&h).await;
     cluster.nodes[1].kill();
@@ -351,6 +358,9 @@ async fn a_replica_started_during_a_quorum_loss_comes_up_once_the_quorum_is_back
 /// Past `--store-start-timeout`, `serve` exits non-zero and names the last error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_gives_up_names_the_last_error() {
+    if nats_missing() {
+        return;
+    }
     let h = Harness::new();
     let (mut cluster, _stream, _lease) = cluster_with_lease(&h).await;
     cluster.nodes[1].kill();

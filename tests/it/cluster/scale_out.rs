@@ -6,6 +6,7 @@ use crate::support::harness::{
     admin_get, eventually, http_origin, raw, readyz_turns, streaming_tunnel, until_closed, Harness,
 };
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use leasegate::registry::store::nats::NatsStream;
 use leasegate::registry::store::NatsLocation;
 use leasegate::registry::{JournalLocation, StoreOptions};
@@ -61,6 +62,9 @@ pub(crate) fn proxy_revocations(records: &[Value], lease: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_on_one_replica_closes_the_tunnel_on_another() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -87,6 +91,9 @@ async fn a_refusal_on_one_replica_closes_the_tunnel_on_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_published_while_running_opens_on_every_replica() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -112,6 +119,9 @@ async fn a_grant_published_while_running_opens_on_every_replica() {
 /// at start and while following; the messages around it are read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_message_over_the_cap_is_skipped_and_counted() {
+    if nats_missing() {
+        return;
+    }
     const CAP: usize = 4096;
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
@@ -221,6 +231,9 @@ pub(crate) async fn until_status(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_a_three_node_cluster_close_tunnels_everywhere() {
+    if nats_missing() {
+        return;
+    }
     const TRIALS: usize = 50;
     let cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
@@ -289,6 +302,9 @@ async fn three_replicas_on_a_three_node_cluster_close_tunnels_everywhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_refusing_one_lease_at_once_leave_one_record() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -334,6 +350,9 @@ async fn connect_code(server: &Server, target: &str, lease: &str) -> Option<Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revocations() {
+    if nats_missing() {
+        return;
+    }
     let mut cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -420,6 +439,9 @@ async fn with_the_whole_cluster_stopped_replicas_keep_enforcing_and_queue_revoca
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_replica_catches_up_and_converges() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();
@@ -468,6 +490,9 @@ async fn a_restarted_replica_catches_up_and_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_keeps_following_when_the_stream_leader_dies_under_it() {
+    if nats_missing() {
+        return;
+    }
     let mut cluster = NatsCluster::start(3);
     let stream = cluster.journal("LG").await;
     let h = Harness::new();

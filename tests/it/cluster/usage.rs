@@ -5,6 +5,7 @@ use crate::support::harness::through;
 use crate::support::harness::{curl, eventually, http_origin, proxy_url, raw, Harness};
 use crate::support::leasegate_ok;
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use leasegate::registry::store::nats::{NatsOptions, NatsStream};
 use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
@@ -98,6 +99,9 @@ async fn metric(server: &Server, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_sums_the_egress_of_every_replica() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let journal = cluster.journal("LG").await;
     let h = Harness::new();
@@ -265,6 +269,9 @@ async fn usage_sums_the_egress_of_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_on_while_nats_is_down_and_what_overflows_is_counted() {
+    if nats_missing() {
+        return;
+    }
     let mut cluster = NatsCluster::start(1);
     let h = Harness::new();
     let origin = http_origin().await;

@@ -8,6 +8,7 @@ use crate::support::harness::answer_through;
 use crate::support::harness::{admin_get, admin_text, eventually, http_origin, Harness};
 use crate::support::leasegate_ok;
 use crate::support::nats::{publish_file, NatsCluster, Role};
+use crate::support::nats_missing;
 use crate::support::{event_line, granted_line, id, key, lease, signed_line};
 use leasegate::contract::{Key, Keyring, Timestamp};
 use leasegate::registry::compact::{select, DEFAULT_RETENTION};
@@ -296,6 +297,9 @@ async fn status_on(server: &Server, lease: &str) -> Option<String> {
 /// after it, as does one started after a revocation. The journal keeps every message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_replica_starts_from_the_snapshot_and_follows_the_stream() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start(1);
     let stream = cluster.journal("LGC").await;
     let h = Harness::new();

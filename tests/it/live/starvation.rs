@@ -11,6 +11,7 @@ use crate::proxy::descriptors::{echo_origin, pending, tunnel, tunnels, Served};
 use crate::support::harness::AT_ONCE;
 use crate::support::harness::{eventually, until_closed, Harness};
 use crate::support::nats::{NatsCluster, Role};
+use crate::support::nats_missing;
 use leasegate::contract::record::{self, Revocation};
 use leasegate::contract::Timestamp;
 use serde_json::Map;
@@ -167,6 +168,9 @@ fn an_admin_flood_delays_no_revocation() {
 /// follows the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wedged_bridge_line_delays_no_revocation() {
+    if nats_missing() {
+        return;
+    }
     let cluster = NatsCluster::start_with(1, "max_payload: 65536\n");
     let _stream = cluster.journal("LG").await;
     let h = Harness::new();

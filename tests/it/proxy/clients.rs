@@ -7,6 +7,7 @@
 use crate::support::harness::{
     curl, https_file_origin, https_origin, port_range, proxy_url, Harness,
 };
+use crate::support::{missing, skip};
 use leasegate::proxy::OnRefusal;
 use leasegate::server::Server;
 use std::path::{Path, PathBuf};
@@ -98,6 +99,13 @@ async fn curl_through_https_proxy_prints_the_403() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_requests_through_https_proxy_prints_the_403() {
+    let has_requests = std::process::Command::new("python3")
+        .args(["-c", "import requests"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !has_requests {
+        return skip("Python requests is missing (apt-get install python3-requests; .ci/run does)");
+    }
     let s = setup(None).await;
     let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
     let port = origin.addr.port();
@@ -154,6 +162,9 @@ fn git_repository(dir: &Path) -> (PathBuf, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_ls_remote_and_clone_through_https_proxy_print_the_403() {
+    if missing(&["git"], "apt-get install git") {
+        return;
+    }
     let s = setup(None).await;
     let dir = s.h.dir.path();
     let (root, head) = git_repository(dir);
@@ -241,6 +252,12 @@ const ENABLE_BASIC_FOR_TUNNELS: &str = "-Djdk.http.auth.tunneling.disabledScheme
 /// asked and both clients return the 407 as the answer; with `-Djdk.http.auth.tunneling.disabledSchemes=` both get through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_with_basic_credentials_needs_basic_enabled_for_tunnels() {
+    if missing(
+        &["javac", "java"],
+        "apt-get install default-jdk-headless; .ci/run does",
+    ) {
+        return;
+    }
     let s = setup(None).await;
     let dir = s.h.dir.path();
     let classes = java_client(dir).await;
@@ -322,6 +339,12 @@ fn assert_printed_with_reason(printed: &str, expected: impl Fn(&str) -> String) 
 /// A lease's own port needs no credentials, so the JDK's Basic restriction never applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_through_a_per_lease_port_needs_no_credentials() {
+    if missing(
+        &["javac", "java"],
+        "apt-get install default-jdk-headless; .ci/run does",
+    ) {
+        return;
+    }
     let s = setup(Some(port_range(4))).await;
     let dir = s.h.dir.path();
     let classes = java_client(dir).await;

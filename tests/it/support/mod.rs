@@ -8,6 +8,7 @@ pub mod tls_hello;
 use leasegate::contract::lease::sign;
 use leasegate::contract::{Key, Timestamp};
 use serde_json::{json, Value};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub fn data(rel: &str) -> PathBuf {
@@ -193,8 +194,11 @@ fn expect_success(what: &str, out: &std::process::Output) -> String {
     String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
 }
 
-/// Whether `command` is on `PATH`.
+/// Whether `command` is on `PATH` (or, named by a path, is a file).
 pub fn has_command(command: &str) -> bool {
+    if command.contains('/') {
+        return Path::new(command).is_file();
+    }
     std::env::var_os("PATH").is_some_and(|path| {
         std::env::split_paths(&path)
             .any(|dir| std::fs::metadata(dir.join(command)).is_ok_and(|m| m.is_file()))
@@ -212,6 +216,28 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Whether any of `commands` is missing, which [`skip`]s the calling test (a failure under
+/// `CI=true`) with `install`, the way to install it.
+pub fn missing(commands: &[&str], install: &str) -> bool {
+    let absent: Vec<&str> = commands
+        .iter()
+        .copied()
+        .filter(|command| !has_command(command))
+        .collect();
+    if !absent.is_empty() {
+        skip(&format!("{} missing ({install})", absent.join(" and ")));
+    }
+    !absent.is_empty()
+}
+
+/// Whether `nats-server` is [`missing`].
+pub fn nats_missing() -> bool {
+    missing(
+        &[&nats::nats_server_bin()],
+        "apt-get install nats-server; .ci/run does",
+    )
+}
+
 /// Whether this run is CI's (`CI=true`), where no test may pass by skipping.
 pub fn is_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -219,7 +245,7 @@ pub fn is_ci() -> bool {
 
 /// Ends a test that cannot run on this machine: under `CI=true` it fails with `why` (which says
 /// what is missing and how to install it); elsewhere it prints `SKIPPED <test>: <why>` on stderr
-/// and the test returns.
+/// (even when libtest captures the test's output) and the test returns.
 #[track_caller]
 pub fn skip(why: &str) {
     let thread = std::thread::current();
@@ -228,7 +254,8 @@ pub fn skip(why: &str) {
         !is_ci(),
         "{test} cannot run: {why} (CI=true: no test passes by skipping)"
     );
-    eprintln!("SKIPPED {test}: {why}");
+    // Past libtest's capture (which takes only `eprintln!`), so that it shows in a passing run.
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 /// `line` (a journal record) signed by `signer`.
