@@ -1,4 +1,5 @@
-//! The admin API and what operators watch: endpoints, metrics, drain and logs, bounded answers, floods, the dashboard.
+//! The admin API and what operators watch: endpoints, metrics, drain and logs, bounded answers,
+//! floods, the dashboard.
 
 pub mod bounded;
 pub mod dashboard;

@@ -1,4 +1,5 @@
-//! The network boundary as an attacker meets it: deny patterns and the guard, credentials and limits, TLS and Host spellings, a forged journal stream.
+//! The network boundary as an attacker meets it: deny patterns and the guard, credentials and
+//! limits, TLS and Host spellings, a forged journal stream.
 
 pub mod credentials_and_limits;
 pub mod forged_stream;

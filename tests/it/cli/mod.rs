@@ -1,4 +1,5 @@
-//! The command line as a user runs it: the lease lifecycle, messages, suggest, run, the deployment files.
+//! The command line as a user runs it: the lease lifecycle, messages, suggest, run, the deployment
+//! files.
 
 pub mod deploy;
 pub mod lifecycle;

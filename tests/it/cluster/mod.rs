@@ -1,4 +1,5 @@
-//! Replicas sharing a journal through NATS JetStream: scale-out, failover, quorum loss, catch-up, bridges, usage, purge.
+//! Replicas sharing a journal through NATS JetStream: scale-out, failover, quorum loss, catch-up,
+//! bridges, usage, purge.
 
 pub mod bridges;
 pub mod catch_up;

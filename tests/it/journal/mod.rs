@@ -1,4 +1,4 @@
-//! The journal file: the fold of every event, and compaction.
+//! The journal: the fold of every event, and compaction (a file or a stream).
 
 pub mod compact;
 pub mod fold;

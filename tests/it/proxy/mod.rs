@@ -1,4 +1,5 @@
-//! The proxy on the request path: the decision pipeline, forwarding and tunnels over real sockets, real clients, descriptor limits.
+//! The proxy on the request path: the decision pipeline, forwarding and tunnels over real sockets,
+//! real clients, descriptor limits.
 
 pub mod clients;
 pub mod descriptors;

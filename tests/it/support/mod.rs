@@ -1,4 +1,6 @@
-//! Shared test helpers: contract data, signed leases, the built binary.
+//! Shared test helpers: contract data, signed leases, the built binary and running it
+//! (`leasegate_ok`: it must succeed), and the one way a test skips (`skip`: never under
+//! `CI=true`, where a missing tool or privilege fails the test).
 
 pub mod harness;
 pub mod nats;
