@@ -21,13 +21,13 @@ use std::time::Duration;
 const CLOSED_WITHIN: Duration = Duration::from_secs(2);
 
 /// A metric's value on `server`'s `/metrics` (rendered once a second): `want` once it is, or
-/// its value after a while.
+/// its value after a while (as long as the stream may take to have a leader again under load).
 async fn metric_turns(server: &Server, name: &str, want: f64) -> Option<f64> {
     let value = || async {
         let (_, text) = admin_text(server, "/metrics").await;
         crate::admin::operate::sample(&text, name)
     };
-    let reached = eventually(Duration::from_secs(10), || async {
+    let reached = eventually(Duration::from_secs(40), || async {
         (value().await == Some(want)).then_some(want)
     })
     .await;
