@@ -12,7 +12,7 @@
 
 mod common;
 #[allow(dead_code)] // the tests' helpers, shared
-#[path = "../tests/it/nats_support.rs"]
+#[path = "../tests/it/support/nats.rs"]
 mod nats_support;
 
 use common::{keyring, lease_id, percentiles, setting, signed_lease};

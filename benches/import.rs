@@ -7,7 +7,7 @@
 
 mod common;
 #[allow(dead_code)] // the tests' helpers, shared
-#[path = "../tests/it/nats_support.rs"]
+#[path = "../tests/it/support/nats.rs"]
 mod nats_support;
 
 use common::{lease_id, setting, signed_lease};

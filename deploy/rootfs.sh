@@ -3,7 +3,7 @@
 # libm, libgcc_s and the loader, nothing else) into a root file system tree:
 #   deploy/rootfs.sh BINARY OUTDIR
 # The image (deploy/Dockerfile) lays this tree over distroless/static, which has no glibc;
-# tests/it/deploy.rs runs the same tree under chroot.
+# tests/it/cli/deploy.rs runs the same tree under chroot.
 set -eu
 binary=$1
 out=$2

@@ -1,7 +1,7 @@
 //! The admin API: health, readiness, metrics, leases with their counters, revocation and
 //! recent refusals, and the live dashboard page at `/` that reads them.
 //!
-//! `GET /leases` answers a page at a time (at most [`MAX_PAGE_LIMIT`] leases, with a cursor to
+//! `GET /leases` answers a page at a time (at most `MAX_PAGE_LIMIT` leases, with a cursor to
 //! the next page), so no answer grows with the number of leases; `GET /refusals` is bounded by
 //! its ring. What walks every lease (`GET /leases`, a `/metrics` render) runs a few at once on
 //! threads of its own ([`walks`]), `/metrics` renders at most once a second ([`scrape`]), and

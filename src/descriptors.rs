@@ -332,7 +332,7 @@ impl Descriptors {
     }
 
     /// Why `/readyz` is not ready for want of descriptors: one ran short in the last
-    /// [`SHORT_FOR`].
+    /// `SHORT_FOR`.
     pub fn problem(&self) -> Option<String> {
         let at = self.short_at.load(Ordering::Relaxed);
         let since = self

@@ -9,7 +9,7 @@
 /// freed pages resident, and `malloc_trim` does not shrink the top of a thread's arena.
 const TRIM_THRESHOLD: i32 = 128 << 10;
 
-/// Fixes the allocator's trim threshold at [`TRIM_THRESHOLD`] (which also fixes its `mmap`
+/// Fixes the allocator's trim threshold at `TRIM_THRESHOLD` (which also fixes its `mmap`
 /// threshold at 128 KiB: a larger block is mapped and unmapped on its own). Call once, before
 /// any thread starts.
 #[allow(unsafe_code)]

@@ -14,7 +14,7 @@ pub fn render<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String
 }
 
 /// The width of each column over `header` and `rows`: a first pass, for a table written row
-/// by row ([`line`]) without holding its rows.
+/// by row ([`line()`]) without holding its rows.
 pub fn widths<S: AsRef<str>, const N: usize>(
     header: [&str; N],
     rows: impl Iterator<Item = [S; N]>,

@@ -2,8 +2,8 @@
 //!
 //! Invariant: the child starts only if the admin API says the lease opens now; it sees the
 //! proxy in every variable clients read (upper and lower case) and no other proxy setting
-//! (see [`child_env`]: the proxy's host is the operator's, never the admin API's); the admin
-//! token goes only over TLS or to loopback (see [`admin_api`]); the child's exit
+//! (see `child_env`: the proxy's host is the operator's, never the admin API's); the admin
+//! token goes only over TLS or to loopback (see `admin_api`); the child's exit
 //! code (or 128+signal) becomes ours. As in shells, a command that is not found exits 127 and
 //! one that cannot be executed 126; every failure of our own exits 125, and says what the
 //! admin API answered rather than that it cannot be reached. SIGINT and SIGTERM reach the

@@ -296,7 +296,7 @@ impl NatsStream {
     }
 
     /// Every message the stream holds, up to its last sequence at the call. After a purge that
-    /// is not the whole journal: readers start with [`super::whole::start`].
+    /// is not the whole journal: readers start with [`crate::registry::store::whole::start`].
     pub async fn read_all(&self) -> io::Result<Vec<(u64, bytes::Bytes)>> {
         self.read_all_from(1).await
     }

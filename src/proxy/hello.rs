@@ -104,7 +104,7 @@ pub enum Probe {
 /// Hand-written (about 40 lines) because rustls cannot take the records as clients send them:
 /// it refuses zero-length handshake records (RFC 8446 forbids sending them, but OpenSSL
 /// accepts them, so an upstream would complete the handshake), and a probe that gives up is a
-/// bypass. The joined message then goes to rustls re-framed (see [`parse`]).
+/// bypass. The joined message then goes to rustls re-framed (see `parse`).
 #[derive(Debug, Default)]
 pub struct Reassembler {
     /// Raw bytes of whole records consumed so far.
@@ -293,7 +293,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-#[path = "../../tests/it/tls_hello.rs"]
+#[path = "../../tests/it/support/tls_hello.rs"]
 mod tls_hello;
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ impl Proxy {
 
     /// Phase 7 for upgraded connections and tunnels behind the TLS listener: copies bytes
     /// both ways until either side ends, the lease closes, a drain runs out or the tunnel
-    /// idles (see [`Proxy::relay_counted`]).
+    /// idles (see `Proxy::relay_counted`).
     pub async fn relay<C, U>(
         &self,
         client: C,

@@ -4,7 +4,7 @@
 //!
 //! Invariant: a task spawned while serving a connection runs on the worker it was placed on
 //! (so a request, its upstream connection and its response are polled on one thread, without a
-//! cross-thread wake between them), and no worker holds more than [`SLACK`] connections above
+//! cross-thread wake between them), and no worker holds more than `SLACK` connections above
 //! the least busy one when it takes a new one; the main runtime keeps the control plane (the
 //! journal, the admin API, lease ports' bookkeeping). Workers stop after the drain (or when
 //! their server is dropped without one), once nothing of a connection is left to run on them.
@@ -171,10 +171,10 @@ impl Workers {
 
     /// Where a new connection runs, and its place there (hold it as long as the connection).
     ///
-    /// The calling worker keeps it unless that would leave it more than [`SLACK`] connections
+    /// The calling worker keeps it unless that would leave it more than `SLACK` connections
     /// ahead of the least busy worker, which then takes it; off the workers (a lease port's
     /// accept loop) the least busy worker takes it. Whichever worker's accept wins the race
-    /// for a connection, the workers stay within [`SLACK`] of each other: a burst of
+    /// for a connection, the workers stay within `SLACK` of each other: a burst of
     /// connections all accepted by one idle worker does not leave them all on its core.
     /// `None` (no workers): the caller's runtime, uncounted. A socket handed over must be
     /// registered again on its new worker (`listener::Accepted`), or its readiness keeps

@@ -148,7 +148,7 @@ fn cores() -> usize {
 }
 
 /// Logs skipped lines, one warning per distinct reason (a wrong key would otherwise warn
-/// once per lease in the journal), for at most [`SHOWN`] reasons: reasons that name their line's
+/// once per lease in the journal), for at most `SHOWN` reasons: reasons that name their line's
 /// own values (timestamps, ids) are each distinct, and the rest are said as one count.
 pub fn warn_skipped(problems: &[LineProblem]) {
     // Reasons in the order first seen, with their lines.

@@ -7,7 +7,7 @@
 # listening on 10.203.1.1:3128 inside the gate namespace. Every packet this script sends goes
 # to loopback or to an address inside the namespaces it creates (10.203.0.0/16 only).
 #
-# Usage: tests/netns/run.sh            (as root, on Linux; skips cleanly otherwise)
+# Usage: tests/netns/run.sh            (as root, on Linux; skips otherwise, fails under CI=true)
 #        LEASEGATE_BIN=path/to/leasegate tests/netns/run.sh
 #
 # Output: one `ok - ...` / `not ok - ...` line per check, diagnostics as `# ...` lines, and a
@@ -19,12 +19,17 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/../.." && pwd)
 cd "$repo_root"
 
+# Under CI=true nothing passes by skipping: a missing precondition fails the run.
 skip() {
-    echo "skipping netns test: $*"
+    if [[ "${CI:-}" == true ]]; then
+        echo "error: the netns test cannot run: $* (CI=true)" >&2
+        exit 2
+    fi
+    echo "SKIPPED netns test: $*"
     exit 0
 }
 
-# ---- preconditions: skip (exit 0) when this machine cannot run the test ----------------------
+# ---- preconditions: skip (exit 0; under CI=true fail) when this machine cannot run the test -
 [[ "$(uname -s)" == Linux ]] || skip "not Linux ($(uname -s))"
 [[ "$(id -u)" -eq 0 ]] || skip "not root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
 IP=$(command -v ip || true)

@@ -6,7 +6,7 @@
 //! the stream holds fewer copies of it than the file has shown so far (a multiset of sha256s,
 //! read from the stream at start: the snapshot's lines and the messages after it once the
 //! stream is purged, see [`whole`]); many at once, but never two lines of one lease in flight
-//! ([`window`]); under a `Nats-Msg-Id` (its sha256 and its occurrence in the file) that makes a
+//! (`window`); under a `Nats-Msg-Id` (its sha256 and its occurrence in the file) that makes a
 //! retry after a lost ack, or a second bridge on the same file, a no-op within the duplicate
 //! window. A line that a compaction dropped from the snapshot (a record that changes no status,
 //! a duplicate grant, a lease past the retention) is no longer counted once its message is

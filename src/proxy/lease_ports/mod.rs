@@ -169,8 +169,8 @@ impl LeasePorts {
     }
 
     /// Keeps assignments in step with the registry until `shutdown`: a pass after each change
-    /// of the registry (at most one per [`MIN_GAP`]) and when the clock alone may change what
-    /// a pass does (see [`LeasePorts::reconcile`]), else every [`RECONCILE_AT_LEAST`].
+    /// of the registry (at most one per `MIN_GAP`) and when the clock alone may change what
+    /// a pass does (see `LeasePorts::reconcile`), else every `RECONCILE_AT_LEAST`.
     ///
     /// A pass walks every lease (~60 ms at 100,000), so it runs on the blocking pool, and the
     /// gap after a change is at least four times the last pass: passes take at most a fifth of

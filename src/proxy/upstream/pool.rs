@@ -27,7 +27,7 @@ const REAP_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 /// And by the connection worker whose runtime runs the connection's task: a connection serves
 /// requests of its own worker only, so a request and its upstream connection are polled on
 /// one thread, without a wake across threads for each request ([`crate::proxy::workers`]). Each
-/// worker thus keeps its own idle connections (at most [`IDLE_PER_KEY`] per worker).
+/// worker thus keeps its own idle connections (at most `IDLE_PER_KEY` per worker).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub lease_id: String,

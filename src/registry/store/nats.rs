@@ -292,7 +292,7 @@ impl NatsStore {
     /// sequence it covers, or from the first message. Closing records appended through it are
     /// checked against what the stream holds under `keyring` (see the module invariants). A
     /// message longer than `max_line` bytes is skipped, counted and logged, never held.
-    /// Retried as [`patiently`] says, for `--store-start-timeout`; with [`IfMissing::Refuse`]
+    /// Retried as `patiently` says, for `--store-start-timeout`; with [`IfMissing::Refuse`]
     /// a missing stream is an error at once.
     pub async fn open(
         location: &NatsLocation,

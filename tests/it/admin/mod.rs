@@ -1,0 +1,7 @@
+//! The admin API and what operators watch: endpoints, metrics, drain and logs, bounded answers,
+//! floods, the dashboard.
+
+pub mod bounded;
+pub mod dashboard;
+pub mod flood;
+pub mod operate;

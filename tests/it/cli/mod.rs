@@ -1,0 +1,8 @@
+//! The command line as a user runs it: the lease lifecycle, messages, suggest, run, the deployment
+//! files.
+
+pub mod deploy;
+pub mod lifecycle;
+pub mod messages;
+pub mod run_trust;
+pub mod suggest;

@@ -1,0 +1,11 @@
+//! Replicas sharing a journal through NATS JetStream: scale-out, failover, quorum loss, catch-up,
+//! bridges, usage, purge.
+
+pub mod bridges;
+pub mod catch_up;
+pub mod failover;
+pub mod missing_stream;
+pub mod purge;
+pub mod quorum_loss;
+pub mod scale_out;
+pub mod usage;

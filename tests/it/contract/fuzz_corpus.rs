@@ -1,0 +1,62 @@
+//! The fuzz targets' checks (`fuzz/checks/`) replayed over their committed seed corpora: a
+//! smoke run of `fuzz/` inside `cargo test`; `fuzz/run.sh SECONDS` explores beyond the seeds.
+
+#[path = "../../../fuzz/checks/admin_origin.rs"]
+mod admin_origin;
+#[path = "../../../fuzz/checks/broadcast.rs"]
+mod broadcast;
+#[path = "../../../fuzz/checks/canonical.rs"]
+mod canonical;
+#[path = "../../../fuzz/checks/hello.rs"]
+mod hello;
+#[path = "../../../fuzz/checks/identify.rs"]
+mod identify;
+#[path = "../../../fuzz/checks/journal_fold.rs"]
+mod journal_fold;
+#[path = "../../../fuzz/checks/run_answer.rs"]
+mod run_answer;
+#[path = "../../../fuzz/checks/snapshot.rs"]
+mod snapshot;
+#[path = "../../../fuzz/checks/stream_record.rs"]
+mod stream_record;
+#[path = "../../../fuzz/checks/target_parser.rs"]
+mod target_parser;
+
+/// Runs `check` on every seed of `target`; returns how many there were.
+fn replay(target: &str, check: fn(&[u8])) -> usize {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let outcome = std::panic::catch_unwind(|| check(&bytes));
+        assert!(
+            outcome.is_ok(),
+            "{target}: seed {} fails its check",
+            path.display()
+        );
+        seeds += 1;
+    }
+    seeds
+}
+
+#[test]
+fn every_fuzz_check_holds_on_its_seed_corpus() {
+    for (target, check, at_least) in [
+        ("admin_origin", admin_origin::check as fn(&[u8]), 8),
+        ("canonical", canonical::check, 20),
+        ("hello", hello::check, 15),
+        ("identify", identify::check, 5),
+        ("broadcast", broadcast::check, 9),
+        ("journal_fold", journal_fold::check, 10),
+        ("run_answer", run_answer::check, 10),
+        ("snapshot", snapshot::check, 5),
+        ("stream_record", stream_record::check, 8),
+        ("target_parser", target_parser::check, 20),
+    ] {
+        let seeds = replay(target, check);
+        assert!(seeds >= at_least, "{target}: only {seeds} seeds");
+    }
+}

@@ -1,0 +1,4 @@
+//! The lease contract's published vectors and the fuzz targets' seed corpora.
+
+pub mod conformance;
+pub mod fuzz_corpus;

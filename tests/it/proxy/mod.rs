@@ -1,0 +1,8 @@
+//! The proxy on the request path: the decision pipeline, forwarding and tunnels over real sockets,
+//! real clients, descriptor limits.
+
+pub mod clients;
+pub mod descriptors;
+pub mod end_to_end;
+pub mod pipeline;
+pub mod tunnels;
