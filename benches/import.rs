@@ -1,6 +1,9 @@
 //! `journal import` into a three-node R3 stream (`nats-server`, Debian's package, on loopback
 //! with the users of `deploy/nats/`): lines per second for a file of `LINES` grants of
-//! `LINES` leases, then a second run that finds every line in the stream (publishes nothing).
+//! `LINES` leases, then a second run that finds every line in the stream (publishes nothing),
+//! then the ceiling: the same lines published by a bare loop (512 in flight, no parsing, no
+//! hashing, no ordering) into a fresh stream of the same cluster — what the three servers on
+//! this machine take at most, whatever the importer does.
 //!
 //! `cargo bench --bench import` (`LINES=N`, 200,000 by default). Not criterion: one timed run
 //! of the release binary, as an operator runs it.
@@ -93,4 +96,41 @@ fn main() {
     );
     let (again, cpu, said) = import(&file, &url);
     println!("the same file again: {again:.2} s, the importer's CPU {cpu:.2} s ({said})");
+
+    let took = runtime.block_on(ceiling(&cluster, &file));
+    println!(
+        "the ceiling (a bare publish loop, 512 in flight, into a fresh R3 stream): {took:.2} s, {:.0} lines/s",
+        lines as f64 / took
+    );
+}
+
+/// Publishes every line of `file` into a fresh stream, 512 acknowledgements awaited at once and
+/// nothing else done per line; its wall time.
+async fn ceiling(cluster: &NatsCluster, file: &Path) -> f64 {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let stream = cluster.journal("CEILING").await;
+    let bytes = std::fs::read(file).unwrap();
+    let started = Instant::now();
+    let mut in_flight = FuturesUnordered::new();
+    let done = |r: std::io::Result<u64>| {
+        r.unwrap();
+    };
+    for (n, line) in bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
+        if in_flight.len() >= 512 {
+            done(in_flight.next().await.unwrap());
+        }
+        let (stream, id) = (&stream, n.to_string());
+        in_flight.push(async move {
+            let subject = stream.subject(Some(&lease_id(n as u64)));
+            stream.publish(subject, line, Some(&id)).await
+        });
+    }
+    while let Some(landed) = in_flight.next().await {
+        done(landed);
+    }
+    started.elapsed().as_secs_f64()
 }
