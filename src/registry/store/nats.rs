@@ -987,7 +987,10 @@ mod tests {
             shared.observe(answer(CREATED, 3, true), a, at, &location),
             None
         );
-        let (a, later) = (shared.asked(), Instant::now() + LOWER_HEAD_CONFIRMED_AFTER / 2);
+        let (a, later) = (
+            shared.asked(),
+            Instant::now() + LOWER_HEAD_CONFIRMED_AFTER / 2,
+        );
         assert_eq!(
             shared.observe(answer(CREATED, 3, true), a, later, &location),
             None
