@@ -4,11 +4,12 @@
 //!
 //! Invariants:
 //! - Readers never lock: a request loads the current snapshot and decides on it.
-//! - Every journal line, ours included, is folded exactly once, by the tail ([`Registry::refresh`],
-//!   which the follower runs): a revocation is appended through the store and then read back
-//!   until the fold reaches the position the append returned — by the follower when one runs
-//!   (woken to read at once), so that no caller on another runtime holds the read lock while
-//!   its own blocking pool is busy.
+//! - Every journal line, ours included, is folded exactly once per generation of the store (a
+//!   store found replaced is folded afresh), by the tail ([`Registry::refresh`], which the
+//!   follower runs), even when a read is dropped: a revocation is appended through the store
+//!   and then read back until the fold reaches the position the append returned — by the
+//!   follower when one runs (woken to read at once), so that no caller on another runtime
+//!   holds the read lock while its own blocking pool is busy.
 //! - While a follower runs, the time since it last completed a read is known: longer than the
 //!   store's [`Store::stalled_after`] and `/readyz` names it.
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
