@@ -616,8 +616,9 @@ impl Shared {
     /// The stream answered with `now` a question `asked` at `asked_at`: contact; then, if the
     /// answer names a leader, lag, and a replacement ([`compare`]: another creation time, or a
     /// last sequence below what was delivered before the question) that a second answer,
-    /// asked after the first arrived, confirms starts a new generation from the new stream's
-    /// first message. Returns the generation `now` is in, or `None` when the answer is not
+    /// asked after the first arrived (for a lower last sequence alone, at least
+    /// [`LOWER_HEAD_CONFIRMED_AFTER`] after it, with no answer between saying the stream as it
+    /// was), confirms starts a new generation from the new stream's first message. Returns the generation `now` is in, or `None` when the answer is not
     /// the stream's current state (no leader named, a replacement not yet confirmed).
     fn observe(
         &self,
