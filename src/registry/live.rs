@@ -4,11 +4,12 @@
 //!
 //! Invariants:
 //! - Readers never lock: a request loads the current snapshot and decides on it.
-//! - Every journal line, ours included, is folded exactly once, by the tail ([`Registry::refresh`],
-//!   which the follower runs): a revocation is appended through the store and then read back
-//!   until the fold reaches the position the append returned — by the follower when one runs
-//!   (woken to read at once), so that no caller on another runtime holds the read lock while
-//!   its own blocking pool is busy.
+//! - Every journal line, ours included, is folded exactly once per generation of the store (a
+//!   store found replaced is folded afresh), by the tail ([`Registry::refresh`], which the
+//!   follower runs), even when a read is dropped: a revocation is appended through the store
+//!   and then read back until the fold reaches the position the append returned — by the
+//!   follower when one runs (woken to read at once), so that no caller on another runtime
+//!   holds the read lock while its own blocking pool is busy.
 //! - While a follower runs, the time since it last completed a read is known: longer than the
 //!   store's [`Store::stalled_after`] and `/readyz` names it.
 //! - Fail closed: a revocation first closes the lease in memory (a closure in the published
@@ -580,7 +581,9 @@ impl Registry {
     }
 
     /// [`Registry::refresh`], also returning the position the fold has reached. Cancel-safe:
-    /// the only await is the store's read, which keeps the lines of a dropped read for the next.
+    /// the store's read keeps the lines of a dropped read for the next, and the lines it hands
+    /// out are folded before anything else is awaited (a catch-up's timeout may drop this
+    /// future at any await: lines taken and not folded would never be folded).
     async fn refresh_reaching(&self) -> std::io::Result<(usize, Position)> {
         let _reading = self.reading.lock().await;
         let read = self.store.read_new().await;
@@ -597,15 +600,6 @@ impl Registry {
                 return Err(error);
             }
         };
-        if !batch.lines.is_empty() && !self.pending.is_idle() {
-            let (queue, lines) = (self.pending.clone(), batch.lines.clone());
-            match tokio::task::spawn_blocking(move || queue.remove_seen(&lines)).await {
-                Ok(Ok(0)) => {}
-                Ok(Ok(seen)) => tracing::info!(seen, "queued revocations found in the journal"),
-                Ok(Err(error)) => tracing::error!(%error, "rewriting the queue of revocations"),
-                Err(error) => tracing::error!(%error, "rewriting the queue of revocations"),
-            }
-        }
         if batch.restarted && !batch.replaced && self.snapshot().ledger.stats().lines > 0 {
             tracing::info!(store = %self.store.describe(), "journal restarted: applying the new generation on top of the folded state");
         }
@@ -630,7 +624,18 @@ impl Registry {
             self.close_where_not_open(self.now());
         }
         self.folded.send_replace(batch.position);
-        Ok((batch.lines.len(), batch.position))
+        let read = batch.lines.len();
+        if read > 0 && !self.pending.is_idle() {
+            let (queue, lines) = (self.pending.clone(), batch.lines);
+            // Dropped while it waits, the rewrite still runs on the blocking pool.
+            match tokio::task::spawn_blocking(move || queue.remove_seen(&lines)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(seen)) => tracing::info!(seen, "queued revocations found in the journal"),
+                Ok(Err(error)) => tracing::error!(%error, "rewriting the queue of revocations"),
+                Err(error) => tracing::error!(%error, "rewriting the queue of revocations"),
+            }
+        }
+        Ok((read, batch.position))
     }
 
     /// Revokes a lease: closes it in memory and tears down its subtree at once (nothing new is

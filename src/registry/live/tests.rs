@@ -688,3 +688,89 @@ async fn a_stalled_follower_is_a_journal_problem() {
         .await
         .expect("a follower that ended is not following");
 }
+
+/// A store that hands out the lines given to it at once (no await in a read) and takes no
+/// append.
+#[derive(Clone, Default)]
+struct Handing {
+    lines: Arc<Mutex<Vec<Vec<u8>>>>,
+    handed: Arc<AtomicU64>,
+}
+
+impl Handing {
+    fn give(&self, path: &Path) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut lines = self.lines.lock().unwrap();
+        lines.extend(text.lines().map(|l| l.as_bytes().to_vec()));
+    }
+}
+
+impl Store for Handing {
+    fn read_new(&self) -> BoxFuture<'_, io::Result<Batch>> {
+        let lines = std::mem::take(&mut *self.lines.lock().unwrap());
+        let offset = self.handed.fetch_add(lines.len() as u64, Ordering::SeqCst);
+        Box::pin(std::future::ready(Ok(Batch {
+            restarted: false,
+            replaced: false,
+            position: Position {
+                generation: 1,
+                offset: offset + lines.len() as u64,
+            },
+            lines,
+            too_long: 0,
+        })))
+    }
+
+    fn append(&self, _record: &Value) -> BoxFuture<'_, io::Result<Position>> {
+        Box::pin(std::future::ready(Err(io::Error::other("disk full"))))
+    }
+
+    fn wait_for_more(&self) -> BoxFuture<'_, ()> {
+        Box::pin(tokio::time::sleep(Duration::from_millis(10)))
+    }
+
+    fn describe(&self) -> String {
+        "handing".into()
+    }
+}
+
+/// A read dropped once the store has handed its lines out (a catch-up's timeout ends it at any
+/// await; with a revocation queued, a read then matches its lines against the queue) has
+/// folded them: the store hands nothing out twice, so lines taken and not folded would be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_dropped_after_the_store_handed_its_lines_out_has_folded_them() {
+    let setup = Setup::new();
+    let store = Handing::default();
+    store.give(&setup.path);
+    let registry = Registry::open(Box::new(store.clone()), keyring(&setup.key))
+        .await
+        .unwrap();
+    // A revocation the store refuses: queued, so a read has the queue to match.
+    assert!(registry
+        .revoke(&setup.lease, "refused", Map::new())
+        .await
+        .is_err());
+    assert_eq!(registry.pending(), 1);
+    // Each read polled once, then dropped, until one is dropped while it waits (whether the
+    // queue's matching on the blocking pool is done by the first poll is a race).
+    for i in 0..50 {
+        let other = setup.path.with_file_name(format!("other-{i}.jsonl"));
+        let granted = journal_with_lease(&other, &setup.key, Duration::from_secs(600));
+        store.give(&other);
+        let dropped = match futures_util::FutureExt::now_or_never(registry.refresh()) {
+            Some(read) => read.map(|_| false).unwrap(),
+            None => registry.refresh().await.map(|_| true).unwrap(),
+        };
+        assert_eq!(
+            registry
+                .snapshot()
+                .ledger
+                .status(&granted, Timestamp::now()),
+            Some(Status::Open),
+            "the grant a read took is folded (read {i}, dropped: {dropped})"
+        );
+        if dropped {
+            break;
+        }
+    }
+}

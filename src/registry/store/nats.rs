@@ -40,11 +40,14 @@
 //! - Only an answer that names the stream's leader is its current state: a cluster member
 //!   without a leader (lost quorum, cut off) answers from its own copy, perhaps behind. Such an
 //!   answer is contact, nothing more: no lag, no replacement, no head for a catch-up to reach.
-//! - A stream deleted and created again (another creation time, or a last sequence below one
-//!   delivered before the question was asked, said by two answers in a row) is a new store:
-//!   its first read is a [`Batch::replaced`] generation from its first message, nothing of the
-//!   old one is handed out after it, and the store is not settled (a problem) until it has
-//!   handed out what the new stream held when it was found.
+//! - A stream deleted and created again (another creation time said by two answers in a row,
+//!   or a last sequence below one delivered before the question was asked, said by every
+//!   answer for [`LOWER_HEAD_CONFIRMED_AFTER`]: a leader just elected answers below what was
+//!   delivered until it has applied what its group committed) is a new store: its first read
+//!   is a [`Batch::replaced`] generation from its first message, nothing of the old one is
+//!   handed out after it, and the store is not settled (a problem) until it has handed out
+//!   what the new stream held when it was found. Within a generation no sequence is handed
+//!   out twice, so each line is folded once per generation.
 
 use super::location::NatsLocation;
 use super::nats_broadcast::Broadcaster;
@@ -78,6 +81,13 @@ pub const LAG_GRACE: Duration = Duration::from_millis(250);
 /// Behind the stream's last sequence with nothing delivered this long: the consumer is
 /// replaced.
 pub const STALLED_CONSUMER: Duration = Duration::from_secs(1);
+
+/// How long a stream of the same creation time must keep answering a last sequence below one
+/// delivered before it is taken for another stream (restored from an older backup): a leader
+/// just elected answers from what it has applied, which trails what its group committed (and a
+/// consumer on another member delivered) until it has caught up; re-folding such a stream would
+/// hand every line out again.
+pub const LOWER_HEAD_CONFIRMED_AFTER: Duration = Duration::from_secs(5);
 
 /// The longest wait between two attempts to replace the journal consumer.
 const MAX_REPLACE_BACKOFF: Duration = Duration::from_secs(1);
@@ -282,7 +292,8 @@ struct Contact {
     /// The creation time of the stream followed.
     created: i128,
     /// An answer said another stream (its creation time, and when it arrived): a second one
-    /// asked after it must say the same before the stream is folded afresh.
+    /// asked after it must say the same before the stream is folded afresh, and, when only the
+    /// last sequence is lower, asked [`LOWER_HEAD_CONFIRMED_AFTER`] after it.
     suspect: Option<(i128, Instant)>,
 }
 
@@ -605,8 +616,9 @@ impl Shared {
     /// The stream answered with `now` a question `asked` at `asked_at`: contact; then, if the
     /// answer names a leader, lag, and a replacement ([`compare`]: another creation time, or a
     /// last sequence below what was delivered before the question) that a second answer,
-    /// asked after the first arrived, confirms starts a new generation from the new stream's
-    /// first message. Returns the generation `now` is in, or `None` when the answer is not
+    /// asked after the first arrived (for a lower last sequence alone, at least
+    /// [`LOWER_HEAD_CONFIRMED_AFTER`] after it, with no answer between saying the stream as it
+    /// was), confirms starts a new generation from the new stream's first message. Returns the generation `now` is in, or `None` when the answer is not
     /// the stream's current state (no leader named, a replacement not yet confirmed).
     fn observe(
         &self,
@@ -624,9 +636,16 @@ impl Shared {
             Seen::Unsure => return None,
             Seen::Same => contact.suspect = None,
             Seen::Other => match contact.suspect {
-                Some((created, since)) if created == now.created && asked_at >= since => {
+                Some((created, since))
+                    if created == now.created
+                        && asked_at >= since
+                        && (created != contact.created
+                            || asked_at.duration_since(since) >= LOWER_HEAD_CONFIRMED_AFTER) =>
+                {
                     contact.suspect = None;
                 }
+                // Said again, not yet for long enough: still suspected since the first answer.
+                Some((created, _)) if created == now.created => return None,
                 _ => {
                     tracing::info!(store = %location, created = now.created, holds = now.head, folded_up_to = received.last, "the journal stream answers as another stream: asking again before folding it afresh");
                     contact.suspect = Some((now.created, answered));
@@ -939,6 +958,52 @@ mod tests {
         let received = shared.received();
         assert!(received.restarted);
         assert_eq!((received.last, received.settle_at), (0, 2));
+        assert_eq!(*shared.replaced.borrow(), 1);
+    }
+
+    #[test]
+    fn a_lower_last_sequence_of_the_same_stream_is_another_stream_only_once_it_lasts() {
+        let location: NatsLocation = "nats://127.0.0.1:4222/LG".parse().unwrap();
+        let shared = shared(CREATED, 5);
+        // A leader just elected answers from what it has applied (3) while 5 was delivered:
+        // asked again and again (a catch-up asks every 100 ms), each after the one before
+        // arrived, it is not another stream, and nothing is handed out again.
+        for _ in 0..3 {
+            let (a, at) = (shared.asked(), Instant::now());
+            assert_eq!(
+                shared.observe(answer(CREATED, 3, true), a, at, &location),
+                None
+            );
+        }
+        assert_eq!(shared.received().generation, GENERATION);
+        assert_eq!(*shared.replaced.borrow(), 0);
+        // It has caught up: the suspicion is gone, and a lower answer later starts afresh.
+        let (a, at) = (shared.asked(), Instant::now());
+        assert_eq!(
+            shared.observe(answer(CREATED, 5, true), a, at, &location),
+            Some(GENERATION)
+        );
+        let (a, at) = (shared.asked(), Instant::now());
+        assert_eq!(
+            shared.observe(answer(CREATED, 3, true), a, at, &location),
+            None
+        );
+        let (a, later) = (
+            shared.asked(),
+            Instant::now() + LOWER_HEAD_CONFIRMED_AFTER / 2,
+        );
+        assert_eq!(
+            shared.observe(answer(CREATED, 3, true), a, later, &location),
+            None
+        );
+        assert_eq!(shared.received().generation, GENERATION);
+        // Still lower when asked that long after the first lower answer: a stream that went
+        // back (restored from an older backup), folded afresh.
+        let (a, later) = (shared.asked(), Instant::now() + LOWER_HEAD_CONFIRMED_AFTER);
+        assert_eq!(
+            shared.observe(answer(CREATED, 3, true), a, later, &location),
+            Some(GENERATION + 1)
+        );
         assert_eq!(*shared.replaced.borrow(), 1);
     }
 }

@@ -134,7 +134,16 @@ async fn a_refusal_closes_the_lease_on_another_replica_while_the_stream_has_no_l
     }
     let n = LEASES as f64;
     let folded = "leasegate_journal_lines_total{event=\"revoked\"}";
-    assert_eq!(metric_turns(&b, folded, n).await, Some(n), "{folded}");
+    let revoked = metric_turns(&b, folded, n).await;
+    // No election makes another stream of this one (a replacement would fold every line again).
+    let replaced = "leasegate_store_replaced_total";
+    let (_, text) = admin_text(&b, "/metrics").await;
+    assert_eq!(
+        crate::admin::operate::sample(&text, replaced),
+        Some(0.0),
+        "{replaced} ({folded}: {revoked:?})"
+    );
+    assert_eq!(revoked, Some(n), "{folded}");
     let applied = "leasegate_revoke_broadcasts_total{outcome=\"applied\"}";
     assert_eq!(metric_turns(&b, applied, n).await, Some(n), "{applied}");
 }
