@@ -386,7 +386,7 @@ async fn connection_limits_answer_too_many_connections() {
     // above may take a moment to be noticed closed, so probe until the limit shows).
     let _a = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let _b = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let refused = crate::support::harness::eventually(Duration::from_secs(5), || async {
+    let refused = crate::support::harness::eventually(Duration::from_secs(20), || async {
         let answer = raw(server.addr, b"GET http://origin.test/ HTTP/1.1\r\n\r\n").await;
         (crate::support::harness::status_of(&answer) == 429).then_some(answer)
     })
