@@ -40,10 +40,9 @@
 //! - Only an answer that names the stream's leader is its current state: a cluster member
 //!   without a leader (lost quorum, cut off) answers from its own copy, perhaps behind. Such an
 //!   answer is contact, nothing more: no lag, no replacement, no head for a catch-up to reach.
-//! - A stream deleted and created again (another creation time said by two answers in a row,
-//!   or a last sequence below one delivered before the question was asked, said by every
-//!   answer for [`LOWER_HEAD_CONFIRMED_AFTER`]: a leader just elected answers below what was
-//!   delivered until it has applied what its group committed) is a new store: its first read
+//! - A stream deleted and created again (another creation time said by two answers in a row)
+//!   is a new store; a last sequence below one delivered is not (a leader just elected answers
+//!   below what was delivered until it has applied what its group committed): its first read
 //!   is a [`Batch::replaced`] generation from its first message, nothing of the old one is
 //!   handed out after it, and the store is not settled (a problem) until it has handed out
 //!   what the new stream held when it was found. Within a generation no sequence is handed
@@ -82,13 +81,6 @@ pub const LAG_GRACE: Duration = Duration::from_millis(250);
 /// replaced.
 pub const STALLED_CONSUMER: Duration = Duration::from_secs(1);
 
-/// How long a stream of the same creation time must keep answering a last sequence below one
-/// delivered before it is taken for another stream (restored from an older backup): a leader
-/// just elected answers from what it has applied, which trails what its group committed (and a
-/// consumer on another member delivered) until it has caught up; re-folding such a stream would
-/// hand every line out again.
-pub const LOWER_HEAD_CONFIRMED_AFTER: Duration = Duration::from_secs(5);
-
 /// The longest wait between two attempts to replace the journal consumer.
 const MAX_REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -104,8 +96,7 @@ const GENERATION: u64 = 1;
 enum Seen {
     /// The stream followed, as it stands.
     Same,
-    /// Another stream: another creation time, or a last sequence below one delivered before
-    /// the question was asked (a stream never goes back).
+    /// Another stream: another creation time.
     Other,
     /// Nothing to go by: no leader named, or the store moved on to another generation while the
     /// question was out.
@@ -116,17 +107,17 @@ enum Seen {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Asked {
     generation: u64,
-    /// The last sequence delivered then: the answer's stream, if it is ours, holds it.
-    delivered: u64,
 }
 
 /// Compares `answer` with the stream followed (created at `created`, in `generation` now)
-/// as it was when the question was `asked`. A delivery between the question and the answer
-/// is not a lower answer: only what was delivered before the question counts.
+/// as it was when the question was `asked`. Only a creation time tells another stream: a last
+/// sequence below what was delivered is a member answering from what it has applied (a leader
+/// just elected, under load, for seconds), and taking it for another stream would fold every
+/// line again and drop every grant until then.
 fn compare(created: i128, generation: u64, asked: Asked, answer: Incarnation) -> Seen {
     if !answer.led || asked.generation != generation {
         Seen::Unsure
-    } else if answer.created != created || answer.head < asked.delivered {
+    } else if answer.created != created {
         Seen::Other
     } else {
         Seen::Same
@@ -292,8 +283,7 @@ struct Contact {
     /// The creation time of the stream followed.
     created: i128,
     /// An answer said another stream (its creation time, and when it arrived): a second one
-    /// asked after it must say the same before the stream is folded afresh, and, when only the
-    /// last sequence is lower, asked [`LOWER_HEAD_CONFIRMED_AFTER`] after it.
+    /// asked after it must say the same before the stream is folded afresh.
     suspect: Option<(i128, Instant)>,
 }
 
@@ -609,16 +599,12 @@ impl Shared {
         let received = self.received();
         Asked {
             generation: received.generation,
-            delivered: received.last,
         }
     }
 
     /// The stream answered with `now` a question `asked` at `asked_at`: contact; then, if the
-    /// answer names a leader, lag, and a replacement ([`compare`]: another creation time, or a
-    /// last sequence below what was delivered before the question) that a second answer,
-    /// asked after the first arrived (for a lower last sequence alone, at least
-    /// [`LOWER_HEAD_CONFIRMED_AFTER`] after it, with no answer between saying the stream as it
-    /// was), confirms starts a new generation from the new stream's first message. Returns the generation `now` is in, or `None` when the answer is not
+    /// answer names a leader, lag, and a replacement ([`compare`]: another creation time) that
+    /// a second answer, asked after the first arrived, confirms starts a new generation from the new stream's first message. Returns the generation `now` is in, or `None` when the answer is not
     /// the stream's current state (no leader named, a replacement not yet confirmed).
     fn observe(
         &self,
@@ -636,15 +622,10 @@ impl Shared {
             Seen::Unsure => return None,
             Seen::Same => contact.suspect = None,
             Seen::Other => match contact.suspect {
-                Some((created, since))
-                    if created == now.created
-                        && asked_at >= since
-                        && (created != contact.created
-                            || asked_at.duration_since(since) >= LOWER_HEAD_CONFIRMED_AFTER) =>
-                {
+                Some((created, since)) if created == now.created && asked_at >= since => {
                     contact.suspect = None;
                 }
-                // Said again, not yet for long enough: still suspected since the first answer.
+                // Said again by an answer asked before the first arrived: still suspected.
                 Some((created, _)) if created == now.created => return None,
                 _ => {
                     tracing::info!(store = %location, created = now.created, holds = now.head, folded_up_to = received.last, "the journal stream answers as another stream: asking again before folding it afresh");
@@ -653,7 +634,7 @@ impl Shared {
                 }
             },
         }
-        if contact.created != now.created || now.head < received.last {
+        if contact.created != now.created {
             let (old_created, old_last) = (contact.created, received.last);
             *received = Received {
                 lines: Vec::new(),
@@ -852,21 +833,21 @@ mod tests {
         Incarnation { created, head, led }
     }
 
-    fn asked(delivered: u64) -> Asked {
+    fn asked(_delivered: u64) -> Asked {
         Asked {
             generation: GENERATION,
-            delivered,
         }
     }
 
     #[test]
-    fn only_a_led_answer_below_what_was_delivered_before_it_was_asked_is_another_stream() {
+    fn only_a_led_answer_of_another_creation_time_is_another_stream() {
         let same = |asked_at: Asked, now| compare(CREATED, GENERATION, asked_at, now);
         assert_eq!(same(asked(5), answer(CREATED, 5, true)), Seen::Same);
         assert_eq!(same(asked(5), answer(CREATED, 9, true)), Seen::Same);
-        // Asked before message 5 arrived, answered after: not a stream that went back.
         assert_eq!(same(asked(4), answer(CREATED, 4, true)), Seen::Same);
-        assert_eq!(same(asked(5), answer(CREATED, 4, true)), Seen::Other);
+        // Below what was delivered: a leader just elected answering from what it has applied.
+        assert_eq!(same(asked(5), answer(CREATED, 4, true)), Seen::Same);
+        assert_eq!(same(asked(5), answer(CREATED, 0, true)), Seen::Same);
         assert_eq!(same(asked(5), answer(CREATED + 1, 9, true)), Seen::Other);
         // A member without a leader answers from its own copy: nothing to go by, whatever it
         // says (0 messages, another creation time it was recovering).
@@ -909,10 +890,10 @@ mod tests {
         let shared = shared(CREATED, 5);
         let ask = || (shared.asked(), Instant::now());
 
-        // A stale or odd answer once, then the stream as it is: no new generation.
+        // An odd answer (another creation time) once, then the stream as it is: no new generation.
         let (a, at) = ask();
         assert_eq!(
-            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            shared.observe(answer(CREATED + 2, 0, true), a, at, &location),
             None
         );
         let (a, at) = ask();
@@ -922,7 +903,7 @@ mod tests {
         );
         let (a, at) = ask();
         assert_eq!(
-            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            shared.observe(answer(CREATED + 2, 0, true), a, at, &location),
             None
         );
         assert_eq!(shared.received().generation, GENERATION);
@@ -931,7 +912,7 @@ mod tests {
         // Two answers asked at the same moment are not two looks.
         let (a, at) = (shared.asked(), Instant::now() - Duration::from_secs(1));
         assert_eq!(
-            shared.observe(answer(CREATED, 0, true), a, at, &location),
+            shared.observe(answer(CREATED + 2, 0, true), a, at, &location),
             None
         );
         assert_eq!(shared.received().generation, GENERATION);
@@ -942,7 +923,7 @@ mod tests {
             shared.observe(answer(CREATED + 1, 0, false), a, at, &location),
             None
         );
-        assert_eq!(shared.contact().suspect.map(|s| s.0), Some(CREATED));
+        assert_eq!(shared.contact().suspect.map(|s| s.0), Some(CREATED + 2));
 
         // The same other stream twice in a row: folded afresh.
         let (a, at) = ask();
@@ -962,48 +943,20 @@ mod tests {
     }
 
     #[test]
-    fn a_lower_last_sequence_of_the_same_stream_is_another_stream_only_once_it_lasts() {
+    fn a_lower_last_sequence_of_the_same_stream_is_never_another_stream() {
         let location: NatsLocation = "nats://127.0.0.1:4222/LG".parse().unwrap();
         let shared = shared(CREATED, 5);
         // A leader just elected answers from what it has applied (3) while 5 was delivered:
-        // asked again and again (a catch-up asks every 100 ms), each after the one before
-        // arrived, it is not another stream, and nothing is handed out again.
-        for _ in 0..3 {
-            let (a, at) = (shared.asked(), Instant::now());
+        // asked again and again (a catch-up asks every 100 ms), for however long, it is the
+        // same stream, and nothing is handed out again.
+        for after in [0, 1, 10, 60] {
+            let (a, at) = (shared.asked(), Instant::now() + Duration::from_secs(after));
             assert_eq!(
                 shared.observe(answer(CREATED, 3, true), a, at, &location),
-                None
+                Some(GENERATION)
             );
         }
         assert_eq!(shared.received().generation, GENERATION);
         assert_eq!(*shared.replaced.borrow(), 0);
-        // It has caught up: the suspicion is gone, and a lower answer later starts afresh.
-        let (a, at) = (shared.asked(), Instant::now());
-        assert_eq!(
-            shared.observe(answer(CREATED, 5, true), a, at, &location),
-            Some(GENERATION)
-        );
-        let (a, at) = (shared.asked(), Instant::now());
-        assert_eq!(
-            shared.observe(answer(CREATED, 3, true), a, at, &location),
-            None
-        );
-        let (a, later) = (
-            shared.asked(),
-            Instant::now() + LOWER_HEAD_CONFIRMED_AFTER / 2,
-        );
-        assert_eq!(
-            shared.observe(answer(CREATED, 3, true), a, later, &location),
-            None
-        );
-        assert_eq!(shared.received().generation, GENERATION);
-        // Still lower when asked that long after the first lower answer: a stream that went
-        // back (restored from an older backup), folded afresh.
-        let (a, later) = (shared.asked(), Instant::now() + LOWER_HEAD_CONFIRMED_AFTER);
-        assert_eq!(
-            shared.observe(answer(CREATED, 3, true), a, later, &location),
-            Some(GENERATION + 1)
-        );
-        assert_eq!(*shared.replaced.borrow(), 1);
     }
 }
