@@ -350,6 +350,9 @@ async fn connection_limits_answer_too_many_connections() {
     let mut config = h.config(&[("origin.test", "127.0.0.1")]);
     config.max_connections = 3;
     config.max_connections_per_lease = 1;
+    // The idle connections below must hold their permits however slowly this test runs: with
+    // the default header timeout (5 s) a loaded machine let them close before the probe.
+    config.header_read_timeout = Duration::from_secs(600);
     let server = h.start(config).await;
     let target = format!("origin.test:{}", origin.addr.port());
     let _first = streaming_tunnel(server.addr, &target, Some(&lease)).await;
