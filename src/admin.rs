@@ -32,7 +32,7 @@ use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
 use crate::registry::revocation::RevocationError;
 use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
-use crate::telemetry::egress::LoggedVerdict;
+use crate::telemetry::egress::{Kind, LoggedVerdict};
 use crate::telemetry::metrics::{self, RegistryFigures};
 use crate::telemetry::recent_refusals;
 use http::{header, Method, Request, Response, StatusCode};
@@ -304,7 +304,10 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 TOP_HOSTS,
                 with_credentials,
             ) {
-                Some(view) => json_response(StatusCode::OK, view),
+                Some(mut view) => {
+                    add_open(&state, id, &mut view);
+                    json_response(StatusCode::OK, view)
+                }
                 None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
             }
         }
@@ -485,6 +488,8 @@ fn leases(state: &AdminState, query: &LeasesQuery, with_credentials: bool) -> Re
 const TOP_HOSTS: usize = 50;
 /// Hosts listed per lease in `GET /leases` (the dashboard's "top hosts").
 const LIST_TOP_HOSTS: usize = 5;
+/// Open tunnels and streams `GET /leases/{id}` lists (the oldest; `open_total` counts all).
+const OPEN_SHOWN: usize = 50;
 
 /// The dashboard: one self-contained page (inline CSS and JS, no external fetches) that
 /// polls `/leases` and `/refusals` with the token it keeps in sessionStorage.
@@ -691,6 +696,30 @@ async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Respons
     }
 }
 
+/// The lease's open tunnels and streams, the oldest [`OPEN_SHOWN`], with their bytes so far
+/// (`"open"`), and how many are open (`"open_total"`).
+fn add_open(state: &AdminState, id: &str, view: &mut Value) {
+    let (open, total) = state.proxy.telemetry.metrics.open_of(id, OPEN_SHOWN);
+    view["open"] = open
+        .iter()
+        .map(|o| {
+            let (up, down) = o.moved();
+            json!({
+                "kind": match o.kind {
+                    Kind::Connect => "connect",
+                    Kind::Http => "forward",
+                },
+                "host": o.host,
+                "port": o.port,
+                "started": o.started,
+                "bytes_up": up,
+                "bytes_down": down,
+            })
+        })
+        .collect();
+    view["open_total"] = total.into();
+}
+
 /// The proxy token of `lease`, minted with its key (`None` without the key).
 fn minted(snapshot: &Snapshot, lease: &Lease) -> Option<String> {
     let key = snapshot.ledger.keyring()?.get(&lease.key_fingerprint)?;
@@ -772,6 +801,7 @@ pub fn lease_view(
             "allowed": count(LoggedVerdict::Allow),
             "refused": count(LoggedVerdict::Refuse),
             "reported": count(LoggedVerdict::Report),
+            "challenges": count(LoggedVerdict::Challenge),
             "bytes_up": counters.bytes_up,
             "bytes_down": counters.bytes_down,
             "open_tunnels": counters.open_tunnels,

@@ -4,7 +4,7 @@
 //! becomes a refusal here only, naming the pattern and lease that decided it.
 
 use super::verdict::Decider;
-use super::{HostVerdict, TargetHost};
+use super::{HostVerdict, Rule, TargetHost};
 use http::StatusCode;
 
 /// The stable refusal codes (docs/reference/refusal-codes.md).
@@ -126,6 +126,13 @@ impl Code {
                 | Code::HostMismatch
         )
     }
+
+    /// A challenge, not a refusal: the 407 that asks a client for the credentials it has not
+    /// sent yet (git and Java send their first request without them). A credential that
+    /// does not prove a lease (`lease-unknown`) is a refusal.
+    pub fn is_challenge(self) -> bool {
+        self == Code::LeaseMissing
+    }
 }
 
 impl std::fmt::Display for Code {
@@ -139,6 +146,8 @@ impl std::fmt::Display for Code {
 pub struct Refusal {
     pub code: Code,
     pub detail: String,
+    /// The pattern, guard range or port list that refused, when one did.
+    pub rule: Option<Rule>,
 }
 
 impl Refusal {
@@ -146,6 +155,15 @@ impl Refusal {
         Refusal {
             code,
             detail: detail.into(),
+            rule: None,
+        }
+    }
+
+    /// The same refusal, naming the rule that decided it.
+    pub fn with_rule(self, rule: Rule) -> Refusal {
+        Refusal {
+            rule: Some(rule),
+            ..self
         }
     }
 }
@@ -158,21 +176,26 @@ pub fn host_refusal<'a>(
 ) -> Result<Decider<'a>, Refusal> {
     match verdict {
         HostVerdict::Allowed(by) => Ok(by),
-        HostVerdict::Denied(by) => Err(Refusal::new(
-            Code::HostDenied,
-            format!(
-                "{host} is denied by {} in lease {}",
-                by.pattern(host).map(|p| p.to_string()).unwrap_or_default(),
-                by.lease_id
-            ),
-        )),
+        HostVerdict::Denied(by) => {
+            let pattern = by.pattern(host);
+            let shown = pattern.as_ref().map(|p| p.to_string()).unwrap_or_default();
+            let refusal = Refusal::new(
+                Code::HostDenied,
+                format!("{host} is denied by {shown} in lease {}", by.lease_id),
+            );
+            Err(Refusal {
+                rule: pattern.map(Rule::Deny),
+                ..refusal
+            })
+        }
         HostVerdict::NotAllowed(by) => Err(Refusal::new(
             Code::HostNotAllowed,
             format!(
                 "{host} matches no pattern of lease {}'s allow.hosts",
                 by.lease_id
             ),
-        )),
+        )
+        .with_rule(Rule::NotInAllow)),
     }
 }
 

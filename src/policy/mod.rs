@@ -7,6 +7,7 @@ pub mod codes;
 pub mod guard;
 pub mod pattern;
 pub mod ports;
+pub mod rule;
 pub mod target;
 pub mod verdict;
 
@@ -17,5 +18,6 @@ pub use codes::{Code, Refusal};
 pub use guard::{Guard, UpstreamAddr};
 pub use pattern::HostPattern;
 pub use ports::Ports;
+pub use rule::Rule;
 pub use target::{Target, TargetHost};
 pub use verdict::{HostPolicy, HostVerdict};

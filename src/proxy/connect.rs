@@ -18,7 +18,7 @@ use super::pipeline::Cleared;
 use super::{Body, ClientConn, Proxy};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
-use crate::policy::HostVerdict;
+use crate::policy::{HostVerdict, Rule};
 use crate::telemetry::egress::Kind;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -237,19 +237,21 @@ fn unverifiable(why: Unverifiable) -> Refusal {
 /// An SNI that differs from the CONNECT host must itself be allowed for the lease.
 fn check_sni(decision: &Decision, sni: &str) -> Result<(), Refusal> {
     let target = &decision.target;
-    let allowed = match parse_host(sni) {
+    let rule = match parse_host(sni) {
         Ok(host) if host == target.host => return Ok(()),
-        Ok(host) => matches!(decision.verdict(&host), HostVerdict::Allowed(_)),
-        Err(_) => false,
+        Ok(host) => match decision.verdict(&host) {
+            HostVerdict::Allowed(_) => return Ok(()),
+            HostVerdict::Denied(by) => by.pattern(&host).map(Rule::Deny),
+            HostVerdict::NotAllowed(_) => Some(Rule::NotInAllow),
+        },
+        Err(_) => None,
     };
-    if allowed {
-        return Ok(());
-    }
-    Err(Refusal::new(
+    let refusal = Refusal::new(
         Code::SniMismatch,
         format!(
             "TLS SNI {sni:?} differs from the CONNECT host {} and is not allowed",
             target.host
         ),
-    ))
+    );
+    Err(Refusal { rule, ..refusal })
 }

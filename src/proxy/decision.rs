@@ -17,7 +17,7 @@ use crate::policy::codes::{host_refusal, Code, Refusal};
 use crate::policy::guard::Exception;
 use crate::policy::target::{parse_authority, TargetError, TargetHost};
 use crate::policy::verdict::{decide as verdict_over, denied_address};
-use crate::policy::{HostPolicy, HostVerdict, Target, UpstreamAddr};
+use crate::policy::{HostPattern, HostPolicy, HostVerdict, Rule, Target, UpstreamAddr};
 use crate::registry::Snapshot;
 use http::HeaderValue;
 use std::net::SocketAddr;
@@ -70,6 +70,9 @@ pub struct Decision {
     /// Report mode: each policy refusal enforce mode would have answered, in phase order
     /// (empty in enforce mode, and for a request nothing would refuse).
     pub reported: Vec<Refusal>,
+    /// The lease's allow pattern that let the target through (`None` when report mode let
+    /// it through without one).
+    pub rule: Option<Rule>,
 }
 
 impl Decision {
@@ -158,15 +161,20 @@ pub fn decide(
             .map_err(open)?;
     }
     let verdict = verdict_over(policies(&snapshot, &chain), &target.host);
-    if let Err(refusal) = host_refusal(verdict, &target.host) {
-        policy_failure(config.mode, refusal, &mut reported).map_err(open)?;
-    }
+    let rule = match host_refusal(verdict, &target.host) {
+        Ok(by) => by.pattern(&target.host).map(Rule::Allow),
+        Err(refusal) => {
+            policy_failure(config.mode, refusal, &mut reported).map_err(open)?;
+            None
+        }
+    };
     check_port(config, &target, ask.asked).map_err(open)?;
     Ok(Decision {
         chain,
         snapshot,
         target,
         reported,
+        rule,
     })
 }
 
@@ -221,7 +229,8 @@ fn check_port(config: &ProxyConfig, target: &Target, asked: Asked<'_>) -> Result
             "port {} is not open to {what} ({flag} {ports})",
             target.port
         ),
-    ))
+    )
+    .with_rule(Rule::Ports(flag)))
 }
 
 /// A failed policy check: refused in enforce mode; in report mode let through and added to
@@ -273,7 +282,8 @@ pub async fn resolve_and_guard(
                 "{} resolves to {}{via}, denied by {} in lease {}",
                 target.host, denied.addr, denied.listed, denied.lease_id
             ),
-        );
+        )
+        .with_rule(Rule::Deny(HostPattern::Exact(denied.listed.to_string())));
         policy_failure(config.mode, refusal, &mut decision.reported)?;
     }
     let exception = Exception::for_target(chain.map(|(_, p)| p), &target.host);
@@ -286,7 +296,8 @@ pub async fn resolve_and_guard(
         Some(b) => Refusal::new(
             Code::AddressNotAllowed,
             format!("{} resolves to {}, {}", target.host, b.addr.ip(), b.why),
-        ),
+        )
+        .with_rule(Rule::Guard(b.why)),
         None => Refusal::new(Code::DnsFailed, format!("{} has no addresses", target.host)),
     })
 }

@@ -2,21 +2,23 @@
 //!
 //! Invariant: an [`Exchange`] writes its egress line exactly once, when it is dropped — so
 //! every path (refusal, error, success, client gone, lease closed) logs, and none logs twice;
-//! it is counted in `Telemetry::exchanges` until its line is queued.
+//! it is counted in `Telemetry::exchanges` until its line is queued. Once cleared it is counted
+//! open with its lease's figures (its call, its bytes as they move), and its end moves it into
+//! the totals in one step.
 
 use crate::contract::Timestamp;
 use crate::policy::codes::Code;
-use crate::policy::{Target, UpstreamAddr};
+use crate::policy::{Rule, Target, UpstreamAddr};
 use crate::telemetry::egress::{EgressEvent, Kind, LoggedVerdict};
+use crate::telemetry::metrics::{Metrics, OpenExchange, OpenTicket};
 use crate::telemetry::Telemetry;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Bytes moved in one direction, shared with the tasks that move them.
-pub type Counter = Arc<AtomicU64>;
+pub use crate::telemetry::metrics::Counter;
 
 /// Everything the egress line of one request or tunnel says.
 pub struct Exchange {
@@ -37,6 +39,8 @@ pub struct Exchange {
     pub dialed: Option<UpstreamAddr>,
     pub verdict: LoggedVerdict,
     pub code: Option<Code>,
+    /// The pattern, guard range or port list that decided, when one did.
+    pub rule: Option<Rule>,
     pub status: Option<u16>,
     pub bytes_up: Counter,
     pub bytes_down: Counter,
@@ -44,6 +48,8 @@ pub struct Exchange {
     pub revoked: Option<bool>,
     /// The lease's token: if it fired, the line says the lease closed the exchange.
     pub token: Option<CancellationToken>,
+    /// Counted open with its lease's figures since it was cleared (see [`Exchange::count_open`]).
+    open: Option<OpenTicket>,
     /// Counts this exchange as open until it is dropped (fields drop after `Drop::drop` has
     /// queued the line), so a shutdown waits for the line.
     _open: tokio_util::task::task_tracker::TaskTrackerToken,
@@ -80,13 +86,36 @@ impl Exchange {
             dialed: None,
             verdict: LoggedVerdict::Allow,
             code: None,
+            rule: None,
             status: None,
             bytes_up: Counter::default(),
             bytes_down: Counter::default(),
             error: None,
             revoked: None,
             token: None,
+            open: None,
         }
+    }
+
+    /// Counts the exchange as open in its lease's figures, once cleared: its call from now,
+    /// its bytes as they move (read from the same counters the relay adds to, so a chunk
+    /// costs nothing more). Ending it moves it into the totals once.
+    pub fn count_open(&mut self) {
+        if self.open.is_some() {
+            return;
+        }
+        let lease = Metrics::lease_key(self.lease_id.as_deref(), self.lease_known);
+        let open = OpenExchange {
+            kind: self.kind,
+            verdict: self.verdict,
+            code: self.code.map_or("", Code::as_str),
+            host: self.target.as_ref().map(|t| t.host.as_text()),
+            port: self.target.as_ref().map(|t| t.port),
+            started: self.time,
+            up: self.bytes_up.clone(),
+            down: self.bytes_down.clone(),
+        };
+        self.open = Some(self.telemetry.metrics.open(lease, open));
     }
 
     /// Time since the request arrived.
@@ -124,6 +153,7 @@ impl Drop for Exchange {
         }
         let event = EgressEvent {
             time: self.time,
+            ended: Timestamp::now(),
             lease_id: self.lease_id.take(),
             label: self.label.take(),
             client: self.client,
@@ -135,6 +165,7 @@ impl Drop for Exchange {
             dialed: self.dialed.map(UpstreamAddr::socket_addr),
             verdict: self.verdict,
             code: self.code.map(Code::as_str),
+            rule: self.rule.take(),
             status: self.status,
             bytes_up: self.bytes_up.load(Ordering::Relaxed),
             bytes_down: self.bytes_down.load(Ordering::Relaxed),
@@ -142,6 +173,6 @@ impl Drop for Exchange {
             error: self.error.take(),
             revoked: self.revoked,
         };
-        self.telemetry.record(event, self.lease_known);
+        self.telemetry.record(event, self.lease_known, self.open.take());
     }
 }

@@ -24,6 +24,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub async fn handle(
@@ -194,6 +195,8 @@ impl Forwarded {
         ex.status = Some(parts.status.as_u16());
         if let (Some(upstream_upgrade), Some(client_upgrade)) = (upstream_upgrade, self.upgrade) {
             strip_hop_by_hop(&mut parts.headers, true);
+            ex.bytes_down
+                .fetch_add(response_head_len(&parts), Ordering::Relaxed);
             proxy.tasks.spawn(relay_upgrade(
                 proxy.clone(),
                 conn.clone(),
@@ -205,6 +208,8 @@ impl Forwarded {
             return Response::from_parts(parts, empty());
         }
         strip_hop_by_hop(&mut parts.headers, false);
+        ex.bytes_down
+            .fetch_add(response_head_len(&parts), Ordering::Relaxed);
         let counter = ex.bytes_down.clone();
         let body = Metered::new(body, counter, self.token, Some(ex));
         Response::from_parts(parts, body.boxed_unsync())
@@ -242,12 +247,15 @@ async fn send(
             .map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
         parts.headers.insert(header::HOST, host);
     }
+    let head_len = request_head_len(&parts);
     let mut body = Metered::new(body, ex.bytes_up.clone(), cleared.token.clone(), None);
     let body_sent = (!body.is_end_stream()).then(|| body.on_end());
     let request = Request::from_parts(parts, body.boxed_unsync());
 
     let (mut sender, addr) =
         sender_for(proxy, &cleared.lease_id, &cleared.addrs, upgrade, ex).await?;
+    // The head as hyper writes it upstream; the body's data follows as it is sent.
+    ex.bytes_up.fetch_add(head_len, Ordering::Relaxed);
     // The upstream's time to answer counts from the end of the request body: a slow upload
     // is not the upstream's fault.
     let timeout = proxy.config.upstream_response_timeout;
@@ -290,6 +298,41 @@ async fn send(
         token: cleared.token,
         upgrade: client_upgrade,
     })
+}
+
+/// Bytes of the header fields as HTTP/1.1 writes them (`name: value` CRLF each), and the
+/// blank line after them.
+fn fields_len(headers: &HeaderMap) -> u64 {
+    let fields: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 2 + value.len() + 2)
+        .sum();
+    (fields + 2) as u64
+}
+
+/// The request head as sent upstream: `METHOD origin-form HTTP/1.1` CRLF and its fields.
+fn request_head_len(parts: &http::request::Parts) -> u64 {
+    let target = parts.uri.path_and_query().map_or(1, |p| p.as_str().len());
+    (parts.method.as_str().len() + 1 + target + " HTTP/1.1\r\n".len()) as u64
+        + fields_len(&parts.headers)
+}
+
+/// The response head as relayed to the client: `HTTP/1.1 <status> <reason>` CRLF (the
+/// upstream's own reason phrase, if it sent another), its fields, and the `date` field the
+/// server adds when the upstream sent none.
+fn response_head_len(parts: &http::response::Parts) -> u64 {
+    let reason = parts
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| r.as_bytes().len())
+        .or_else(|| parts.status.canonical_reason().map(str::len))
+        .unwrap_or("<none>".len());
+    let date = match parts.headers.contains_key(header::DATE) {
+        true => 0,
+        // `date: ` + an IMF-fixdate (29 bytes) + CRLF.
+        false => 6 + 29 + 2,
+    };
+    ("HTTP/1.1 200 \r\n".len() + reason + date) as u64 + fields_len(&parts.headers)
 }
 
 /// The Host header for a target (port only when not 80).

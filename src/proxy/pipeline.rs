@@ -79,7 +79,10 @@ impl Proxy {
         let mut decision = match decide(snapshot, &self.config, &identity, ask, now) {
             Ok(decision) => decision,
             Err(Refused { refusal, reached }) => {
-                if reached >= Reached::Lease {
+                // A challenge on a lease's own port is counted on that lease (the port says
+                // which), though the credential it asks for is not proven.
+                let challenged_on_port = identity.on_port && refusal.code.is_challenge();
+                if reached >= Reached::Lease || challenged_on_port {
                     name_lease(ex, &mut identity, lease_known);
                 }
                 if reached == Reached::OpenChain {
@@ -89,17 +92,20 @@ impl Proxy {
             }
         };
         name_lease(ex, &mut identity, lease_known);
+        ex.rule = decision.rule.take();
         let token = self.tie(conn, &identity.lease_id, now, ex)?;
         self.report(ex, &decision.reported);
         let before = decision.reported.len();
         let addrs = resolve_and_guard(&self.config, &mut decision).await;
         self.report(ex, &decision.reported[before..]);
         ex.observe_decision();
+        let addrs = addrs?;
+        ex.count_open();
         Ok(Cleared {
             lease_id: identity.lease_id,
             decision,
             token,
-            addrs: addrs?,
+            addrs,
         })
     }
 
@@ -124,7 +130,10 @@ impl Proxy {
         for refusal in reported {
             tracing::info!(code = %refusal.code, detail = %refusal.detail, "report mode: would refuse");
             ex.verdict = LoggedVerdict::Report;
-            ex.code.get_or_insert(refusal.code);
+            if ex.code.is_none() {
+                ex.code = Some(refusal.code);
+                ex.rule = refusal.rule.clone();
+            }
         }
     }
 
@@ -213,8 +222,12 @@ impl Proxy {
     /// Records a refusal on the exchange and, for a revoking code under `--on-refusal
     /// revoke`, revokes the lease before answering — so the next request already sees it.
     pub async fn record_refusal(&self, ex: &mut Exchange, refusal: &Refusal) {
-        ex.verdict = LoggedVerdict::Refuse;
+        ex.verdict = match refusal.code.is_challenge() {
+            true => LoggedVerdict::Challenge,
+            false => LoggedVerdict::Refuse,
+        };
         ex.code = Some(refusal.code);
+        ex.rule = refusal.rule.clone();
         let Some(lease_id) = ex.lease_id.clone() else {
             return;
         };

@@ -8,6 +8,7 @@
 //! `schemas/egress-event.schema.json`.
 
 use crate::contract::Timestamp;
+use crate::policy::Rule;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -32,13 +33,18 @@ pub enum LoggedVerdict {
     Refuse,
     /// `--mode report`: would have been refused, let through.
     Report,
+    /// A 407 asking for credentials not sent yet (`lease-missing`): not a refusal.
+    Challenge,
 }
 
 /// One egress log line. Addresses and the method stay values until the line is written
 /// (by the writer thread, straight into the line): no `String` per field per request.
 #[derive(Debug, Clone, Serialize)]
 pub struct EgressEvent {
+    /// When the exchange started (its request head was read).
     pub time: Timestamp,
+    /// When it ended and its line was written.
+    pub ended: Timestamp,
     pub lease_id: Option<String>,
     pub label: Option<String>,
     #[serde(serialize_with = "as_text")]
@@ -54,6 +60,10 @@ pub struct EgressEvent {
     pub dialed: Option<SocketAddr>,
     pub verdict: LoggedVerdict,
     pub code: Option<&'static str>,
+    /// What decided: `allow <pattern>`, `deny <pattern>`, `not in allow`, `guard: <range>`,
+    /// `not in --connect-ports`; null when no pattern, range or port list did.
+    #[serde(serialize_with = "as_text_or_null")]
+    pub rule: Option<Rule>,
     pub status: Option<u16>,
     pub bytes_up: u64,
     pub bytes_down: u64,

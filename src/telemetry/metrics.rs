@@ -16,7 +16,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,39 @@ pub const GRACE: Duration = Duration::from_secs(300);
 pub const MAX_LEASES: usize = 1000;
 /// Distinct hosts remembered per lease (further hosts are counted under "(other)").
 const MAX_HOSTS: usize = 1000;
+
+/// Bytes moved in one direction, shared with the tasks that move them: each chunk is one
+/// relaxed add, read live by [`Metrics`] while the exchange is open.
+pub type Counter = Arc<AtomicU64>;
+
+/// An exchange still open, as its lease's figures count it: the call from its start, its
+/// bytes as they move.
+#[derive(Debug, Clone)]
+pub struct OpenExchange {
+    pub kind: Kind,
+    /// The verdict it was cleared with (allow, or report).
+    pub verdict: LoggedVerdict,
+    pub code: &'static str,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub started: crate::contract::Timestamp,
+    pub up: Counter,
+    pub down: Counter,
+}
+
+impl OpenExchange {
+    /// Bytes moved so far (up, down).
+    pub fn moved(&self) -> (u64, u64) {
+        (
+            self.up.load(Ordering::Relaxed),
+            self.down.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Which open exchange of which lease: what an exchange hands back when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenTicket(u64);
 
 /// Requests, bytes and destinations of one host of one lease.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -45,6 +79,9 @@ pub struct LeaseCounters {
     pub open_tunnels: u64,
     pub open_connections: u64,
     pub hosts: HashMap<String, HostCounters>,
+    /// Exchanges still open, oldest first (by ticket): counted in the figures above only
+    /// by [`LeaseCounters::live`], so ending one moves it there once.
+    pub open: BTreeMap<u64, OpenExchange>,
     /// When the lease was first seen closed (series go after [`GRACE`]).
     closed_at: Option<Instant>,
 }
@@ -65,6 +102,36 @@ impl LeaseCounters {
     pub fn total_requests(&self) -> u64 {
         self.requests.values().sum()
     }
+
+    /// Challenges answered (407 asking for credentials), apart from refusals.
+    pub fn challenges(&self) -> u64 {
+        self.requests
+            .iter()
+            .filter(|((_, v, _), _)| *v == LoggedVerdict::Challenge)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// These figures with the open exchanges added: each counted as a call under the verdict
+    /// it was cleared with, its bytes as moved so far (hosts included).
+    pub fn live(mut self) -> LeaseCounters {
+        for open in self.open.values() {
+            let (up, down) = open.moved();
+            *self
+                .requests
+                .entry((open.kind, open.verdict, open.code))
+                .or_default() += 1;
+            self.bytes_up += up;
+            self.bytes_down += down;
+            if let Some(host) = &open.host {
+                let h = self.hosts.entry(host.clone()).or_default();
+                h.requests += 1;
+                h.bytes_up += up;
+                h.bytes_down += down;
+            }
+        }
+        self
+    }
 }
 
 /// The label value for a request without a known lease.
@@ -76,6 +143,8 @@ pub const OTHER_LEASES: &str = "other";
 #[derive(Debug)]
 pub struct Metrics {
     leases: Mutex<HashMap<String, LeaseCounters>>,
+    /// The next [`OpenTicket`]: increasing, so a lease's open exchanges sort oldest first.
+    tickets: AtomicU64,
     /// How long the series of a closed lease stay after it closed.
     grace: Duration,
     /// Leases a scrape shows by name; the rest are summed under [`OTHER_LEASES`].
@@ -96,6 +165,7 @@ impl Metrics {
     pub fn new(grace: Duration, max_leases: usize) -> Metrics {
         Metrics {
             leases: Mutex::new(HashMap::new()),
+            tickets: AtomicU64::new(0),
             grace,
             max_leases,
             decision: Histogram::new(exponential_buckets(0.000_01, 4.0, 10)),
@@ -114,13 +184,32 @@ impl Metrics {
         f(leases.entry(lease.to_owned()).or_default())
     }
 
-    /// Counts one finished exchange. `lease_known` says whether its lease id is in the registry.
-    pub fn record(&self, event: &EgressEvent, lease_known: bool) {
-        let lease = match (&event.lease_id, lease_known) {
-            (Some(id), true) => id.as_str(),
+    /// Counts an exchange as open from now (its call, and its bytes as they move) until
+    /// [`Metrics::record`] is given the ticket. `lease`: the id of a lease the registry
+    /// knows, or [`NO_LEASE`].
+    pub fn open(&self, lease: &str, open: OpenExchange) -> OpenTicket {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        self.with(lease, |c| c.open.insert(ticket, open));
+        OpenTicket(ticket)
+    }
+
+    /// The label a line's lease is counted under.
+    pub fn lease_key(lease_id: Option<&str>, lease_known: bool) -> &str {
+        match (lease_id, lease_known) {
+            (Some(id), true) => id,
             _ => NO_LEASE,
-        };
+        }
+    }
+
+    /// Counts one finished exchange. `lease_known` says whether its lease id is in the
+    /// registry; `open`, the ticket it was counted open under, if it was (taken out in the
+    /// same step, so its bytes are never counted twice nor missing from a read).
+    pub fn record(&self, event: &EgressEvent, lease_known: bool, open: Option<OpenTicket>) {
+        let lease = Metrics::lease_key(event.lease_id.as_deref(), lease_known);
         self.with(lease, |c| {
+            if let Some(OpenTicket(ticket)) = open {
+                c.open.remove(&ticket);
+            }
             *c.requests
                 .entry((event.kind, event.verdict, event.code.unwrap_or("")))
                 .or_default() += 1;
@@ -171,10 +260,18 @@ impl Metrics {
         });
     }
 
-    /// A copy of one lease's counters.
+    /// A copy of one lease's counters, open exchanges included (see [`LeaseCounters::live`]).
     pub fn lease(&self, lease: &str) -> Option<LeaseCounters> {
         let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
-        leases.get(lease).cloned()
+        leases.get(lease).cloned().map(LeaseCounters::live)
+    }
+
+    /// The `limit` oldest open exchanges of one lease, and how many are open.
+    pub fn open_of(&self, lease: &str, limit: usize) -> (Vec<OpenExchange>, usize) {
+        let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        leases.get(lease).map_or((Vec::new(), 0), |c| {
+            (c.open.values().take(limit).cloned().collect(), c.open.len())
+        })
     }
 
     /// Forgets leases closed for longer than the grace period; `is_open` says which are open.
@@ -198,7 +295,10 @@ impl Metrics {
                 return true;
             }
             let since = *c.closed_at.get_or_insert_with(Instant::now);
-            since.elapsed() < self.grace || c.open_tunnels > 0 || c.open_connections > 0
+            since.elapsed() < self.grace
+                || c.open_tunnels > 0
+                || c.open_connections > 0
+                || !c.open.is_empty()
         });
     }
 }
@@ -211,17 +311,35 @@ struct Series {
     bytes_down: u64,
     open_tunnels: u64,
     open_connections: u64,
+    open_requests: u64,
 }
 
 impl Series {
+    /// Adds `c`: its finished calls by verdict (a counter only ever moves up, so an open
+    /// call enters `requests` when it ends, under its final verdict, and is an open request
+    /// until then), its bytes with the open exchanges' bytes so far.
     fn add(&mut self, c: &LeaseCounters) {
         for (key, n) in &c.requests {
             *self.requests.entry(*key).or_default() += n;
         }
         self.bytes_up += c.bytes_up;
         self.bytes_down += c.bytes_down;
+        for open in c.open.values() {
+            let (up, down) = open.moved();
+            self.bytes_up += up;
+            self.bytes_down += down;
+        }
         self.open_tunnels += c.open_tunnels;
         self.open_connections += c.open_connections;
+        self.open_requests += c.open.len() as u64;
+    }
+
+    fn challenges(&self) -> u64 {
+        self.requests
+            .iter()
+            .filter(|((_, v, _), _)| *v == LoggedVerdict::Challenge)
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
@@ -234,7 +352,7 @@ impl Metrics {
         let mut ranked: Vec<(&String, &LeaseCounters, u64)> = leases
             .iter()
             .filter(|(id, _)| id.as_str() != NO_LEASE)
-            .map(|(id, c)| (id, c, c.total_requests()))
+            .map(|(id, c)| (id, c, c.total_requests() + c.open.len() as u64))
             .collect();
         let busiest_first = |a: &(&String, &LeaseCounters, u64),
                              b: &(&String, &LeaseCounters, u64)| {
@@ -351,6 +469,7 @@ fn verdict_str(verdict: LoggedVerdict) -> &'static str {
         LoggedVerdict::Allow => "allow",
         LoggedVerdict::Refuse => "refuse",
         LoggedVerdict::Report => "report",
+        LoggedVerdict::Challenge => "challenge",
     }
 }
 
@@ -379,8 +498,19 @@ impl Collector for Scrape {
         }
 
         let mut family = encoder.encode_descriptor(
+            "leasegate_challenges",
+            "407 answers asking for credentials not sent yet (lease-missing), by lease; not refusals",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, c) in &series {
+            ConstCounter::new(c.challenges())
+                .encode(family.encode_family(&[("lease_id", id.as_str())])?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
             "leasegate_bytes",
-            "Bytes moved by lease and direction (up: client to upstream)",
+            "Bytes moved by lease and direction (up: client to upstream), open tunnels and streams included as their bytes move",
             None,
             MetricType::Counter,
         )?;
@@ -402,6 +532,11 @@ impl Collector for Scrape {
                 "leasegate_open_connections",
                 "Open client connections by lease",
                 |c: &Series| c.open_connections,
+            ),
+            (
+                "leasegate_open_requests",
+                "Calls started and not yet ended (tunnels, streams, requests awaiting an answer) by lease; leasegate_requests_total counts each when it ends",
+                |c: &Series| c.open_requests,
             ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -602,6 +737,7 @@ mod tests {
     fn event(lease: &str, verdict: LoggedVerdict, code: Option<&'static str>) -> EgressEvent {
         EgressEvent {
             time: Timestamp::now(),
+            ended: Timestamp::now(),
             lease_id: Some(lease.to_owned()),
             label: None,
             client: "127.0.0.1:1".parse().unwrap(),
@@ -613,6 +749,7 @@ mod tests {
             dialed: None,
             verdict,
             code,
+            rule: None,
             status: Some(200),
             bytes_up: 10,
             bytes_down: 100,
@@ -652,13 +789,14 @@ mod tests {
             let id = lease_id(n);
             // Lease n makes 1 + n % 7 calls; every tenth is also refused once.
             for _ in 0..1 + n % 7 {
-                metrics.record(&event(&id, LoggedVerdict::Allow, None), true);
+                metrics.record(&event(&id, LoggedVerdict::Allow, None), true, None);
                 calls += 1;
             }
             if n % 10 == 0 {
                 metrics.record(
                     &event(&id, LoggedVerdict::Refuse, Some("host-not-allowed")),
                     true,
+                    None,
                 );
                 calls += 1;
             }
@@ -667,6 +805,7 @@ mod tests {
         metrics.record(
             &event("unknown", LoggedVerdict::Refuse, Some("lease-unknown")),
             false,
+            None,
         );
         calls += 1;
 
@@ -700,11 +839,12 @@ mod tests {
     fn a_prune_forgets_closed_leases_past_their_grace_and_keeps_the_rest() {
         let metrics = Metrics::new(std::time::Duration::ZERO, 10);
         for n in 0..4 {
-            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true);
+            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true, None);
         }
         metrics.record(
             &event("x", LoggedVerdict::Refuse, Some("lease-unknown")),
             false,
+            None,
         );
         // Lease 3 closed, but a tunnel of it is still open.
         metrics.tunnel_opened(&lease_id(3));
@@ -725,7 +865,7 @@ mod tests {
     fn leases_within_the_limit_are_all_shown_by_name() {
         let metrics = Arc::new(Metrics::new(GRACE, 3));
         for n in 0..3 {
-            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true);
+            metrics.record(&event(&lease_id(n), LoggedVerdict::Allow, None), true, None);
         }
         let text = render(&metrics, RegistryFigures::default());
         let requests = samples(&text, "leasegate_requests_total");

@@ -1,7 +1,8 @@
 //! What leasegate records about traffic: the egress log (and its copy on the egress stream),
 //! metrics and recent refusals.
 //!
-//! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all of them;
+//! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all of them
+//! (a challenge is not a refusal: it stays out of the recent refusals);
 //! every exchange still open is counted in [`Telemetry::exchanges`], so a shutdown can wait
 //! for its line before closing the egress log.
 
@@ -52,9 +53,14 @@ impl Telemetry {
         Telemetry { stream, ..self }
     }
 
-    /// Records one finished request or tunnel.
-    pub fn record(&self, event: EgressEvent, lease_known: bool) {
-        self.metrics.record(&event, lease_known);
+    /// Records one finished request or tunnel; `open`: the ticket it was counted open under.
+    pub fn record(
+        &self,
+        event: EgressEvent,
+        lease_known: bool,
+        open: Option<metrics::OpenTicket>,
+    ) {
+        self.metrics.record(&event, lease_known, open);
         if event.verdict == LoggedVerdict::Refuse {
             self.refusals.push(event.clone());
         }
