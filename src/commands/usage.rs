@@ -79,6 +79,8 @@ pub struct LeaseUsage {
     pub calls: u64,
     /// Calls refused.
     pub refused: u64,
+    /// 407 answers asking for credentials not sent yet (`lease-missing`): not refusals.
+    pub challenges: u64,
     /// Refused calls by refusal code.
     pub refusals: BTreeMap<String, u64>,
     /// Bytes from client to upstream, and back.
@@ -117,6 +119,7 @@ pub struct Tally {
 #[derive(Debug)]
 struct Counts {
     calls: u64,
+    challenges: u64,
     refusals: BTreeMap<String, u64>,
     bytes_up: u64,
     bytes_down: u64,
@@ -138,8 +141,10 @@ impl Tally {
         let Some((time, line)) = self.filter.take(line, &mut self.unreadable) else {
             return;
         };
+        let challenge = line.is_challenge();
         let counts = self.leases.entry(line.lease_id).or_insert(Counts {
             calls: 0,
+            challenges: 0,
             refusals: BTreeMap::new(),
             bytes_up: 0,
             bytes_down: 0,
@@ -148,7 +153,9 @@ impl Tally {
             last: time,
         });
         counts.calls += 1;
-        if line.verdict == "refuse" {
+        if challenge {
+            counts.challenges += 1;
+        } else if line.verdict == "refuse" {
             let code = line.code.unwrap_or_else(|| "-".to_owned());
             *counts.refusals.entry(code).or_default() += 1;
         }
@@ -177,6 +184,7 @@ impl Tally {
                     lease_id,
                     calls: c.calls,
                     refused: c.refusals.values().sum(),
+                    challenges: c.challenges,
                     refusals: c.refusals,
                     bytes_up: c.bytes_up,
                     bytes_down: c.bytes_down,
@@ -319,12 +327,13 @@ pub fn render_table(leases: &[LeaseUsage]) -> String {
         "LEASE",
         "CALLS",
         "REFUSED",
+        "CHALLENGES",
         "BYTES_UP",
         "BYTES_DOWN",
         "TOP_HOSTS",
         "REFUSALS",
     ];
-    let cells: Vec<[String; 7]> = leases
+    let cells: Vec<[String; 8]> = leases
         .iter()
         .map(|u| {
             let join = |items: Vec<String>| match items.is_empty() {
@@ -335,6 +344,7 @@ pub fn render_table(leases: &[LeaseUsage]) -> String {
                 u.lease_id.clone().unwrap_or_else(|| "-".into()),
                 u.calls.to_string(),
                 u.refused.to_string(),
+                u.challenges.to_string(),
                 u.bytes_up.to_string(),
                 u.bytes_down.to_string(),
                 join(
@@ -473,6 +483,7 @@ mod tests {
                     lease_id: Some(A.into()),
                     calls: 5,
                     refused: 2,
+                    challenges: 0,
                     refusals: BTreeMap::from([
                         ("host-not-allowed".into(), 1),
                         ("lease-revoked".into(), 1)
@@ -500,6 +511,7 @@ mod tests {
                     lease_id: Some(B.into()),
                     calls: 1,
                     refused: 0,
+                    challenges: 0,
                     refusals: BTreeMap::new(),
                     bytes_up: 10,
                     bytes_down: 100,
@@ -513,8 +525,9 @@ mod tests {
                 LeaseUsage {
                     lease_id: None,
                     calls: 1,
-                    refused: 1,
-                    refusals: BTreeMap::from([("lease-missing".into(), 1)]),
+                    refused: 0,
+                    challenges: 1,
+                    refusals: BTreeMap::new(),
                     bytes_up: 0,
                     bytes_down: 0,
                     top_hosts: vec![],

@@ -129,6 +129,13 @@ pub enum ReadLine {
 }
 
 impl LoggedLine {
+    /// A 407 asking for credentials: `"verdict": "challenge"`, or, in lines written before
+    /// challenges were told apart, a `lease-missing` refusal.
+    pub fn is_challenge(&self) -> bool {
+        self.verdict == "challenge"
+            || (self.verdict == "refuse" && self.code.as_deref() == Some("lease-missing"))
+    }
+
     /// Reads one line (without its newline).
     pub fn read(bytes: &[u8]) -> ReadLine {
         if bytes.iter().all(u8::is_ascii_whitespace) {

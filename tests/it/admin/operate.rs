@@ -80,7 +80,13 @@ async fn metrics_and_lease_counters_after_a_known_sequence() {
     )
     .await;
     assert_eq!(out.status, 403);
-    h.egress_lines(4).await;
+    let lines = h.egress_lines(4).await;
+    // Each answer: its 76-byte head (status line, content-length, date) and 18 bytes of body.
+    assert!(lines[..3].iter().all(|l| l["bytes_down"] == 94), "{lines:?}");
+    let up: u64 = lines[..3]
+        .iter()
+        .map(|l| l["bytes_up"].as_u64().unwrap())
+        .sum();
 
     let (status, text) = admin(&server, "GET", "/metrics", None, "").await;
     assert_eq!(status, 200);
@@ -102,14 +108,14 @@ async fn metrics_and_lease_counters_after_a_known_sequence() {
             &text,
             &format!("leasegate_bytes_total{{lease_id=\"{lease}\",direction=\"down\"}}")
         ),
-        Some(54.0)
+        Some(282.0)
     );
     assert_eq!(
         sample(
             &text,
             &format!("leasegate_bytes_total{{lease_id=\"{lease}\",direction=\"up\"}}")
         ),
-        Some(0.0)
+        Some(up as f64)
     );
     assert_eq!(
         sample(&text, "leasegate_leases{status=\"open\"}"),
@@ -143,11 +149,11 @@ async fn metrics_and_lease_counters_after_a_known_sequence() {
     let view = json_of(&body);
     assert_eq!(
         view["counters"],
-        json!({"requests": 4, "allowed": 3, "refused": 1, "reported": 0, "bytes_up": 0, "bytes_down": 54, "open_tunnels": 0, "open_connections": 0})
+        json!({"requests": 4, "allowed": 3, "refused": 1, "reported": 0, "challenges": 0, "bytes_up": up, "bytes_down": 282, "open_tunnels": 0, "open_connections": 0})
     );
     assert_eq!(
         view["top_hosts"][0],
-        json!({"host": "origin.test", "requests": 3, "bytes_up": 0, "bytes_down": 54})
+        json!({"host": "origin.test", "requests": 3, "bytes_up": up, "bytes_down": 282})
     );
     assert_eq!(view["top_hosts"][1]["host"], "other.test");
 
@@ -737,7 +743,8 @@ async fn a_closed_leases_series_go_after_the_grace_period() {
             &admin(&server, "GET", "/metrics", None, "").await.1,
             &series
         ),
-        Some(18.0)
+        Some(94.0),
+        "the head and the body"
     );
     assert_eq!(
         admin(

@@ -2,6 +2,7 @@
 //! real clients, descriptor limits.
 
 pub mod clients;
+pub mod counting;
 pub mod descriptors;
 pub mod end_to_end;
 pub mod pipeline;
