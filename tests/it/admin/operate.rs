@@ -766,7 +766,7 @@ async fn a_closed_leases_series_go_after_the_grace_period() {
     })
     .await
     .expect("a render sees the lease revoked");
-    assert_eq!(sample(&text, &series), Some(18.0));
+    assert_eq!(sample(&text, &series), Some(94.0));
     let gone = eventually(Duration::from_secs(20), || async {
         let (_, text) = admin(&server, "GET", "/metrics", None, "").await;
         (!text.contains(&lease)).then_some(())
