@@ -81,6 +81,7 @@ fn leases_page(c: &mut Criterion) {
 fn event(lease: &str) -> EgressEvent {
     EgressEvent {
         time: Timestamp::now(),
+        ended: Timestamp::now(),
         lease_id: Some(lease.to_owned()),
         label: None,
         client: "127.0.0.1:1".parse().unwrap(),
@@ -92,6 +93,7 @@ fn event(lease: &str) -> EgressEvent {
         dialed: None,
         verdict: LoggedVerdict::Allow,
         code: None,
+        rule: None,
         status: Some(200),
         bytes_up: 10,
         bytes_down: 100,
@@ -106,7 +108,7 @@ fn metrics_render(c: &mut Criterion) {
     for n in 0..LEASES {
         let id = lease_id(n);
         for _ in 0..1 + n % 5 {
-            metrics.record(&event(&id), true);
+            metrics.record(&event(&id), true, None);
         }
     }
     let size = metrics::render(&metrics, RegistryFigures::default()).len();
@@ -119,7 +121,7 @@ fn metrics_render(c: &mut Criterion) {
     });
     let busy = event(&lease_id(77));
     group.bench_function("record_one_request", |b| {
-        b.iter(|| metrics.record(&busy, true))
+        b.iter(|| metrics.record(&busy, true, None))
     });
     group.finish();
 }
