@@ -1,12 +1,19 @@
 //! Unmodified clients through `HTTPS_PROXY` (or the JVM's proxy properties) against a local
-//! HTTPS origin: curl, Python `requests`, git, and Java's `HttpClient` and
-//! `HttpURLConnection`. Each asserts on the client's own exit status and the text it prints,
-//! for an allowed host and for a refused one. Where a client prints the status line's reason
-//! phrase, either `Forbidden` or the refusal code (`host-denied`) is accepted.
+//! HTTPS origin: curl, Python `requests`, git, Java's `HttpClient` and `HttpURLConnection`,
+//! Node (`node`) and Go (`go`). Each asserts on the client's own exit status and the text it
+//! prints, for an allowed host and for a refused one. Where a client prints the status line's
+//! reason phrase, either `Forbidden` or the refusal code (`host-denied`) is accepted. Each runs
+//! in a network namespace whose only interface is loopback
+//! ([`in_loopback_only_namespace`]), so a client that ignored its proxy settings would fail
+//! rather than reach out.
+
+mod go;
+mod node;
 
 use crate::support::harness::{
     curl, https_file_origin, https_origin, port_range, proxy_url, Harness,
 };
+use crate::support::netns::in_loopback_only_namespace;
 use crate::support::{missing, skip};
 use leasegate::proxy::OnRefusal;
 use leasegate::server::Server;
@@ -52,6 +59,11 @@ async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) 
         "GIT_SSL_CAINFO",
         "JAVA_TOOL_OPTIONS",
         "JDK_JAVA_OPTIONS",
+        "NODE_USE_ENV_PROXY",
+        "NODE_EXTRA_CA_CERTS",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "GOFLAGS",
     ] {
         command.env_remove(name);
     }
@@ -72,6 +84,9 @@ fn text(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_through_https_proxy_prints_the_403() {
+    if !in_loopback_only_namespace().await {
+        return;
+    }
     let s = setup(None).await;
     let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
     let port = origin.addr.port();
@@ -105,6 +120,9 @@ async fn python_requests_through_https_proxy_prints_the_403() {
         .is_ok_and(|out| out.status.success());
     if !has_requests {
         return skip("Python requests is missing (apt-get install python3-requests; .ci/run does)");
+    }
+    if !in_loopback_only_namespace().await {
+        return;
     }
     let s = setup(None).await;
     let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
@@ -162,7 +180,7 @@ fn git_repository(dir: &Path) -> (PathBuf, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_ls_remote_and_clone_through_https_proxy_print_the_403() {
-    if missing(&["git"], "apt-get install git") {
+    if missing(&["git"], "apt-get install git") || !in_loopback_only_namespace().await {
         return;
     }
     let s = setup(None).await;
@@ -255,7 +273,8 @@ async fn java_with_basic_credentials_needs_basic_enabled_for_tunnels() {
     if missing(
         &["javac", "java"],
         "apt-get install default-jdk-headless; .ci/run does",
-    ) {
+    ) || !in_loopback_only_namespace().await
+    {
         return;
     }
     let s = setup(None).await;
@@ -342,7 +361,8 @@ async fn java_through_a_per_lease_port_needs_no_credentials() {
     if missing(
         &["javac", "java"],
         "apt-get install default-jdk-headless; .ci/run does",
-    ) {
+    ) || !in_loopback_only_namespace().await
+    {
         return;
     }
     let s = setup(Some(port_range(4))).await;
