@@ -3,8 +3,7 @@
 //! golang-go and no network. Go never proxies `localhost` or loopback targets, so the URLs name
 //! `origin.test` and `denied.test`, which only the proxy resolves.
 
-use super::{assert_printed_with_reason, client, setup, text};
-use crate::support::harness::{https_origin, proxy_url};
+use super::{assert_printed_with_reason, build, client, https_setup, text, HttpsSetup};
 use crate::support::missing;
 use crate::support::netns::in_loopback_only_namespace;
 use std::path::{Path, PathBuf};
@@ -22,7 +21,7 @@ async fn go_client(dir: &Path) -> PathBuf {
         ("GOTOOLCHAIN", "local"),
         ("HOME", dir.to_str().unwrap()),
     ];
-    let out = client(
+    build(
         "go",
         &[
             "build",
@@ -32,13 +31,9 @@ async fn go_client(dir: &Path) -> PathBuf {
         ],
         &env,
         dir,
+        "Debian's golang-go; .ci/run installs it",
     )
     .await;
-    assert!(
-        out.status.success(),
-        "go build (Debian's golang-go; .ci/run installs it): {}",
-        text(&out.stderr)
-    );
     program
 }
 
@@ -49,12 +44,9 @@ async fn go_net_http_through_https_proxy_prints_the_refusal_code() {
     {
         return;
     }
-    let s = setup(None).await;
+    let HttpsSetup { s, port, ca, proxy } = https_setup().await;
     let dir = s.h.dir.path();
     let program = go_client(dir).await;
-    let (origin, ca) = https_origin("origin.test", dir).await;
-    let port = origin.addr.port();
-    let proxy = proxy_url(&s.server, &s.lease);
     let env = [
         ("HTTPS_PROXY", proxy.as_str()),
         ("SSL_CERT_FILE", ca.to_str().unwrap()),

@@ -39,6 +39,30 @@ async fn setup(ports: Option<std::ops::RangeInclusive<u16>>) -> Setup {
     Setup { h, server, lease }
 }
 
+/// [`setup`] with an HTTPS origin for `origin.test`, for a client given the lease in
+/// `HTTPS_PROXY`.
+struct HttpsSetup {
+    s: Setup,
+    /// The origin's port (`origin.test` and `denied.test` both name it).
+    port: u16,
+    /// The CA file of the origin's certificate.
+    ca: PathBuf,
+    /// The proxy URL, with the lease as Basic credentials.
+    proxy: String,
+}
+
+async fn https_setup() -> HttpsSetup {
+    let s = setup(None).await;
+    let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
+    let proxy = proxy_url(&s.server, &s.lease);
+    HttpsSetup {
+        s,
+        port: origin.addr.port(),
+        ca,
+        proxy,
+    }
+}
+
 /// Runs a client with no proxy or CA variables but `env`, for at most 30 s.
 async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
     let mut command = tokio::process::Command::new(program);
@@ -87,10 +111,12 @@ async fn curl_through_https_proxy_prints_the_403() {
     if !in_loopback_only_namespace().await {
         return;
     }
-    let s = setup(None).await;
-    let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
-    let port = origin.addr.port();
-    let proxy = proxy_url(&s.server, &s.lease);
+    let HttpsSetup {
+        s: _s,
+        port,
+        ca,
+        proxy,
+    } = https_setup().await;
     let ca = ca.to_str().unwrap();
     let env = [("HTTPS_PROXY", proxy.as_str())];
     let out = curl(
@@ -124,10 +150,7 @@ async fn python_requests_through_https_proxy_prints_the_403() {
     if !in_loopback_only_namespace().await {
         return;
     }
-    let s = setup(None).await;
-    let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
-    let port = origin.addr.port();
-    let proxy = proxy_url(&s.server, &s.lease);
+    let HttpsSetup { s, port, ca, proxy } = https_setup().await;
     let script = crate::support::data("clients/requests_get.py");
     let env = [
         ("HTTPS_PROXY", proxy.as_str()),
@@ -223,19 +246,35 @@ async fn git_ls_remote_and_clone_through_https_proxy_print_the_403() {
 async fn java_client(dir: &Path) -> PathBuf {
     let classes = dir.join("classes");
     let source = crate::support::data("clients/ProxyGet.java");
-    let out = client(
+    build(
         "javac",
         &["-d", classes.to_str().unwrap(), source.to_str().unwrap()],
         &[],
         dir,
+        "Debian's default-jdk-headless; .ci/run installs it",
     )
     .await;
+    classes
+}
+
+/// Runs a compiler as [`client`] runs a client, asserting that it succeeded; `install` says
+/// where it comes from.
+async fn build(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path, install: &str) {
+    let out = client(program, args, env, cwd).await;
     assert!(
         out.status.success(),
-        "javac (Debian's default-jdk-headless; .ci/run installs it): {}",
+        "{program} ({install}): {}",
         text(&out.stderr)
     );
-    classes
+}
+
+/// Whether the Java tests can run here and now (the JDK is there; in the loopback-only
+/// namespace), as the clients tests start.
+async fn java_runs_here() -> bool {
+    !missing(
+        &["javac", "java"],
+        "apt-get install default-jdk-headless; .ci/run does",
+    ) && in_loopback_only_namespace().await
 }
 
 /// Runs `ProxyGet` with the JVM's proxy set to `proxy_port` on loopback.
@@ -270,11 +309,7 @@ const ENABLE_BASIC_FOR_TUNNELS: &str = "-Djdk.http.auth.tunneling.disabledScheme
 /// asked and both clients return the 407 as the answer; with `-Djdk.http.auth.tunneling.disabledSchemes=` both get through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_with_basic_credentials_needs_basic_enabled_for_tunnels() {
-    if missing(
-        &["javac", "java"],
-        "apt-get install default-jdk-headless; .ci/run does",
-    ) || !in_loopback_only_namespace().await
-    {
+    if !java_runs_here().await {
         return;
     }
     let s = setup(None).await;
@@ -358,11 +393,7 @@ fn assert_printed_with_reason(printed: &str, expected: impl Fn(&str) -> String) 
 /// A lease's own port needs no credentials, so the JDK's Basic restriction never applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_through_a_per_lease_port_needs_no_credentials() {
-    if missing(
-        &["javac", "java"],
-        "apt-get install default-jdk-headless; .ci/run does",
-    ) || !in_loopback_only_namespace().await
-    {
+    if !java_runs_here().await {
         return;
     }
     let s = setup(Some(port_range(4))).await;

@@ -5,8 +5,8 @@
 //! [`undici_modules`]. The built-in `fetch` is tested for what it does with only the proxy
 //! variables set: it goes around the proxy, and in the loopback-only namespace fails.
 
-use super::{client, setup, text};
-use crate::support::harness::{http_origin, https_origin, proxy_url};
+use super::{client, https_setup, text, HttpsSetup};
+use crate::support::harness::http_origin;
 use crate::support::netns::in_loopback_only_namespace;
 use crate::support::{missing, skip};
 use std::path::PathBuf;
@@ -69,12 +69,9 @@ async fn node_undici_env_proxy_agent_shows_the_refusal_and_builtin_fetch_goes_ar
     if !in_loopback_only_namespace().await {
         return;
     }
-    let s = setup(None).await;
+    let HttpsSetup { s, port, ca, proxy } = https_setup().await;
     let dir = s.h.dir.path();
-    let (origin, ca) = https_origin("origin.test", dir).await;
-    let port = origin.addr.port();
     let plain_port = http_origin().await.addr.port();
-    let proxy = proxy_url(&s.server, &s.lease);
     let script = crate::support::data("clients/node/fetch_get.cjs");
     let env = [
         ("HTTPS_PROXY", proxy.as_str()),
