@@ -17,7 +17,10 @@ use std::path::PathBuf;
 fn undici_modules() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME or XDG_CACHE_HOME names the cache");
+            PathBuf::from(home).join(".cache")
+        });
     cache.join("leasegate-tests/node/node_modules")
 }
 
@@ -43,8 +46,9 @@ fn installed_undici() -> Option<PathBuf> {
         return Some(modules);
     }
     let prefix = modules.parent().unwrap().display();
+    let found = installed.map_or("none".to_owned(), |version| format!("undici {version}"));
     skip(&format!(
-        "undici {pinned} is not installed in {} (found {installed:?}; .ci/run installs it: copy \
+        "undici {pinned} is not installed in {} (found {found}; .ci/run installs it: copy \
          tests/data/clients/node/package*.json to {prefix} and run npm ci --prefix {prefix})",
         modules.display()
     ));
