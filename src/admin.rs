@@ -1,9 +1,10 @@
-//! The admin API: health, readiness, metrics, leases with their counters, revocation and
-//! recent refusals, and the live dashboard page at `/` that reads them.
+//! The admin API: health, readiness, the health panel's status, metrics, leases with their
+//! counters, children and last requests, revocation, recent refusals and the rates of the last
+//! minutes, and the live dashboard page at `/` that reads them.
 //!
 //! `GET /leases` answers a page at a time (at most `MAX_PAGE_LIMIT` leases, with a cursor to
 //! the next page), so no answer grows with the number of leases; `GET /refusals` is bounded by
-//! its ring. What walks every lease (`GET /leases`, a `/metrics` render) runs a few at once on
+//! its ring, `GET /leases/{id}/requests` and `GET /rates` by theirs. What walks every lease (`GET /leases`, a `/metrics` render) runs a few at once on
 //! threads of its own ([`walks`]), `/metrics` renders at most once a second ([`scrape`]), and
 //! the API holds at most [`MAX_CONNECTIONS`] connections: beyond either limit the answer is 503
 //! at once, so a flood of admin requests costs the journal follower and the proxy nothing.
@@ -18,6 +19,7 @@
 
 pub mod origin;
 pub mod scrape;
+pub mod status;
 pub mod walks;
 
 pub use origin::AdminHosts;
@@ -34,7 +36,7 @@ use crate::registry::revocation::RevocationError;
 use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
 use crate::telemetry::egress::LoggedVerdict;
 use crate::telemetry::metrics::{self, RegistryFigures};
-use crate::telemetry::recent_refusals;
+use crate::telemetry::{lease_requests, rates, recent_refusals};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -89,6 +91,8 @@ pub struct AdminState {
     pub scrapes: scrape::Scrapes,
     /// Connections turned away at [`MAX_CONNECTIONS`] since start.
     pub refused_connections: AtomicU64,
+    /// When the admin API was built: the status's uptime.
+    pub started: Instant,
 }
 
 impl AdminState {
@@ -110,6 +114,7 @@ impl AdminState {
             walks: Walks::new()?,
             scrapes: scrape::Scrapes::default(),
             refused_connections: AtomicU64::new(0),
+            started: Instant::now(),
         })
     }
 }
@@ -282,6 +287,11 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         (&Method::GET, []) => dashboard(),
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => readyz(&state),
+        (&Method::GET, ["status"]) => json_response(StatusCode::OK, status::status(&state)),
+        (&Method::GET, ["rates"]) => match rates_asked(req.uri().query()) {
+            Ok(leases) => rates(&state, &leases),
+            Err(message) => error(StatusCode::BAD_REQUEST, message),
+        },
         (&Method::GET, ["metrics"]) => match state.scrapes.fresh(Instant::now()) {
             Some(body) => metrics_answer(body),
             None => {
@@ -308,6 +318,15 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
             }
         }
+        (&Method::GET, ["leases", id, "requests"]) => {
+            let limit = query_pairs(req.uri().query(), &["limit"]).and_then(|pairs| {
+                limit_of(&pairs, lease_requests::PER_LEASE, lease_requests::PER_LEASE)
+            });
+            match limit {
+                Ok(limit) => lease_requests(&state, id, limit),
+                Err(message) => error(StatusCode::BAD_REQUEST, message),
+            }
+        }
         (&Method::POST, ["leases", id, "revoke"]) => {
             let id = id.to_string();
             revoke(&state, &id, req).await
@@ -326,9 +345,9 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         ),
         (
             _,
-            ["healthz" | "readyz" | "metrics" | "leases" | "refusals"]
+            ["healthz" | "readyz" | "status" | "metrics" | "leases" | "refusals" | "rates"]
             | ["leases", _]
-            | ["leases", _, "revoke"],
+            | ["leases", _, "revoke" | "requests"],
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
@@ -353,12 +372,14 @@ struct LeasesQuery {
 }
 
 impl LeasesQuery {
-    /// Parses `status`, `agent`, `order`, `limit`, `cursor` and `counts`; anything else, or a
-    /// value out of range, is refused with a message that says what is accepted.
+    /// Parses `status`, `agent`, `parent`, `order`, `limit`, `cursor` and `counts`; anything
+    /// else, or a value out of range, is refused with a message that says what is accepted.
     fn parse(query: Option<&str>) -> Result<LeasesQuery, String> {
         let pairs = query_pairs(
             query,
-            &["status", "agent", "order", "limit", "cursor", "counts"],
+            &[
+                "status", "agent", "parent", "order", "limit", "cursor", "counts",
+            ],
         )?;
         let mut parsed = LeasesQuery {
             limit: limit_of(&pairs, PAGE_LIMIT, MAX_PAGE_LIMIT)?,
@@ -373,6 +394,12 @@ impl LeasesQuery {
                     })?)
                 }
                 "agent" => parsed.filter.agent = Some(value.clone()),
+                "parent" if is_lease_id(value) => parsed.filter.parent = Some(value.clone()),
+                "parent" => {
+                    return Err(format!(
+                        "parent {value:?} is not a lease id (a lower-case UUID)"
+                    ))
+                }
                 "order" => {
                     parsed.order = Order::parse(value)
                         .ok_or_else(|| format!("order {value:?} is not oldest or newest"))?
@@ -521,12 +548,7 @@ fn dashboard() -> Response<Body> {
 /// else 503 with the reason; both say how long ago the follower last read the journal.
 fn readyz(state: &AdminState) -> Response<Body> {
     let registry = &state.proxy.registry;
-    let problem = match state.ready.load(Ordering::SeqCst) {
-        true => registry
-            .journal_problem()
-            .or_else(|| state.proxy.descriptors.problem()),
-        false => Some("starting or draining".to_owned()),
-    };
+    let problem = status::readiness(state);
     let lag = registry.follow_lag().map(|lag| lag.as_secs_f64());
     let (status, mut body) = match problem {
         None => (
@@ -646,6 +668,68 @@ fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
         .refusals
         .recent(limit.min(recent_refusals::CAPACITY));
     json_response(StatusCode::OK, json!({ "refusals": recent }))
+}
+
+/// Leases `GET /rates` answers for at once (a page of the dashboard).
+const MAX_RATE_LEASES: usize = PAGE_LIMIT;
+
+/// The leases of `GET /rates?leases=<id>,<id>`: none without the parameter.
+fn rates_asked(query: Option<&str>) -> Result<Vec<String>, String> {
+    let pairs = query_pairs(query, &["leases"])?;
+    let Some((_, list)) = pairs.first() else {
+        return Ok(Vec::new());
+    };
+    let ids: Vec<String> = list
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if ids.len() > MAX_RATE_LEASES {
+        return Err(format!(
+            "leases names {} leases; at most {MAX_RATE_LEASES} at once",
+            ids.len()
+        ));
+    }
+    match ids.iter().find(|id| !is_lease_id(id)) {
+        Some(bad) => Err(format!(
+            "leases: {bad:?} is not a lease id (a lower-case UUID)"
+        )),
+        None => Ok(ids),
+    }
+}
+
+/// `GET /rates`: requests per second of the last [`rates::WINDOW`] whole seconds, oldest
+/// first, in total and for each lease asked for.
+fn rates(state: &AdminState, leases: &[String]) -> Response<Body> {
+    let ids: Vec<&str> = leases.iter().map(String::as_str).collect();
+    let history = state.proxy.telemetry.rates.history(&ids);
+    let per_lease: Map<String, Value> = history
+        .leases
+        .into_iter()
+        .map(|(id, counts)| (id, counts.into()))
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({
+            "interval_seconds": 1,
+            "window_seconds": rates::WINDOW,
+            "total": history.total,
+            "leases": per_lease,
+        }),
+    )
+}
+
+/// `GET /leases/{id}/requests`: the lease's last exchanges, newest first.
+fn lease_requests(state: &AdminState, id: &str, limit: usize) -> Response<Body> {
+    let now = state.proxy.registry.now();
+    if state.proxy.registry.snapshot().ledger.status(id, now).is_none() {
+        return error(StatusCode::NOT_FOUND, format!("no lease {id}"));
+    }
+    let requests = state.proxy.telemetry.lease_requests.recent(id, limit);
+    json_response(
+        StatusCode::OK,
+        json!({"lease_id": id, "requests": requests, "limit": limit}),
+    )
 }
 
 async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Response<Body> {
