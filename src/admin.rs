@@ -722,7 +722,14 @@ fn rates(state: &AdminState, leases: &[String]) -> Response<Body> {
 /// `GET /leases/{id}/requests`: the lease's last exchanges, newest first.
 fn lease_requests(state: &AdminState, id: &str, limit: usize) -> Response<Body> {
     let now = state.proxy.registry.now();
-    if state.proxy.registry.snapshot().ledger.status(id, now).is_none() {
+    if state
+        .proxy
+        .registry
+        .snapshot()
+        .ledger
+        .status(id, now)
+        .is_none()
+    {
         return error(StatusCode::NOT_FOUND, format!("no lease {id}"));
     }
     let requests = state.proxy.telemetry.lease_requests.recent(id, limit);

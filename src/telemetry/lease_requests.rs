@@ -120,7 +120,10 @@ mod tests {
         kept.push(&event(None, "nobody"));
         let a = kept.recent("a", PER_LEASE + 10);
         assert_eq!(a.len(), PER_LEASE);
-        assert_eq!(hosts(&a[..2]), [format!("h{}", PER_LEASE + 2), format!("h{}", PER_LEASE + 1)]);
+        assert_eq!(
+            hosts(&a[..2]),
+            [format!("h{}", PER_LEASE + 2), format!("h{}", PER_LEASE + 1)]
+        );
         assert_eq!(hosts(&kept.recent("a", 1)), [format!("h{}", PER_LEASE + 2)]);
         assert_eq!(hosts(&kept.recent("b", 5)), ["other"]);
         assert!(kept.recent("c", 5).is_empty());
