@@ -18,6 +18,7 @@
 //! token configured nobody is authenticated, so nobody gets one.
 
 pub mod origin;
+pub mod query;
 pub mod scrape;
 pub mod status;
 pub mod walks;
@@ -41,6 +42,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use query::{limit_of, query_pairs};
 use serde_json::Map;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -288,7 +290,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => readyz(&state),
         (&Method::GET, ["status"]) => json_response(StatusCode::OK, status::status(&state)),
-        (&Method::GET, ["rates"]) => match rates_asked(req.uri().query()) {
+        (&Method::GET, ["rates"]) => match query::rates_leases(req.uri().query()) {
             Ok(leases) => rates(&state, &leases),
             Err(message) => error(StatusCode::BAD_REQUEST, message),
         },
@@ -416,38 +418,6 @@ impl LeasesQuery {
             }
         }
         Ok(parsed)
-    }
-}
-
-/// The pairs of a query string, each key one of `known` and given once.
-fn query_pairs(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, String> {
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    for (i, (key, _)) in pairs.iter().enumerate() {
-        if !known.contains(&key.as_str()) {
-            return Err(format!(
-                "unknown parameter {key:?} (known: {})",
-                known.join(", ")
-            ));
-        }
-        if pairs[..i].iter().any(|(k, _)| k == key) {
-            return Err(format!("parameter {key:?} is given twice"));
-        }
-    }
-    Ok(pairs)
-}
-
-/// The `limit` of a query: `default` when absent, at most `max`.
-fn limit_of(pairs: &[(String, String)], default: usize, max: usize) -> Result<usize, String> {
-    match pairs.iter().find(|(k, _)| k == "limit") {
-        None => Ok(default),
-        Some((_, value)) => match value.parse::<usize>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "limit must be a number from 1 to {max}, not {value:?}"
-            )),
-        },
     }
 }
 
@@ -668,34 +638,6 @@ fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
         .refusals
         .recent(limit.min(recent_refusals::CAPACITY));
     json_response(StatusCode::OK, json!({ "refusals": recent }))
-}
-
-/// Leases `GET /rates` answers for at once (a page of the dashboard).
-const MAX_RATE_LEASES: usize = PAGE_LIMIT;
-
-/// The leases of `GET /rates?leases=<id>,<id>`: none without the parameter.
-fn rates_asked(query: Option<&str>) -> Result<Vec<String>, String> {
-    let pairs = query_pairs(query, &["leases"])?;
-    let Some((_, list)) = pairs.first() else {
-        return Ok(Vec::new());
-    };
-    let ids: Vec<String> = list
-        .split(',')
-        .filter(|id| !id.is_empty())
-        .map(str::to_owned)
-        .collect();
-    if ids.len() > MAX_RATE_LEASES {
-        return Err(format!(
-            "leases names {} leases; at most {MAX_RATE_LEASES} at once",
-            ids.len()
-        ));
-    }
-    match ids.iter().find(|id| !is_lease_id(id)) {
-        Some(bad) => Err(format!(
-            "leases: {bad:?} is not a lease id (a lower-case UUID)"
-        )),
-        None => Ok(ids),
-    }
 }
 
 /// `GET /rates`: requests per second of the last [`rates::WINDOW`] whole seconds, oldest
