@@ -1166,15 +1166,42 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
     }
     drop(tunnel);
 
-    // A lease revoked says why and when it closed.
-    let revoke = format!("/leases/{fetcher}/revoke");
-    let body = r#"{"reason":"done with it"}"#;
-    let answer = raw(
-        admin,
-        format!("POST {revoke} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
-    )
-    .await;
-    assert_eq!(status_of(&answer), 200, "{answer}");
+    // A lease revoked from its page says why and when it closed, there and in the list.
+    browser
+        .goto(&format!("http://{admin}/#/lease/{fetcher}"))
+        .await;
+    browser
+        .until(
+            AT_ONCE,
+            &format!("return document.getElementById('lp-id').textContent === '{fetcher}' && getComputedStyle(document.getElementById('lp-revoke')).visibility === 'visible';"),
+        )
+        .await
+        .expect("the fetcher's page, with its revoke button");
+    browser.click("#lp-revoke").await;
+    assert_eq!(
+        browser
+            .script("return document.getElementById('lp-revoke').textContent;")
+            .await,
+        "Confirm revoke"
+    );
+    browser.click("#lp-revoke").await;
+    browser
+        .until(
+            AT_ONCE,
+            "return document.getElementById('lp-status').textContent === 'revoked';",
+        )
+        .await
+        .expect("the page shows the lease revoked");
+    let revocations = h.revocations().await;
+    let ours: Vec<&Value> = revocations
+        .iter()
+        .filter(|r| r["lease_id"] == fetcher.as_str())
+        .collect();
+    assert_eq!(ours.len(), 1, "{revocations:?}");
+    assert_eq!(ours[0]["reason"], "revoked from the dashboard");
+    let on_page = browser
+        .script("return document.getElementById('lp-closed').textContent;")
+        .await;
     browser.goto(&format!("http://{admin}/#/")).await;
     let fetcher_row = format!("tr.lease[data-lease-id='{fetcher}']");
     browser
@@ -1191,9 +1218,10 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
     if HAS_CLOSED {
         let closed = closed.as_str().unwrap();
         assert!(closed.starts_with("revoked at "), "{closed}");
-        assert!(closed.ends_with(": done with it"), "{closed}");
+        assert!(closed.ends_with(": revoked from the dashboard"), "{closed}");
+        assert_eq!(on_page, closed);
     } else {
-        assert_eq!(closed, "");
+        assert_eq!((closed.as_str(), on_page.as_str()), (Some(""), Some("")));
     }
     browser.quit().await;
     server.shutdown().await;
