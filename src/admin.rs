@@ -484,7 +484,8 @@ const TOP_HOSTS: usize = 50;
 const LIST_TOP_HOSTS: usize = 5;
 
 /// The dashboard: one self-contained page (inline CSS and JS, no external fetches) that
-/// polls `/leases` and `/refusals` with the token it keeps in sessionStorage.
+/// polls `/leases`, `/refusals`, `/status` and `/rates` (a lease's page: `/leases/{id}`, its
+/// requests and children) with the token it keeps in sessionStorage.
 const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 fn dashboard() -> Response<Body> {
