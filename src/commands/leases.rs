@@ -14,6 +14,7 @@ pub fn exec(args: LeasesArgs) -> CliResult {
         // clap has checked the name.
         status: args.status.as_deref().and_then(listing::parse_status),
         agent: args.agent,
+        ..listing::Filter::default()
     };
     let order = match args.newest_first {
         true => listing::Order::NewestFirst,

@@ -3,5 +3,6 @@
 
 pub mod bounded;
 pub mod dashboard;
+pub mod dashboard_api;
 pub mod flood;
 pub mod operate;
