@@ -11,8 +11,8 @@ use crate::policy::pattern::MalformedPattern;
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::decision::{decide_and_guard, Ask, Asked};
 use crate::proxy::identify;
-use crate::registry::open::open_registry;
 use crate::registry::closed::ClosedView;
+use crate::registry::open::open_registry;
 use crate::registry::{
     journal, ChainError, JournalLocation, Ledger, OpenError, Status, StoreOptions,
 };

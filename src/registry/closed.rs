@@ -26,10 +26,7 @@ pub const FULL: Bounds = Bounds {
 };
 
 /// What the `leases` table shows (its last column; the whole record is in the journal).
-pub const SHORT: Bounds = Bounds {
-    by: 24,
-    reason: 60,
-};
+pub const SHORT: Bounds = Bounds { by: 24, reason: 60 };
 
 /// Why an ancestor opens nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -227,7 +227,12 @@ mod tests {
         let mut map = RetiredMap::default();
         let fp = fingerprint();
         for &n in ids {
-            map.insert(key(n), Some(key(n + 1)), (None, Timestamp::from_millis(n as i64)), &fp);
+            map.insert(
+                key(n),
+                Some(key(n + 1)),
+                (None, Timestamp::from_millis(n as i64)),
+                &fp,
+            );
         }
         let mut unique = ids.to_vec();
         unique.sort_unstable();
