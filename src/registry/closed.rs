@@ -269,28 +269,21 @@ mod tests {
             lease: "l".into(),
             closure: revoked(Some(&long), Some(&format!("first\nline {long}"))),
         };
+        // "first line " is 11 characters; the ellipsis is the last one.
+        let said = |bounds: Bounds| {
+            format!(
+                "was revoked at 2026-12-02T07:01:02.000Z by {}…: first line {}…",
+                "x".repeat(bounds.by - 1),
+                "x".repeat(bounds.reason - 12)
+            )
+        };
         let text = error.to_string();
         assert!(!text.chars().any(char::is_control), "{text}");
-        assert_eq!(
-            text,
-            format!(
-                "lease l was revoked at 2026-12-02T07:01:02.000Z by {}…: first line {}…",
-                "x".repeat(FULL.by - 1),
-                "x".repeat(FULL.reason - 12)
-            )
-        );
+        assert_eq!(text, format!("lease l {}", said(FULL)));
         let view = error.closed_view().unwrap();
         assert_eq!(view.by.unwrap().chars().count(), FULL.by);
         assert_eq!(view.reason.unwrap().chars().count(), FULL.reason);
-        let cell = error.closed_cell().unwrap();
-        assert_eq!(
-            cell,
-            format!(
-                "was revoked at 2026-12-02T07:01:02.000Z by {}…: first line {}…",
-                "x".repeat(SHORT.by - 1),
-                "x".repeat(SHORT.reason - 12)
-            )
-        );
+        assert_eq!(error.closed_cell().unwrap(), said(SHORT));
     }
 
     #[test]

@@ -71,6 +71,35 @@ async fn closed_in_admin(server: &Server, lease: &str) -> Value {
     view["closed"].clone()
 }
 
+/// A GET of `origin.test` on `port` under `lease`, which the issuer revoked for `reason` (as
+/// shown): the refusal (the `n`-th egress line) and the admin API say so, with the record's
+/// time.
+async fn assert_revoked_for(
+    h: &Harness,
+    server: &Server,
+    lease: &str,
+    port: u16,
+    reason: &str,
+    n: usize,
+) {
+    let at = revoked_at(h, lease).await;
+    let out = through(server, lease, &format!("http://origin.test:{port}/")).await;
+    assert_refused_saying(
+        h,
+        &out,
+        (lease, &format!("origin.test:{port}")),
+        "lease-revoked",
+        &format!("lease {lease} was revoked at {at} by issuer: {reason}"),
+        n,
+    )
+    .await;
+    assert_eq!(out.body_text().lines().count(), 1);
+    assert_eq!(
+        closed_in_admin(server, lease).await,
+        json!({"event": "revoked", "at": at, "by": "issuer", "reason": reason})
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_revoked_from_the_admin_api_is_refused_naming_when_by_whom_and_why() {
     let h = Harness::new();
@@ -83,22 +112,7 @@ async fn a_lease_revoked_from_the_admin_api_is_refused_naming_when_by_whom_and_w
 
     let reason = "revoked from the dashboard: runaway loop";
     assert_eq!(revoke_from_admin(&server, &lease, reason).await, 200);
-    let at = revoked_at(&h, &lease).await;
-    let out = through(&server, &lease, &url).await;
-    let target = format!("origin.test:{}", origin.addr.port());
-    assert_refused_saying(
-        &h,
-        &out,
-        (&lease, &target),
-        "lease-revoked",
-        &format!("lease {lease} was revoked at {at} by issuer: {reason}"),
-        2,
-    )
-    .await;
-    assert_eq!(
-        closed_in_admin(&server, &lease).await,
-        json!({"event": "revoked", "at": at, "by": "issuer", "reason": reason})
-    );
+    assert_revoked_for(&h, &server, &lease, origin.addr.port(), reason, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,25 +129,11 @@ async fn the_refusal_after_a_revoking_one_names_the_request_that_revoked() {
         denied.header("x-leasegate-refusal").as_deref(),
         Some("host-denied")
     );
-    let at = revoked_at(&h, &lease).await;
-    let out = through(&server, &lease, &format!("http://origin.test:{port}/")).await;
     let why = format!(
         "leasegate refused GET cdn.evil.test:{port}: host-denied (cdn.evil.test is denied by \
          *.evil.test in lease {lease})"
     );
-    assert_refused_saying(
-        &h,
-        &out,
-        (&lease, &format!("origin.test:{port}")),
-        "lease-revoked",
-        &format!("lease {lease} was revoked at {at} by issuer: {why}"),
-        2,
-    )
-    .await;
-    assert_eq!(
-        closed_in_admin(&server, &lease).await,
-        json!({"event": "revoked", "at": at, "by": "issuer", "reason": why})
-    );
+    assert_revoked_for(&h, &server, &lease, port, &why, 2).await;
 }
 
 /// An expired lease, a stopped one and the child of a revoked parent: each refusal says what
@@ -256,26 +256,9 @@ async fn a_long_reason_with_control_characters_is_shown_on_one_bounded_line() {
         kept.as_str(),
         "the journal keeps what the schema allows"
     );
-    let at = revoked_at(&h, &lease).await;
     // 240 characters: the 28 before the x's, 211 x's and an ellipsis.
     let shown = format!("line one  line two [2J txet {}…", "x".repeat(240 - 1 - 28));
-    let url = format!("http://origin.test:{}/", origin.addr.port());
-    let out = through(&server, &lease, &url).await;
-    assert_refused_saying(
-        &h,
-        &out,
-        (&lease, &format!("origin.test:{}", origin.addr.port())),
-        "lease-revoked",
-        &format!("lease {lease} was revoked at {at} by issuer: {shown}"),
-        1,
-    )
-    .await;
-    assert_eq!(out.body_text().lines().count(), 1);
-    assert!(out.body.len() < 512, "{} bytes", out.body.len());
-    assert_eq!(
-        closed_in_admin(&server, &lease).await,
-        json!({"event": "revoked", "at": at, "by": "issuer", "reason": shown})
-    );
+    assert_revoked_for(&h, &server, &lease, origin.addr.port(), &shown, 1).await;
 }
 
 /// A retired lease keeps only its closing's event and time (or its expiry): the refusal still
