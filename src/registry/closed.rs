@@ -286,6 +286,22 @@ mod tests {
         assert_eq!(error.closed_cell().unwrap(), said(SHORT));
     }
 
+    proptest::proptest! {
+        /// Whatever a record says, what is shown is one line of at most `max` characters with
+        /// nothing unshowable in it, and is what was said when that already was.
+        #[test]
+        fn anything_said_is_shown_within_its_bounds(text in "\\PC*|[\\x00-\\x1f\u{2028}\u{202e} a]*", max in 1usize..80) {
+            if let Some(out) = shown(Some(&text), max) {
+                proptest::prop_assert!(out.chars().count() <= max, "{out:?}");
+                proptest::prop_assert!(!out.chars().any(is_unshowable), "{out:?}");
+                proptest::prop_assert_eq!(out.trim(), out.as_str());
+                if text.chars().count() <= max && !text.chars().any(is_unshowable) {
+                    proptest::prop_assert_eq!(out.as_str(), text.trim());
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_closed_object_names_the_ancestor_and_its_closing() {
         let closed = ChainError::AncestorClosed {
