@@ -787,6 +787,7 @@ pub fn lease_view(
         "parent_lease_id": lease.parent,
         "agent": lease.agent_name,
         "status": snapshot.ledger.status(id, now).map(|s| s.as_str()),
+        "closed": snapshot.ledger.closed(id, now),
         "issued_at": lease.issued_at,
         "expires_at": lease.expires_at,
         "allow_hosts": lease.allow_hosts,

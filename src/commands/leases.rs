@@ -25,7 +25,7 @@ pub fn exec(args: LeasesArgs) -> CliResult {
     let rows = || {
         listing::matching(&ledger, now, &filter, order)
             .take(limit)
-            .map(|(lease, status)| inspect::lease_row(lease, status))
+            .map(|(lease, status)| inspect::lease_row(&ledger, lease, status, now))
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
