@@ -68,6 +68,7 @@ fn leases_page(c: &mut Criterion) {
     let nobody = Filter {
         status: None,
         agent: Some("nobody".into()),
+        ..Filter::default()
     };
     group.bench_function("filter_matching_none", |b| {
         b.iter(|| listing::page(&ledger, now, &nobody, Order::OldestFirst, None, 100).unwrap())

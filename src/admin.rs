@@ -1,9 +1,10 @@
-//! The admin API: health, readiness, metrics, leases with their counters, revocation and
-//! recent refusals, and the live dashboard page at `/` that reads them.
+//! The admin API: health, readiness, the health panel's status, metrics, leases with their
+//! counters, children and last requests, revocation, recent refusals and the rates of the last
+//! minutes, and the live dashboard page at `/` that reads them.
 //!
 //! `GET /leases` answers a page at a time (at most `MAX_PAGE_LIMIT` leases, with a cursor to
 //! the next page), so no answer grows with the number of leases; `GET /refusals` is bounded by
-//! its ring. What walks every lease (`GET /leases`, a `/metrics` render) runs a few at once on
+//! its ring, `GET /leases/{id}/requests` and `GET /rates` by theirs. What walks every lease (`GET /leases`, a `/metrics` render) runs a few at once on
 //! threads of its own ([`walks`]), `/metrics` renders at most once a second ([`scrape`]), and
 //! the API holds at most [`MAX_CONNECTIONS`] connections: beyond either limit the answer is 503
 //! at once, so a flood of admin requests costs the journal follower and the proxy nothing.
@@ -17,7 +18,9 @@
 //! token configured nobody is authenticated, so nobody gets one.
 
 pub mod origin;
+pub mod query;
 pub mod scrape;
+pub mod status;
 pub mod walks;
 
 pub use origin::AdminHosts;
@@ -34,11 +37,12 @@ use crate::registry::revocation::RevocationError;
 use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
 use crate::telemetry::egress::{Kind, LoggedVerdict};
 use crate::telemetry::metrics::{self, RegistryFigures};
-use crate::telemetry::recent_refusals;
+use crate::telemetry::{lease_requests, rates, recent_refusals};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use query::{limit_of, query_pairs};
 use serde_json::Map;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -89,6 +93,8 @@ pub struct AdminState {
     pub scrapes: scrape::Scrapes,
     /// Connections turned away at [`MAX_CONNECTIONS`] since start.
     pub refused_connections: AtomicU64,
+    /// When the admin API was built: the status's uptime.
+    pub started: Instant,
 }
 
 impl AdminState {
@@ -110,6 +116,7 @@ impl AdminState {
             walks: Walks::new()?,
             scrapes: scrape::Scrapes::default(),
             refused_connections: AtomicU64::new(0),
+            started: Instant::now(),
         })
     }
 }
@@ -282,6 +289,11 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         (&Method::GET, []) => dashboard(),
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, ["readyz"]) => readyz(&state),
+        (&Method::GET, ["status"]) => json_response(StatusCode::OK, status::status(&state)),
+        (&Method::GET, ["rates"]) => match query::rates_leases(req.uri().query()) {
+            Ok(leases) => rates(&state, &leases),
+            Err(message) => error(StatusCode::BAD_REQUEST, message),
+        },
         (&Method::GET, ["metrics"]) => match state.scrapes.fresh(Instant::now()) {
             Some(body) => metrics_answer(body),
             None => {
@@ -311,6 +323,15 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 None => error(StatusCode::NOT_FOUND, format!("no lease {id}")),
             }
         }
+        (&Method::GET, ["leases", id, "requests"]) => {
+            let limit = query_pairs(req.uri().query(), &["limit"]).and_then(|pairs| {
+                limit_of(&pairs, lease_requests::PER_LEASE, lease_requests::PER_LEASE)
+            });
+            match limit {
+                Ok(limit) => lease_requests(&state, id, limit),
+                Err(message) => error(StatusCode::BAD_REQUEST, message),
+            }
+        }
         (&Method::POST, ["leases", id, "revoke"]) => {
             let id = id.to_string();
             revoke(&state, &id, req).await
@@ -329,9 +350,9 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         ),
         (
             _,
-            ["healthz" | "readyz" | "metrics" | "leases" | "refusals"]
+            ["healthz" | "readyz" | "status" | "metrics" | "leases" | "refusals" | "rates"]
             | ["leases", _]
-            | ["leases", _, "revoke"],
+            | ["leases", _, "revoke" | "requests"],
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
@@ -356,12 +377,14 @@ struct LeasesQuery {
 }
 
 impl LeasesQuery {
-    /// Parses `status`, `agent`, `order`, `limit`, `cursor` and `counts`; anything else, or a
-    /// value out of range, is refused with a message that says what is accepted.
+    /// Parses `status`, `agent`, `parent`, `order`, `limit`, `cursor` and `counts`; anything
+    /// else, or a value out of range, is refused with a message that says what is accepted.
     fn parse(query: Option<&str>) -> Result<LeasesQuery, String> {
         let pairs = query_pairs(
             query,
-            &["status", "agent", "order", "limit", "cursor", "counts"],
+            &[
+                "status", "agent", "parent", "order", "limit", "cursor", "counts",
+            ],
         )?;
         let mut parsed = LeasesQuery {
             limit: limit_of(&pairs, PAGE_LIMIT, MAX_PAGE_LIMIT)?,
@@ -376,6 +399,12 @@ impl LeasesQuery {
                     })?)
                 }
                 "agent" => parsed.filter.agent = Some(value.clone()),
+                "parent" if is_lease_id(value) => parsed.filter.parent = Some(value.clone()),
+                "parent" => {
+                    return Err(format!(
+                        "parent {value:?} is not a lease id (a lower-case UUID)"
+                    ))
+                }
                 "order" => {
                     parsed.order = Order::parse(value)
                         .ok_or_else(|| format!("order {value:?} is not oldest or newest"))?
@@ -392,38 +421,6 @@ impl LeasesQuery {
             }
         }
         Ok(parsed)
-    }
-}
-
-/// The pairs of a query string, each key one of `known` and given once.
-fn query_pairs(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, String> {
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    for (i, (key, _)) in pairs.iter().enumerate() {
-        if !known.contains(&key.as_str()) {
-            return Err(format!(
-                "unknown parameter {key:?} (known: {})",
-                known.join(", ")
-            ));
-        }
-        if pairs[..i].iter().any(|(k, _)| k == key) {
-            return Err(format!("parameter {key:?} is given twice"));
-        }
-    }
-    Ok(pairs)
-}
-
-/// The `limit` of a query: `default` when absent, at most `max`.
-fn limit_of(pairs: &[(String, String)], default: usize, max: usize) -> Result<usize, String> {
-    match pairs.iter().find(|(k, _)| k == "limit") {
-        None => Ok(default),
-        Some((_, value)) => match value.parse::<usize>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "limit must be a number from 1 to {max}, not {value:?}"
-            )),
-        },
     }
 }
 
@@ -492,7 +489,8 @@ const LIST_TOP_HOSTS: usize = 5;
 const OPEN_SHOWN: usize = 50;
 
 /// The dashboard: one self-contained page (inline CSS and JS, no external fetches) that
-/// polls `/leases` and `/refusals` with the token it keeps in sessionStorage.
+/// polls `/leases`, `/refusals`, `/status` and `/rates` (a lease's page: `/leases/{id}`, its
+/// requests and children) with the token it keeps in sessionStorage.
 const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 fn dashboard() -> Response<Body> {
@@ -526,12 +524,7 @@ fn dashboard() -> Response<Body> {
 /// else 503 with the reason; both say how long ago the follower last read the journal.
 fn readyz(state: &AdminState) -> Response<Body> {
     let registry = &state.proxy.registry;
-    let problem = match state.ready.load(Ordering::SeqCst) {
-        true => registry
-            .journal_problem()
-            .or_else(|| state.proxy.descriptors.problem()),
-        false => Some("starting or draining".to_owned()),
-    };
+    let problem = status::readiness(state);
     let lag = registry.follow_lag().map(|lag| lag.as_secs_f64());
     let (status, mut body) = match problem {
         None => (
@@ -651,6 +644,47 @@ fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
         .refusals
         .recent(limit.min(recent_refusals::CAPACITY));
     json_response(StatusCode::OK, json!({ "refusals": recent }))
+}
+
+/// `GET /rates`: requests per second of the last [`rates::WINDOW`] whole seconds, oldest
+/// first, in total and for each lease asked for.
+fn rates(state: &AdminState, leases: &[String]) -> Response<Body> {
+    let ids: Vec<&str> = leases.iter().map(String::as_str).collect();
+    let history = state.proxy.telemetry.rates.history(&ids);
+    let per_lease: Map<String, Value> = history
+        .leases
+        .into_iter()
+        .map(|(id, counts)| (id, counts.into()))
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({
+            "interval_seconds": 1,
+            "window_seconds": rates::WINDOW,
+            "total": history.total,
+            "leases": per_lease,
+        }),
+    )
+}
+
+/// `GET /leases/{id}/requests`: the lease's last exchanges, newest first.
+fn lease_requests(state: &AdminState, id: &str, limit: usize) -> Response<Body> {
+    let now = state.proxy.registry.now();
+    if state
+        .proxy
+        .registry
+        .snapshot()
+        .ledger
+        .status(id, now)
+        .is_none()
+    {
+        return error(StatusCode::NOT_FOUND, format!("no lease {id}"));
+    }
+    let requests = state.proxy.telemetry.lease_requests.recent(id, limit);
+    json_response(
+        StatusCode::OK,
+        json!({"lease_id": id, "requests": requests, "limit": limit}),
+    )
 }
 
 async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Response<Body> {
@@ -782,6 +816,7 @@ pub fn lease_view(
         "parent_lease_id": lease.parent,
         "agent": lease.agent_name,
         "status": snapshot.ledger.status(id, now).map(|s| s.as_str()),
+        "closed": snapshot.ledger.closed(id, now),
         "issued_at": lease.issued_at,
         "expires_at": lease.expires_at,
         "allow_hosts": lease.allow_hosts,

@@ -67,6 +67,11 @@ impl AdminHosts {
         }
     }
 
+    /// The admin listener's address.
+    pub fn bound(&self) -> SocketAddr {
+        self.bound
+    }
+
     /// Whether `host` (no port) names this admin API.
     fn is_own(&self, host: &str) -> bool {
         if host == "localhost" || self.names.iter().any(|n| n == host) {

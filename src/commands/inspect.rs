@@ -11,8 +11,11 @@ use crate::policy::pattern::MalformedPattern;
 use crate::policy::{HostPattern, HostVerdict, TargetHost};
 use crate::proxy::decision::{decide_and_guard, Ask, Asked};
 use crate::proxy::identify;
+use crate::registry::closed::ClosedView;
 use crate::registry::open::open_registry;
-use crate::registry::{journal, JournalLocation, Ledger, OpenError, Status, StoreOptions};
+use crate::registry::{
+    journal, ChainError, JournalLocation, Ledger, OpenError, Status, StoreOptions,
+};
 use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
@@ -170,10 +173,16 @@ pub struct LeaseRow {
     pub deny_hosts: Vec<String>,
     /// Entries of either list that are not host patterns (they match nothing).
     pub malformed_hosts: Vec<String>,
+    /// What closed it, when, by whom and why; `None` while it opens or may open.
+    pub closed: Option<ClosedView>,
+    /// The same, shortened for the table.
+    #[serde(skip)]
+    pub closed_cell: Option<String>,
 }
 
-/// One row of the status table: `lease` with its `status`.
-pub fn lease_row(lease: &Lease, status: Status) -> LeaseRow {
+/// One row of the status table: `lease` with its `status` at `now` in `ledger`.
+pub fn lease_row(ledger: &Ledger, lease: &Lease, status: Status, now: Timestamp) -> LeaseRow {
+    let closing = ledger.check_chain(&lease.id, now).err();
     LeaseRow {
         lease_id: lease.id.clone(),
         parent_lease_id: lease.parent.clone(),
@@ -185,13 +194,15 @@ pub fn lease_row(lease: &Lease, status: Status) -> LeaseRow {
         malformed_hosts: malformed_patterns(lease)
             .map(|(_, _, bad)| bad.pattern)
             .collect(),
+        closed: closing.as_ref().and_then(ChainError::closed_view),
+        closed_cell: closing.as_ref().and_then(ChainError::closed_cell),
     }
 }
 
 /// The marker `leases` puts before a host entry that is not a pattern.
 pub const MALFORMED_MARKER: char = '!';
 
-const HEADER: [&str; 7] = [
+const HEADER: [&str; 8] = [
     "LEASE",
     "PARENT",
     "AGENT",
@@ -199,9 +210,10 @@ const HEADER: [&str; 7] = [
     "EXPIRES_AT",
     "ALLOW",
     "DENY",
+    "CLOSED",
 ];
 
-fn cells(r: &LeaseRow) -> [String; 7] {
+fn cells(r: &LeaseRow) -> [String; 8] {
     [
         r.lease_id.clone(),
         r.parent_lease_id.clone().unwrap_or_else(|| "-".into()),
@@ -210,6 +222,7 @@ fn cells(r: &LeaseRow) -> [String; 7] {
         r.expires_at.to_string(),
         join_marked(&r.allow_hosts, &r.malformed_hosts),
         join_marked(&r.deny_hosts, &r.malformed_hosts),
+        r.closed_cell.clone().unwrap_or_else(|| "-".into()),
     ]
 }
 

@@ -14,6 +14,7 @@ pub fn exec(args: LeasesArgs) -> CliResult {
         // clap has checked the name.
         status: args.status.as_deref().and_then(listing::parse_status),
         agent: args.agent,
+        ..listing::Filter::default()
     };
     let order = match args.newest_first {
         true => listing::Order::NewestFirst,
@@ -24,7 +25,7 @@ pub fn exec(args: LeasesArgs) -> CliResult {
     let rows = || {
         listing::matching(&ledger, now, &filter, order)
             .take(limit)
-            .map(|(lease, status)| inspect::lease_row(lease, status))
+            .map(|(lease, status)| inspect::lease_row(&ledger, lease, status, now))
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {

@@ -270,6 +270,8 @@ impl Proxy {
         ex.observe_decision();
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
+        // The line says why, in the words the client read (a closed lease: what closed it).
+        ex.error.get_or_insert_with(|| refusal.detail.clone());
         tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
         answer::response(
             &refusal,

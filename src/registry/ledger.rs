@@ -14,6 +14,7 @@
 //! Its maps are persistent (`imbl`): a clone shares them in O(1), so the live registry can
 //! publish a new ledger per journal refresh without copying every lease ever granted.
 
+use super::closed::{self, Ending};
 use super::prepared::{ClosingFacts, Prepared, RecordSignature, Step};
 use super::retired::{LeaseKey, Retired, RetiredMap};
 use super::shared_policies::SharedPolicies;
@@ -34,8 +35,9 @@ pub type PersistentMap<K, V> =
 pub const MAX_CHAIN_DEPTH: usize = 32;
 
 /// What closed a lease. `at` is what the record says, reported as is: the closure applies from
-/// the moment it is read, never later.
-#[derive(Debug, Clone, PartialEq)]
+/// the moment it is read, never later. (An expiry is shown as an `expired` closure at
+/// `expires_at`, without `by` or `reason`.)
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Closure {
     pub event: Event,
     pub at: Timestamp,
@@ -89,21 +91,24 @@ impl Status {
     }
 }
 
-/// Why a lease's chain opens nothing at an instant.
+/// Why a lease's chain opens nothing at an instant. A closed chain carries what closed it, so
+/// its text (a refusal's detail) says what, when, by whom and why ([`closed`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
     #[error("lease {0} is not known")]
     Unknown(String),
     #[error("lease {0} is not valid yet")]
     NotYetValid(String),
-    #[error("lease {0} has expired")]
-    Expired(String),
-    #[error("lease {0} is revoked")]
-    Revoked(String),
-    #[error("lease {0} is closed")]
-    Closed(String),
-    #[error("lease {lease}: ancestor {ancestor} opens nothing")]
-    AncestorClosed { lease: String, ancestor: String },
+    /// The lease itself is closed (its earliest closing) or expired.
+    #[error("lease {lease} {}", closure.said(closed::FULL))]
+    Closed { lease: String, closure: Closure },
+    /// The first ancestor, going up, that opens nothing.
+    #[error("lease {lease} is closed: ancestor {ancestor} {}", ending.said(closed::FULL))]
+    AncestorClosed {
+        lease: String,
+        ancestor: String,
+        ending: Ending,
+    },
 }
 
 /// Why one journal line was not applied.
@@ -666,32 +671,67 @@ impl Ledger {
         })
     }
 
+    /// What keeps `lease` itself from opening at `now`, before its ancestors are considered
+    /// (`None`: nothing): its closing, its expiry, or its start still to come.
+    fn own_ending(&self, lease: &Lease, now: Timestamp) -> Option<Ending> {
+        if let Some(closure) = self.closures.get(&lease.id) {
+            return Some(Ending::Closed(closure.clone()));
+        }
+        match lease.lifetime(now) {
+            Lifetime::NotYetValid => Some(Ending::NotYetValid),
+            Lifetime::Live => None,
+            Lifetime::Expired => Some(Ending::Closed(Closure {
+                event: Event::Expired,
+                at: lease.expires_at,
+                by: None,
+                reason: None,
+            })),
+        }
+    }
+
+    /// What closed a lease that is no longer loaded: its retired closing, or `Unknown`.
+    fn unloaded_ending(&self, id: &str) -> Ending {
+        match self.retired(id) {
+            Some(retired) => Ending::Closed(retired.closure()),
+            None => Ending::Unknown,
+        }
+    }
+
     /// Whether `id` opens anything at `now`: it and every ancestor are loaded, live and not
-    /// closed. On success, the chain, the lease itself first.
+    /// closed. On success, the chain, the lease itself first; otherwise what closed it.
     pub fn check_chain(&self, id: &str, now: Timestamp) -> Result<Vec<Arc<Lease>>, ChainError> {
+        let closed = |closure| ChainError::Closed {
+            lease: id.to_owned(),
+            closure,
+        };
         let Some(lease) = self.lease(id) else {
-            return Err(match self.retired(id).map(Retired::status) {
-                Some(status) => ChainError::closed(id, status),
-                None => ChainError::Unknown(id.to_owned()),
+            return Err(match self.unloaded_ending(id) {
+                Ending::Closed(closure) => closed(closure),
+                _ => ChainError::Unknown(id.to_owned()),
             });
         };
-        match self.own_status(lease, now) {
-            Status::Open => {}
-            status => return Err(ChainError::closed(id, status)),
+        match self.own_ending(lease, now) {
+            None => {}
+            Some(Ending::Closed(closure)) => return Err(closed(closure)),
+            // The only other ending of a loaded lease's own.
+            Some(_) => return Err(ChainError::NotYetValid(id.to_owned())),
         }
         let mut chain = vec![lease.clone()];
         let mut parent = lease.parent.as_deref();
         while let Some(parent_id) = parent {
-            let closed = || ChainError::AncestorClosed {
+            let closed = |ending| ChainError::AncestorClosed {
                 lease: id.to_owned(),
                 ancestor: parent_id.to_owned(),
+                ending,
             };
             if chain.len() >= MAX_CHAIN_DEPTH {
-                return Err(closed());
+                return Err(closed(Ending::TooDeep));
             }
-            let ancestor = self.lease(parent_id).ok_or_else(closed)?;
-            if self.own_status(ancestor, now) != Status::Open {
-                return Err(closed());
+            let Some(ancestor) = self.lease(parent_id) else {
+                return Err(closed(self.unloaded_ending(parent_id)));
+            };
+            if let Some(ending) = self.own_ending(ancestor, now) {
+                return Err(closed(ending));
             }
             chain.push(ancestor.clone());
             parent = ancestor.parent.as_deref();
@@ -708,9 +748,9 @@ impl Ledger {
             return;
         };
         let lease = &granted.lease;
-        let closing = self.closures.get(id).map(|c| (c.event, c.at));
-        let closed_at = match closing {
-            Some((_, at)) => at,
+        let closing = self.closures.get(id).map(|c| c.event);
+        let closed_at = match self.closures.get(id) {
+            Some(closure) => closure.at,
             None if lease.lifetime(now) == Lifetime::Expired => lease.expires_at,
             None => return,
         };
@@ -727,7 +767,7 @@ impl Ledger {
             Some(_) => return,
         };
         self.retired
-            .insert(key, parent, closing, &lease.key_fingerprint);
+            .insert(key, parent, (closing, closed_at), &lease.key_fingerprint);
         let seq = granted.seq;
         self.shared.forget(&granted.lease.clone());
         self.order.remove(&seq);
@@ -757,28 +797,17 @@ impl Ledger {
     }
 }
 
-impl ChainError {
-    /// The error of a lease whose own status is `status` (not open).
-    fn closed(id: &str, status: Status) -> ChainError {
-        let id = id.to_owned();
-        match status {
-            Status::NotYetValid => ChainError::NotYetValid(id),
-            Status::Expired => ChainError::Expired(id),
-            Status::Revoked => ChainError::Revoked(id),
-            _ => ChainError::Closed(id),
-        }
-    }
-}
-
 impl From<ChainError> for Refusal {
     /// A chain that opens nothing refuses with the code of the first reason found.
     fn from(error: ChainError) -> Refusal {
         let code = match &error {
             ChainError::Unknown(_) => Code::LeaseUnknown,
             ChainError::NotYetValid(_) => Code::LeaseNotYetValid,
-            ChainError::Expired(_) => Code::LeaseExpired,
-            ChainError::Revoked(_) => Code::LeaseRevoked,
-            ChainError::Closed(_) => Code::LeaseClosed,
+            ChainError::Closed { closure, .. } => match closure.event {
+                Event::Expired => Code::LeaseExpired,
+                Event::Revoked => Code::LeaseRevoked,
+                _ => Code::LeaseClosed,
+            },
             ChainError::AncestorClosed { .. } => Code::AncestorClosed,
         };
         Refusal::new(code, error.to_string())

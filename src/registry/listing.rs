@@ -1,5 +1,5 @@
-//! Leases a page at a time: in grant order (oldest or newest first), filtered by status and
-//! agent, resumed from an opaque cursor. `GET /leases` and `leases` list through it.
+//! Leases a page at a time: in grant order (oldest or newest first), filtered by status,
+//! agent and parent, resumed from an opaque cursor. `GET /leases` and `leases` list through it.
 //!
 //! Invariant: a cursor names a position in grant order and the lease granted there; grant
 //! order only grows at its end, so paging never repeats or skips a lease that existed when it
@@ -22,6 +22,8 @@ pub struct Filter {
     pub status: Option<Status>,
     /// The manifest's agent name, exactly.
     pub agent: Option<String>,
+    /// The parent lease id, exactly: a lease's children.
+    pub parent: Option<String>,
 }
 
 impl Filter {
@@ -29,6 +31,9 @@ impl Filter {
     /// costs no walk up the chain.
     fn pass(&self, ledger: &Ledger, lease: &Lease, now: Timestamp) -> Option<Status> {
         if self.agent.as_ref().is_some_and(|a| *a != lease.agent_name) {
+            return None;
+        }
+        if self.parent.is_some() && self.parent != lease.parent {
             return None;
         }
         let status = ledger.status(&lease.id, now)?;
@@ -401,6 +406,7 @@ mod tests {
         let revoked = Filter {
             status: Some(Status::Revoked),
             agent: None,
+            ..Filter::default()
         };
         let found = page(&ledger, now, &revoked, Order::OldestFirst, None, 100).unwrap();
         assert_eq!(ids(&found), vec![a[1].clone(), b[0].clone()]);
@@ -408,6 +414,7 @@ mod tests {
         let open_beta = Filter {
             status: Some(Status::Open),
             agent: Some("beta".into()),
+            ..Filter::default()
         };
         let found = page(&ledger, now, &open_beta, Order::OldestFirst, None, 1).unwrap();
         assert_eq!(ids(&found), vec![b[1].clone()]);
@@ -441,6 +448,7 @@ mod tests {
         let rare = Filter {
             status: None,
             agent: Some("rare".into()),
+            ..Filter::default()
         };
         let now = Timestamp::now();
         let mut after = None;

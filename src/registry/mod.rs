@@ -3,6 +3,7 @@
 pub mod broadcast;
 pub mod catch_up;
 pub mod clock;
+pub mod closed;
 pub mod closing;
 pub mod compact;
 pub mod follower;

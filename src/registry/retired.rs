@@ -6,7 +6,7 @@
 //! and an id is in at most one run. A clone shares every run; a clone changed afterwards copies
 //! the list of runs and the one run it touches, never the others.
 
-use super::ledger::Status;
+use super::ledger::{Closure, Status};
 use crate::contract::lease::is_lease_id;
 use crate::contract::{Event, Timestamp};
 use std::sync::Arc;
@@ -51,8 +51,8 @@ impl LeaseKey {
 pub struct Retired {
     /// The parent's id, or nil for none (a lease whose parent is the nil UUID is not retired).
     parent: LeaseKey,
-    /// When the closing that applied (the earliest) says it closed; unused if `closing` is
-    /// `None`.
+    /// When the closing that applied (the earliest) says it closed, or, if `closing` is
+    /// `None`, when it expired.
     closed_at: Timestamp,
     /// The event of that closing, or `None`: it expired.
     closing: Option<Event>,
@@ -75,6 +75,17 @@ impl Retired {
     /// The closing that applied (the earliest), or `None`: it expired.
     pub fn closing(&self) -> Option<(Event, Timestamp)> {
         self.closing.map(|event| (event, self.closed_at))
+    }
+
+    /// What closed it, as far as it is kept: the event and time of its closing (its `by` and
+    /// `reason` are not kept), or its expiry.
+    pub fn closure(&self) -> Closure {
+        Closure {
+            event: self.closing.unwrap_or(Event::Expired),
+            at: self.closed_at,
+            by: None,
+            reason: None,
+        }
     }
 }
 
@@ -112,18 +123,19 @@ impl RetiredMap {
         &self.fingerprints[retired.key as usize]
     }
 
-    /// Retires `key` (replacing what was kept of it, if anything).
+    /// Retires `key` (replacing what was kept of it, if anything): closed by `closing` at
+    /// `closed_at`, or, without a closing, expired at `closed_at`.
     pub fn insert(
         &mut self,
         key: LeaseKey,
         parent: Option<LeaseKey>,
-        closing: Option<(Event, Timestamp)>,
+        (closing, closed_at): (Option<Event>, Timestamp),
         fingerprint: &Arc<str>,
     ) {
         let retired = Retired {
             parent: parent.unwrap_or(LeaseKey::NIL),
-            closed_at: closing.map_or(Timestamp::from_millis(0), |(_, at)| at),
-            closing: closing.map(|(event, _)| event),
+            closed_at,
+            closing,
             key: self.intern(fingerprint),
         };
         let at = self.run_for(&key);
@@ -215,7 +227,12 @@ mod tests {
         let mut map = RetiredMap::default();
         let fp = fingerprint();
         for &n in ids {
-            map.insert(key(n), Some(key(n + 1)), None, &fp);
+            map.insert(
+                key(n),
+                Some(key(n + 1)),
+                (None, Timestamp::from_millis(n as i64)),
+                &fp,
+            );
         }
         let mut unique = ids.to_vec();
         unique.sort_unstable();
@@ -261,7 +278,7 @@ mod tests {
         map.insert(
             key(5_000),
             None,
-            Some((Event::Revoked, Timestamp::from_millis(9))),
+            (Some(Event::Revoked), Timestamp::from_millis(9)),
             &fp,
         );
         map.close(&key(10), Event::Stopped, Timestamp::from_millis(5));
@@ -277,7 +294,7 @@ mod tests {
         let fp = fingerprint();
         let mut map = RetiredMap::default();
         let at = Timestamp::from_millis;
-        map.insert(key(1), None, Some((Event::Stopped, at(100))), &fp);
+        map.insert(key(1), None, (Some(Event::Stopped), at(100)), &fp);
         map.close(&key(1), Event::Revoked, at(200));
         assert_eq!(
             map.get(&key(1)).unwrap().closing(),
@@ -289,7 +306,9 @@ mod tests {
             Some((Event::Revoked, at(50)))
         );
         // An expired lease takes its first closing whenever it says it happened.
-        map.insert(key(2), None, None, &fp);
+        map.insert(key(2), None, (None, at(250)), &fp);
+        let expired = map.get(&key(2)).unwrap().closure();
+        assert_eq!((expired.event, expired.at), (Event::Expired, at(250)));
         map.close(&key(2), Event::Completed, at(300));
         assert_eq!(map.get(&key(2)).unwrap().status(), Status::Completed);
     }
@@ -299,9 +318,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<(LeaseKey, Retired)>(), 48);
         let mut map = RetiredMap::default();
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
-        map.insert(key(1), None, None, &a);
-        map.insert(key(2), None, None, &b);
-        map.insert(key(3), None, None, &Arc::from("a"));
+        let expired = (None, Timestamp::from_millis(0));
+        map.insert(key(1), None, expired, &a);
+        map.insert(key(2), None, expired, &b);
+        map.insert(key(3), None, expired, &Arc::from("a"));
         assert_eq!(map.fingerprints.len(), 2);
         assert_eq!(&**map.fingerprint(map.get(&key(3)).unwrap()), "a");
         assert_eq!(&**map.fingerprint(map.get(&key(2)).unwrap()), "b");

@@ -1,5 +1,5 @@
 //! What leasegate records about traffic: the egress log (and its copy on the egress stream),
-//! metrics and recent refusals.
+//! metrics, recent refusals, each lease's last requests and the rates of the last minutes.
 //!
 //! Invariant: one finished exchange is recorded once, by [`Telemetry::record`], into all of them
 //! (a challenge is not a refusal: it stays out of the recent refusals);
@@ -8,7 +8,9 @@
 
 pub mod egress;
 pub mod egress_stream;
+pub mod lease_requests;
 pub mod metrics;
+pub mod rates;
 pub mod recent_refusals;
 
 pub use egress::{EgressEvent, EgressLog};
@@ -26,6 +28,10 @@ pub struct Telemetry {
     pub stream: EgressStream,
     pub metrics: Arc<Metrics>,
     pub refusals: recent_refusals::RefusalRing,
+    /// Each known lease's last exchanges (`GET /leases/{id}/requests`).
+    pub lease_requests: lease_requests::LeaseRequests,
+    /// Requests per second of the last minutes (`GET /rates`).
+    pub rates: rates::Rates,
     /// One token per live exchange (released after its line is queued): what a shutdown waits
     /// for before it closes the egress log.
     pub exchanges: tokio_util::task::TaskTracker,
@@ -44,6 +50,8 @@ impl Telemetry {
             stream: EgressStream::disabled(),
             metrics: Arc::new(Metrics::new(series_grace, series_max_leases)),
             refusals: recent_refusals::RefusalRing::default(),
+            lease_requests: lease_requests::LeaseRequests::default(),
+            rates: rates::Rates::default(),
             exchanges: tokio_util::task::TaskTracker::new(),
         }
     }
@@ -61,6 +69,11 @@ impl Telemetry {
         open: Option<metrics::OpenTicket>,
     ) {
         self.metrics.record(&event, lease_known, open);
+        let lease = event.lease_id.as_deref().filter(|_| lease_known);
+        self.rates.record(lease);
+        if lease.is_some() {
+            self.lease_requests.push(&event);
+        }
         if event.verdict == LoggedVerdict::Refuse {
             self.refusals.push(event.clone());
         }

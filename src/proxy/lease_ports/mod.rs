@@ -23,6 +23,7 @@ use self::persisted::Persisted;
 use super::{serve, Proxy};
 use crate::contract::{Lease, Timestamp};
 use crate::log_gate::{Flood, Say};
+use crate::registry::closed::Ending;
 use crate::registry::{ChainError, Ledger};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -535,9 +536,12 @@ impl Due {
     /// keeps it closed, is not valid yet (every other reason is final).
     fn opening(&mut self, ledger: &Ledger, error: &ChainError) {
         let waiting = match error {
-            ChainError::NotYetValid(id) | ChainError::AncestorClosed { ancestor: id, .. } => {
-                ledger.lease(id)
-            }
+            ChainError::NotYetValid(id)
+            | ChainError::AncestorClosed {
+                ancestor: id,
+                ending: Ending::NotYetValid,
+                ..
+            } => ledger.lease(id),
             _ => None,
         };
         if let Some(lease) = waiting.filter(|lease| lease.issued_at > self.now) {

@@ -147,9 +147,12 @@ async fn a_revoke_whose_append_fails_still_closes_the_lease_in_memory() {
     assert!(token.is_cancelled(), "the lease's traffic is torn down");
     let snapshot = registry.snapshot();
     let now = Timestamp::now();
-    assert_eq!(
-        snapshot.ledger.check_chain(&setup.lease, now).unwrap_err(),
-        ChainError::Revoked(setup.lease.clone())
+    let error = snapshot.ledger.check_chain(&setup.lease, now).unwrap_err();
+    assert!(
+        matches!(&error, ChainError::Closed { lease, closure }
+            if *lease == setup.lease && closure.event == Event::Revoked
+                && closure.reason.as_deref() == Some("refused")),
+        "{error:?}"
     );
     assert_eq!(
         snapshot.ledger.status(&setup.lease, now),

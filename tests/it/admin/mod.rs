@@ -2,6 +2,8 @@
 //! floods, the dashboard.
 
 pub mod bounded;
+pub mod closing;
 pub mod dashboard;
+pub mod dashboard_api;
 pub mod flood;
 pub mod operate;

@@ -3,6 +3,8 @@
 
 #[path = "../../../fuzz/checks/admin_origin.rs"]
 mod admin_origin;
+#[path = "../../../fuzz/checks/admin_query.rs"]
+mod admin_query;
 #[path = "../../../fuzz/checks/broadcast.rs"]
 mod broadcast;
 #[path = "../../../fuzz/checks/canonical.rs"]
@@ -46,6 +48,7 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
 fn every_fuzz_check_holds_on_its_seed_corpus() {
     for (target, check, at_least) in [
         ("admin_origin", admin_origin::check as fn(&[u8]), 8),
+        ("admin_query", admin_query::check, 8),
         ("canonical", canonical::check, 20),
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),

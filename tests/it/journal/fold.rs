@@ -3,9 +3,10 @@
 use crate::support::{event_line, granted_line, id, key, lease, t};
 use leasegate::contract::lease::sign;
 use leasegate::contract::{Event, Key, Keyring};
+use leasegate::registry::closed::Ending;
 use leasegate::registry::journal::{self, fold_bytes};
 use leasegate::registry::store;
-use leasegate::registry::{Applied, ChainError, InvalidReason, Ledger, LineError, Status};
+use leasegate::registry::{Applied, ChainError, Closure, InvalidReason, Ledger, LineError, Status};
 use serde_json::json;
 
 const WINDOW: (&str, &str) = ("2026-09-15T10:00:00.000Z", "2026-09-15T11:00:00.000Z");
@@ -258,12 +259,27 @@ fn closing_an_ancestor_closes_the_whole_subtree() {
     let (ledger, _) = fold(&lines);
     assert_eq!(ledger.status(&id(1), t(AT)), Some(Status::Stopped));
     assert_eq!(ledger.status(&id(3), t(AT)), Some(Status::AncestorClosed));
+    let error = ledger.check_chain(&id(3), t(AT)).unwrap_err();
     assert_eq!(
-        ledger.check_chain(&id(3), t(AT)).unwrap_err(),
+        error,
         ChainError::AncestorClosed {
             lease: id(3),
-            ancestor: id(1)
+            ancestor: id(1),
+            ending: Ending::Closed(Closure {
+                event: Event::Stopped,
+                at: t(AT),
+                by: None,
+                reason: Some("done".into()),
+            }),
         }
+    );
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "lease {} is closed: ancestor {} was stopped at {AT}: done",
+            id(3),
+            id(1)
+        )
     );
     assert!(matches!(
         ledger.check_chain(&id(2), t(AT)),
@@ -271,7 +287,7 @@ fn closing_an_ancestor_closes_the_whole_subtree() {
     ));
     assert!(matches!(
         ledger.check_chain(&id(1), t(AT)),
-        Err(ChainError::Closed(_))
+        Err(ChainError::Closed { closure, .. }) if closure.event == Event::Stopped
     ));
     assert!(matches!(
         ledger.check_chain(&id(7), t(AT)),
@@ -284,6 +300,10 @@ fn a_child_of_an_unknown_parent_opens_nothing() {
     let orphan = lease(&key(1), &id(2), Some(&id(8)), WINDOW, &["*"], &[]);
     let (ledger, _) = fold(&[granted_line(&orphan, AT)]);
     assert_eq!(ledger.status(&id(2), t(AT)), Some(Status::AncestorClosed));
+    assert_eq!(
+        ledger.check_chain(&id(2), t(AT)).unwrap_err().to_string(),
+        format!("lease {} is closed: ancestor {} is not known", id(2), id(8))
+    );
 }
 
 #[test]
@@ -622,19 +642,38 @@ fn leases_past_their_retention_are_retired_but_still_refused() {
         Some(k.fingerprint()),
         "a token for it is still checked"
     );
+    // Retired: the closing's event and time are kept, its `by` and `reason` are not.
+    let stopped = Closure {
+        event: Event::Stopped,
+        at: Timestamp::parse(&ago(48)).unwrap(),
+        by: None,
+        reason: None,
+    };
     assert_eq!(
         ledger.check_chain(&id(1), now).unwrap_err(),
-        ChainError::Closed(id(1))
+        ChainError::Closed {
+            lease: id(1),
+            closure: stopped.clone()
+        }
     );
     assert_eq!(
         ledger.check_chain(&id(4), now).unwrap_err(),
-        ChainError::Expired(id(4))
+        ChainError::Closed {
+            lease: id(4),
+            closure: Closure {
+                event: Event::Expired,
+                at: Timestamp::parse(&ago(71)).unwrap(),
+                by: None,
+                reason: None,
+            }
+        }
     );
     assert_eq!(
         ledger.check_chain(&id(2), now).unwrap_err(),
         ChainError::AncestorClosed {
             lease: id(2),
-            ancestor: id(1)
+            ancestor: id(1),
+            ending: Ending::Closed(stopped),
         }
     );
     assert_eq!(ledger.status(&id(2), now), Some(Status::AncestorClosed));
@@ -723,7 +762,8 @@ fn a_lifetime_ceiling_brings_a_far_expiry_forward() {
     assert_eq!(capped.status(&id(1), past), Some(Status::Expired));
     assert!(matches!(
         capped.check_chain(&id(1), past),
-        Err(ChainError::Expired(_))
+        Err(ChainError::Closed { closure, .. })
+            if closure.event == Event::Expired && closure.at == past
     ));
     assert_eq!(
         capped.lease(&id(1)).unwrap().expires_at,

@@ -1,12 +1,19 @@
 //! Unmodified clients through `HTTPS_PROXY` (or the JVM's proxy properties) against a local
-//! HTTPS origin: curl, Python `requests`, git, and Java's `HttpClient` and
-//! `HttpURLConnection`. Each asserts on the client's own exit status and the text it prints,
-//! for an allowed host and for a refused one. Where a client prints the status line's reason
-//! phrase, either `Forbidden` or the refusal code (`host-denied`) is accepted.
+//! HTTPS origin: curl, Python `requests`, git, Java's `HttpClient` and `HttpURLConnection`,
+//! Node (`node`) and Go (`go`). Each asserts on the client's own exit status and the text it
+//! prints, for an allowed host and for a refused one. Where a client prints the status line's
+//! reason phrase, either `Forbidden` or the refusal code (`host-denied`) is accepted. Each runs
+//! in a network namespace whose only interface is loopback
+//! ([`in_loopback_only_namespace`]), so a client that ignored its proxy settings would fail
+//! rather than reach out.
+
+mod go;
+mod node;
 
 use crate::support::harness::{
     curl, https_file_origin, https_origin, port_range, proxy_url, Harness,
 };
+use crate::support::netns::in_loopback_only_namespace;
 use crate::support::{missing, skip};
 use leasegate::proxy::OnRefusal;
 use leasegate::server::Server;
@@ -32,6 +39,30 @@ async fn setup(ports: Option<std::ops::RangeInclusive<u16>>) -> Setup {
     Setup { h, server, lease }
 }
 
+/// [`setup`] with an HTTPS origin for `origin.test`, for a client given the lease in
+/// `HTTPS_PROXY`.
+struct HttpsSetup {
+    s: Setup,
+    /// The origin's port (`origin.test` and `denied.test` both name it).
+    port: u16,
+    /// The CA file of the origin's certificate.
+    ca: PathBuf,
+    /// The proxy URL, with the lease as Basic credentials.
+    proxy: String,
+}
+
+async fn https_setup() -> HttpsSetup {
+    let s = setup(None).await;
+    let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
+    let proxy = proxy_url(&s.server, &s.lease);
+    HttpsSetup {
+        s,
+        port: origin.addr.port(),
+        ca,
+        proxy,
+    }
+}
+
 /// Runs a client with no proxy or CA variables but `env`, for at most 30 s.
 async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
     let mut command = tokio::process::Command::new(program);
@@ -52,6 +83,11 @@ async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) 
         "GIT_SSL_CAINFO",
         "JAVA_TOOL_OPTIONS",
         "JDK_JAVA_OPTIONS",
+        "NODE_USE_ENV_PROXY",
+        "NODE_EXTRA_CA_CERTS",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "GOFLAGS",
     ] {
         command.env_remove(name);
     }
@@ -72,10 +108,15 @@ fn text(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_through_https_proxy_prints_the_403() {
-    let s = setup(None).await;
-    let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
-    let port = origin.addr.port();
-    let proxy = proxy_url(&s.server, &s.lease);
+    if !in_loopback_only_namespace().await {
+        return;
+    }
+    let HttpsSetup {
+        s: _s,
+        port,
+        ca,
+        proxy,
+    } = https_setup().await;
     let ca = ca.to_str().unwrap();
     let env = [("HTTPS_PROXY", proxy.as_str())];
     let out = curl(
@@ -106,10 +147,10 @@ async fn python_requests_through_https_proxy_prints_the_403() {
     if !has_requests {
         return skip("Python requests is missing (apt-get install python3-requests; .ci/run does)");
     }
-    let s = setup(None).await;
-    let (origin, ca) = https_origin("origin.test", s.h.dir.path()).await;
-    let port = origin.addr.port();
-    let proxy = proxy_url(&s.server, &s.lease);
+    if !in_loopback_only_namespace().await {
+        return;
+    }
+    let HttpsSetup { s, port, ca, proxy } = https_setup().await;
     let script = crate::support::data("clients/requests_get.py");
     let env = [
         ("HTTPS_PROXY", proxy.as_str()),
@@ -162,7 +203,7 @@ fn git_repository(dir: &Path) -> (PathBuf, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_ls_remote_and_clone_through_https_proxy_print_the_403() {
-    if missing(&["git"], "apt-get install git") {
+    if missing(&["git"], "apt-get install git") || !in_loopback_only_namespace().await {
         return;
     }
     let s = setup(None).await;
@@ -205,19 +246,35 @@ async fn git_ls_remote_and_clone_through_https_proxy_print_the_403() {
 async fn java_client(dir: &Path) -> PathBuf {
     let classes = dir.join("classes");
     let source = crate::support::data("clients/ProxyGet.java");
-    let out = client(
+    build(
         "javac",
         &["-d", classes.to_str().unwrap(), source.to_str().unwrap()],
         &[],
         dir,
+        "Debian's default-jdk-headless; .ci/run installs it",
     )
     .await;
+    classes
+}
+
+/// Runs a compiler as [`client`] runs a client, asserting that it succeeded; `install` says
+/// where it comes from.
+async fn build(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path, install: &str) {
+    let out = client(program, args, env, cwd).await;
     assert!(
         out.status.success(),
-        "javac (Debian's default-jdk-headless; .ci/run installs it): {}",
+        "{program} ({install}): {}",
         text(&out.stderr)
     );
-    classes
+}
+
+/// Whether the Java tests can run here and now (the JDK is there; in the loopback-only
+/// namespace), as the clients tests start.
+async fn java_runs_here() -> bool {
+    !missing(
+        &["javac", "java"],
+        "apt-get install default-jdk-headless; .ci/run does",
+    ) && in_loopback_only_namespace().await
 }
 
 /// Runs `ProxyGet` with the JVM's proxy set to `proxy_port` on loopback.
@@ -252,10 +309,7 @@ const ENABLE_BASIC_FOR_TUNNELS: &str = "-Djdk.http.auth.tunneling.disabledScheme
 /// asked and both clients return the 407 as the answer; with `-Djdk.http.auth.tunneling.disabledSchemes=` both get through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_with_basic_credentials_needs_basic_enabled_for_tunnels() {
-    if missing(
-        &["javac", "java"],
-        "apt-get install default-jdk-headless; .ci/run does",
-    ) {
+    if !java_runs_here().await {
         return;
     }
     let s = setup(None).await;
@@ -339,10 +393,7 @@ fn assert_printed_with_reason(printed: &str, expected: impl Fn(&str) -> String) 
 /// A lease's own port needs no credentials, so the JDK's Basic restriction never applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_through_a_per_lease_port_needs_no_credentials() {
-    if missing(
-        &["javac", "java"],
-        "apt-get install default-jdk-headless; .ci/run does",
-    ) {
+    if !java_runs_here().await {
         return;
     }
     let s = setup(Some(port_range(4))).await;
