@@ -173,6 +173,7 @@ impl Drop for Exchange {
             error: self.error.take(),
             revoked: self.revoked,
         };
-        self.telemetry.record(event, self.lease_known, self.open.take());
+        self.telemetry
+            .record(event, self.lease_known, self.open.take());
     }
 }

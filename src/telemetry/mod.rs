@@ -62,12 +62,7 @@ impl Telemetry {
     }
 
     /// Records one finished request or tunnel; `open`: the ticket it was counted open under.
-    pub fn record(
-        &self,
-        event: EgressEvent,
-        lease_known: bool,
-        open: Option<metrics::OpenTicket>,
-    ) {
+    pub fn record(&self, event: EgressEvent, lease_known: bool, open: Option<metrics::OpenTicket>) {
         self.metrics.record(&event, lease_known, open);
         let lease = event.lease_id.as_deref().filter(|_| lease_known);
         self.rates.record(lease);

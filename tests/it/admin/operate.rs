@@ -82,7 +82,10 @@ async fn metrics_and_lease_counters_after_a_known_sequence() {
     assert_eq!(out.status, 403);
     let lines = h.egress_lines(4).await;
     // Each answer: its 76-byte head (status line, content-length, date) and 18 bytes of body.
-    assert!(lines[..3].iter().all(|l| l["bytes_down"] == 94), "{lines:?}");
+    assert!(
+        lines[..3].iter().all(|l| l["bytes_down"] == 94),
+        "{lines:?}"
+    );
     let up: u64 = lines[..3]
         .iter()
         .map(|l| l["bytes_up"].as_u64().unwrap())

@@ -148,10 +148,8 @@ async fn an_open_download_shows_its_call_and_bytes_as_they_move_and_counts_them_
     for piece in 1..=2 {
         origin.release.send(vec![b'x'; PIECE]).unwrap();
         received += read_exact(&mut client, PIECE).await.len();
-        let view = lease_view_when(&server, &lease, |v| {
-            v["counters"]["bytes_down"] == received
-        })
-        .await;
+        let view =
+            lease_view_when(&server, &lease, |v| v["counters"]["bytes_down"] == received).await;
         assert_eq!(
             (&view["counters"]["requests"], &view["counters"]["allowed"]),
             (&json!(1), &json!(1)),
@@ -194,13 +192,19 @@ async fn an_open_download_shows_its_call_and_bytes_as_they_move_and_counts_them_
     origin.release.send(vec![b'x'; PIECE]).unwrap();
     received += read_exact(&mut client, PIECE).await.len();
     let line = h.egress_line(1).await;
-    assert_eq!(line["bytes_down"], received, "head and body, exactly: {line}");
+    assert_eq!(
+        line["bytes_down"], received,
+        "head and body, exactly: {line}"
+    );
     assert_eq!(
         line["bytes_up"],
         upstream_head.len(),
         "the head as the upstream read it"
     );
-    let (started, ended) = (line["time"].as_str().unwrap(), line["ended"].as_str().unwrap());
+    let (started, ended) = (
+        line["time"].as_str().unwrap(),
+        line["ended"].as_str().unwrap(),
+    );
     assert!(started <= ended, "{line}");
     assert!(
         leasegate::contract::schema::Schema::EgressEvent.is_valid(&line),
@@ -331,9 +335,20 @@ async fn a_first_request_without_credentials_is_a_challenge_not_a_refusal() {
         server.addr
     );
     let unknown = curl(&["-x", &stranger, &url], &[]).await;
-    assert_eq!(unknown.header("x-leasegate-refusal").as_deref(), Some("lease-unknown"));
+    assert_eq!(
+        unknown.header("x-leasegate-refusal").as_deref(),
+        Some("lease-unknown")
+    );
     let token = token::mint(&h.key, &lease);
-    let served = curl(&["-x", &format!("http://agent:{token}@127.0.0.1:{port}"), &url], &[]).await;
+    let served = curl(
+        &[
+            "-x",
+            &format!("http://agent:{token}@127.0.0.1:{port}"),
+            &url,
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(served.status, 200, "{served:?}");
 
     let lines = h.egress_lines(4).await;
@@ -438,7 +453,11 @@ async fn a_first_request_without_credentials_is_a_challenge_not_a_refusal() {
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.lines().next().unwrap().contains("REFUSED  CHALLENGES"),
+        table
+            .lines()
+            .next()
+            .unwrap()
+            .contains("REFUSED  CHALLENGES"),
         "{table}"
     );
 }
@@ -461,9 +480,7 @@ async fn a_decided_line_names_the_rule_that_decided_it() {
         .await;
     let through = |lease: String, host: &'static str| {
         let proxy = crate::support::harness::proxy_url(&server, &lease);
-        async move {
-            curl(&["-x", &proxy, &format!("http://{host}:{port}/")], &[]).await
-        }
+        async move { curl(&["-x", &proxy, &format!("http://{host}:{port}/")], &[]).await }
     };
     assert_eq!(through(allowed.clone(), "origin.test").await.status, 200);
     assert_eq!(through(denied.clone(), "x.evil.test").await.status, 403);

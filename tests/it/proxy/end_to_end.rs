@@ -147,7 +147,10 @@ async fn large_bodies_stream_both_ways_intact() {
         download.headers.len() as u64 - framing + SIZE
     );
     let up = lines[1]["bytes_up"].as_u64().unwrap();
-    assert!((SIZE + 100..SIZE + 1000).contains(&up), "the head and {SIZE}: {up}");
+    assert!(
+        (SIZE + 100..SIZE + 1000).contains(&up),
+        "the head and {SIZE}: {up}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
