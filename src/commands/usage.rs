@@ -611,15 +611,15 @@ mod tests {
         assert_eq!(rows.len(), 4);
         assert_eq!(
             rows[0],
-            "LEASE                                 CALLS  REFUSED  BYTES_UP  BYTES_DOWN  TOP_HOSTS                         REFUSALS"
+            "LEASE                                 CALLS  REFUSED  CHALLENGES  BYTES_UP  BYTES_DOWN  TOP_HOSTS                         REFUSALS"
         );
         assert_eq!(
             rows[1],
-            format!("{A}  5      2        30        300         a.test(3),b.test(1),evil.test(1)  host-not-allowed(1),lease-revoked(1)")
+            format!("{A}  5      2        0           30        300         a.test(3),b.test(1),evil.test(1)  host-not-allowed(1),lease-revoked(1)")
         );
         assert_eq!(
             rows[3],
-            "-                                     1      1        0         0           -                                 lease-missing(1)"
+            "-                                     1      0        1           0         0           -                                 -"
         );
     }
 }
