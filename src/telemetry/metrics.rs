@@ -79,8 +79,8 @@ pub struct LeaseCounters {
     pub open_tunnels: u64,
     pub open_connections: u64,
     pub hosts: HashMap<String, HostCounters>,
-    /// Exchanges still open, oldest first (by ticket): counted in the figures above only
-    /// by [`LeaseCounters::live`], so ending one moves it there once.
+    /// Exchanges still open, oldest first (by ticket): added to the figures above only by
+    /// [`LeaseCounters::live`] and a render, so ending one moves it into them once.
     pub open: BTreeMap<u64, OpenExchange>,
     /// When the lease was first seen closed (series go after [`GRACE`]).
     closed_at: Option<Instant>,
@@ -112,25 +112,40 @@ impl LeaseCounters {
             .sum()
     }
 
-    /// These figures with the open exchanges added: each counted as a call under the verdict
-    /// it was cleared with, its bytes as moved so far (hosts included).
-    pub fn live(mut self) -> LeaseCounters {
+    /// A copy of these figures with the open exchanges added (and not copied): each counted
+    /// as a call under the verdict it was cleared with, its bytes as moved so far (hosts
+    /// included).
+    pub fn live(&self) -> LeaseCounters {
+        let mut live = LeaseCounters {
+            requests: self.requests.clone(),
+            bytes_up: self.bytes_up,
+            bytes_down: self.bytes_down,
+            open_tunnels: self.open_tunnels,
+            open_connections: self.open_connections,
+            hosts: self.hosts.clone(),
+            open: BTreeMap::new(),
+            closed_at: self.closed_at,
+        };
         for open in self.open.values() {
             let (up, down) = open.moved();
-            *self
+            *live
                 .requests
                 .entry((open.kind, open.verdict, open.code))
                 .or_default() += 1;
-            self.bytes_up += up;
-            self.bytes_down += down;
+            live.bytes_up += up;
+            live.bytes_down += down;
             if let Some(host) = &open.host {
-                let h = self.hosts.entry(host.clone()).or_default();
-                h.requests += 1;
-                h.bytes_up += up;
-                h.bytes_down += down;
+                if !live.hosts.contains_key(host) {
+                    live.hosts.insert(host.clone(), HostCounters::default());
+                }
+                if let Some(h) = live.hosts.get_mut(host) {
+                    h.requests += 1;
+                    h.bytes_up += up;
+                    h.bytes_down += down;
+                }
             }
         }
-        self
+        live
     }
 }
 
@@ -260,10 +275,11 @@ impl Metrics {
         });
     }
 
-    /// A copy of one lease's counters, open exchanges included (see [`LeaseCounters::live`]).
+    /// A copy of one lease's counters, open exchanges added in (see [`LeaseCounters::live`];
+    /// [`Metrics::open_of`] lists them).
     pub fn lease(&self, lease: &str) -> Option<LeaseCounters> {
         let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
-        leases.get(lease).cloned().map(LeaseCounters::live)
+        leases.get(lease).map(LeaseCounters::live)
     }
 
     /// The `limit` oldest open exchanges of one lease, and how many are open.
@@ -859,6 +875,57 @@ mod tests {
         ] {
             assert_eq!(metrics.lease(&id).is_some(), kept, "{id}");
         }
+    }
+
+    #[test]
+    fn an_open_exchange_counts_as_it_moves_and_once_when_it_ends() {
+        let metrics = Arc::new(Metrics::new(GRACE, 10));
+        let id = lease_id(1);
+        let open = super::OpenExchange {
+            kind: Kind::Connect,
+            verdict: LoggedVerdict::Allow,
+            code: "",
+            host: Some("api.example.com".into()),
+            port: Some(443),
+            started: Timestamp::now(),
+            up: super::Counter::default(),
+            down: super::Counter::default(),
+        };
+        let (up, down) = (open.up.clone(), open.down.clone());
+        let ticket = metrics.open(&id, open);
+        up.fetch_add(10, std::sync::atomic::Ordering::Relaxed);
+        down.fetch_add(60, std::sync::atomic::Ordering::Relaxed);
+        let live = metrics.lease(&id).unwrap();
+        assert_eq!(
+            (live.total_requests(), live.bytes_up, live.bytes_down),
+            (1, 10, 60)
+        );
+        assert_eq!(live.hosts["api.example.com"].bytes_down, 60);
+        let text = render(&metrics, RegistryFigures::default());
+        assert_eq!(
+            samples(&text, "leasegate_open_requests"),
+            [(id.as_str(), 1)]
+        );
+        assert!(samples(&text, "leasegate_requests_total").is_empty());
+
+        // Its line carries the totals (10 up, 100 down: 40 more since the read).
+        down.fetch_add(40, std::sync::atomic::Ordering::Relaxed);
+        metrics.record(&event(&id, LoggedVerdict::Allow, None), true, Some(ticket));
+        let ended = metrics.lease(&id).unwrap();
+        assert_eq!(
+            (ended.total_requests(), ended.bytes_up, ended.bytes_down),
+            (1, 10, 100)
+        );
+        assert!(ended.open.is_empty() && metrics.open_of(&id, 50).1 == 0);
+        let text = render(&metrics, RegistryFigures::default());
+        assert_eq!(
+            samples(&text, "leasegate_open_requests"),
+            [(id.as_str(), 0)]
+        );
+        assert_eq!(
+            samples(&text, "leasegate_requests_total"),
+            [(id.as_str(), 1)]
+        );
     }
 
     #[test]
