@@ -836,7 +836,7 @@ async fn the_admin_api_answers_only_its_own_host_and_same_origin_json_writes() {
 // has it. While one is false, the test checks that the API indeed lacks the field, so the merge
 // that adds it fails here until its switch is turned on (which enables the assertions on it).
 /// `closed` on a lease object (why and when it closed).
-const HAS_CLOSED: bool = false;
+const HAS_CLOSED: bool = true;
 /// `rule` on a refusal (the pattern or rule that decided).
 const HAS_RULE: bool = false;
 /// `open` on `/leases/{id}` (the lease's open tunnels and streams, with live bytes).
