@@ -394,8 +394,16 @@ async fn connection_limits_answer_too_many_connections() {
     );
     let line = h.egress_line(1).await;
     assert_eq!(line["code"], "too-many-connections");
-    // Connections in total: two idle ones fill the remaining permits (the refused connection
-    // above may take a moment to be noticed closed, so probe until the limit shows).
+    // Connections in total: two idle ones fill the remaining permits. The refused connection
+    // above may take a moment to be noticed closed; were it still counted, the second idle one
+    // would be the one turned away and no probe would ever be, so wait until only the tunnel
+    // holds a permit.
+    crate::support::harness::eventually(Duration::from_secs(20), || async {
+        let (_, status) = admin(&server, "GET", "/status", None, "").await;
+        (json_of(&status)["connections"]["open"] == 1).then_some(())
+    })
+    .await
+    .expect("the refused connection is let go");
     let _a = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let _b = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let refused = crate::support::harness::eventually(Duration::from_secs(20), || async {

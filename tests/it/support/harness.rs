@@ -593,9 +593,11 @@ pub fn status_of(response: &str) -> u16 {
         .unwrap_or(0)
 }
 
-/// A range of ports for one test's per-lease listeners (disjoint across tests).
+/// A range of ports for one test's per-lease listeners (disjoint across tests). They lie below
+/// Linux's ephemeral range (32768-60999 by default), where no other test's outgoing or port-0
+/// socket can be holding one of them: a busy suite once took a lease's port from under it.
 pub fn port_range(len: u16) -> std::ops::RangeInclusive<u16> {
-    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(42000);
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(22000);
     let start = NEXT.fetch_add(len, Ordering::SeqCst);
     start..=start + len - 1
 }
