@@ -23,7 +23,7 @@ pub mod walks;
 pub use origin::AdminHosts;
 
 use crate::config::{Credentials, LeasePortCredentials};
-use crate::contract::lease::is_lease_id;
+use crate::contract::lease::lease_id;
 use crate::contract::{token, Event, Lease, Timestamp};
 use crate::descriptors;
 use crate::log_gate::{Flood, Say};
@@ -269,11 +269,8 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         return error(refused.status, refused.message);
     }
     if let ["leases", id, ..] = segments.as_slice() {
-        if !is_lease_id(id) {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("{id:?} is not a lease id (a lower-case UUID)"),
-            );
+        if let Err(not) = lease_id(id) {
+            return error(StatusCode::BAD_REQUEST, not.to_string());
         }
     }
     let method = req.method().clone();

@@ -283,10 +283,7 @@ pub async fn resolve_and_guard(
         return Ok(checked.dialable);
     }
     Err(match checked.blocked.first() {
-        Some(b) => Refusal::new(
-            Code::AddressNotAllowed,
-            format!("{} resolves to {}, {}", target.host, b.addr.ip(), b.why),
-        ),
+        Some(b) => Refusal::new(Code::AddressNotAllowed, b.explain(&target.host)),
         None => Refusal::new(Code::DnsFailed, format!("{} has no addresses", target.host)),
     })
 }
