@@ -408,6 +408,10 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allow_hosts: Vec<String>,
+    /// Let the --dev demo lease have an --allow-host wildcard over a public suffix (`*.com`),
+    /// with a warning; refused without it. On the command line only.
+    #[arg(long)]
+    pub force: bool,
     /// Time a client has to send a request head: the first, and the next on an idle
     /// keep-alive connection.
     #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -586,6 +590,11 @@ pub struct IssueArgs {
     /// A host the lease must not reach (beats any allow).
     #[arg(long = "deny-host", env = "LEASEGATE_DENY_HOST", value_delimiter = ',')]
     pub deny_hosts: Vec<String>,
+    /// Sign an --allow-host wildcard over a public suffix (`*.com`, `*.co.uk`, `*.github.io`:
+    /// every name anyone may register there), with a warning; refused without it. On the
+    /// command line only: no variable turns it on.
+    #[arg(long)]
+    pub force: bool,
     /// Parent lease id: the new lease's hosts must be contained in the parent's.
     #[arg(long, env = "LEASEGATE_PARENT", value_parser = crate::contract::lease::lease_id)]
     pub parent: Option<String>,
