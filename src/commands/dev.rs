@@ -79,9 +79,6 @@ pub fn prepare() -> Result<(), DevError> {
 /// The open demo lease in the journal for the same hosts, signed with the dev key, if there
 /// is one; otherwise a new one, issued now.
 pub fn demo_lease(demo: &Demo) -> Result<DemoLease, DevError> {
-    for warning in issue::public_suffix_wildcards(&demo.hosts, demo.force)? {
-        eprintln!("leasegate serve: {warning}");
-    }
     let key = signing_key(&demo.key_path)?;
     let mut keyring = Keyring::new(false);
     keyring.insert(key.clone());

@@ -5,7 +5,7 @@
 //! before a `--dev` demo lease is issued (a lease only for a proxy that can start); the
 //! listening address is the last word on stdout unless stdout carries the egress log.
 
-use super::{dev, health, shutdown_signal, CliResult};
+use super::{dev, health, issue, shutdown_signal, CliResult};
 use crate::cli::ServeArgs;
 use crate::config::{Credentials, OnRefusal, ProxyConfig, ServeConfig, ServeStart};
 use crate::contract::token;
@@ -35,6 +35,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         dev::prepare()?;
     }
     let start = ServeConfig::resolve(args).await?;
+    if let Some(demo) = &start.demo {
+        // Before anything is bound: a refused allow list starts nothing.
+        for warning in issue::public_suffix_wildcards(&demo.hosts, demo.force)? {
+            eprintln!("leasegate serve: {warning}");
+        }
+    }
     let config = &start.config;
     let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
     let egress = match &config.egress {
@@ -110,7 +116,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// port lists keep their defaults).
 fn local_test_hint(proxy: &ProxyConfig) -> Option<String> {
     let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    if proxy.guard.allow_private.iter().any(|net| net.contains(&loopback)) {
+    if proxy
+        .guard
+        .allow_private
+        .iter()
+        .any(|net| net.contains(&loopback))
+    {
         return None;
     }
     Some(format!(

@@ -653,7 +653,14 @@ mod tests {
             "egress.jsonl holds no egress line; nothing to suggest"
         );
         let many: Vec<String> = (0..7)
-            .map(|i| line(Some(&format!("0000000{i}-0000-4000-8000-000000000000")), None, "a.test", "allow"))
+            .map(|i| {
+                line(
+                    Some(&format!("0000000{i}-0000-4000-8000-000000000000")),
+                    None,
+                    "a.test",
+                    "allow",
+                )
+            })
             .collect();
         assert!(said(only(nope), &many).ends_with(" (1) and 2 more; nothing to suggest"));
     }

@@ -194,7 +194,10 @@ impl Blocked {
             TargetHost::Name(name) => format!("{name} resolves to {ip},"),
         };
         if self.why == OWN_LISTENER {
-            return format!("{subject} {OWN_LISTENER} (port {}), never dialled", self.addr.port());
+            return format!(
+                "{subject} {OWN_LISTENER} (port {}), never dialled",
+                self.addr.port()
+            );
         }
         // The guard exempts an embedded IPv4 address by the IPv4 range: name that one.
         let range = IpNet::from(embedded_ipv4(ip).map_or(ip, IpAddr::V4));

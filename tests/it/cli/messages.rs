@@ -397,7 +397,7 @@ async fn identification_refusals_name_the_target_in_the_egress_log() {
 }
 
 /// A key file and a journal path in `dir` (the journal not created).
-fn key_and_journal(dir: &std::path::Path) -> (String, String) {
+pub(super) fn key_and_journal(dir: &std::path::Path) -> (String, String) {
     let key = dir.join("lease.key");
     std::fs::write(&key, leasegate::contract::Key::generate().to_file_text()).unwrap();
     (
@@ -407,7 +407,7 @@ fn key_and_journal(dir: &std::path::Path) -> (String, String) {
 }
 
 /// `leasegate issue` into `journal` under `key` for `hosts`; the new lease's id.
-fn issue_sync(journal: &str, key: &str, hosts: &[&str]) -> String {
+pub(super) fn issue_sync(journal: &str, key: &str, hosts: &[&str]) -> String {
     let mut args = vec!["issue", "--journal", journal, "--key-file", key];
     for host in hosts {
         args.extend(["--allow-host", host]);
@@ -489,7 +489,7 @@ fn the_egress_log_is_on_by_default_beside_the_journal() {
     assert!(!std::path::Path::new("off").exists());
 }
 
-fn stderr_text(out: &std::process::Output) -> String {
+pub(super) fn stderr_text(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
