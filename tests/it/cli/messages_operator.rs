@@ -54,6 +54,30 @@ fn exited(mut command: Command) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// The first `n` lines of a child's stdout; fails the test, rather than hanging, if they do
+/// not come within a generous bound.
+fn first_lines(stdout: std::process::ChildStdout, n: usize) -> Vec<String> {
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    while got.len() < n {
+        match lines.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => got.push(line),
+            Err(_) => panic!("{n} lines expected within 30 s, got {got:?}"),
+        }
+    }
+    got
+}
+
 /// curl through `proxy` to `url`: the status code, then the body (its newline kept).
 fn curl_through(proxy: &str, url: &str) -> (String, String) {
     let out = Command::new("curl")
@@ -101,12 +125,7 @@ fn serve_dev_names_the_dashboard_and_the_way_past_the_address_guard() {
     let mut child = command.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let _serve = Running(child);
-    let lines: Vec<String> = std::io::BufReader::new(stdout)
-        .lines()
-        .take(4)
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(lines.len(), 4, "{lines:?}");
+    let lines = first_lines(stdout, 4);
     let lease = lines[0]
         .split_once("with demo lease ")
         .and_then(|(_, rest)| rest.split_whitespace().next())
