@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A local origin on 127.0.0.1 answering `dev` to every request; its port.
-fn local_origin() -> u16 {
+pub(super) fn local_origin() -> u16 {
     let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = origin.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -23,6 +23,13 @@ fn local_origin() -> u16 {
         }
     });
     port
+}
+
+/// `serve --dev` on any port, in `dir`, with `extra` flags.
+fn serve_dev(dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = leasegate_command(&["serve", "--dev", "--listen", "127.0.0.1:0"]);
+    command.args(extra).current_dir(dir);
+    command
 }
 
 /// Kills the child when dropped.
@@ -103,23 +110,21 @@ fn serve_dev_names_the_dashboard_and_the_way_past_the_address_guard() {
     let dir = tempfile::tempdir().unwrap();
     let port = local_origin();
     let forward = format!("80,{port}");
-    let mut command = leasegate_command(&[
-        "serve",
-        "--dev",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--forward-ports",
-        &forward,
-        "--resolve",
-        "origin.test=127.0.0.1",
-    ]);
+    let mut command = serve_dev(
+        dir.path(),
+        &[
+            "--admin",
+            "127.0.0.1:0",
+            "--forward-ports",
+            &forward,
+            "--resolve",
+            "origin.test=127.0.0.1",
+        ],
+    );
     // The port lists as a newcomer has them, but for the origin's port.
     command
         .env_remove("LEASEGATE_CONNECT_PORTS")
         .env_remove("LEASEGATE_FORWARD_PORTS")
-        .current_dir(dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut child = command.spawn().unwrap();
@@ -195,20 +200,11 @@ fn serve_dev_names_the_dashboard_and_the_way_past_the_address_guard() {
 #[test]
 fn the_banner_leaves_out_the_local_test_line_once_loopback_is_allowed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut command = leasegate_command(&[
-        "serve",
-        "--dev",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "off",
-        "--allow-private",
-        "127.0.0.0/8",
-    ]);
-    command
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    let mut command = serve_dev(
+        dir.path(),
+        &["--admin", "off", "--allow-private", "127.0.0.0/8"],
+    );
+    command.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut child = command.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let serve = Running(child);
@@ -222,32 +218,10 @@ fn the_banner_leaves_out_the_local_test_line_once_loopback_is_allowed() {
 }
 
 #[test]
-fn issue_names_a_range_as_a_range() {
+fn issue_refuses_a_range_and_a_wildcard_over_a_public_suffix_in_words() {
     let dir = tempfile::tempdir().unwrap();
     let (key, journal) = key_and_journal(dir.path());
-    let out = exited(leasegate_command(&[
-        "issue",
-        "--journal",
-        &journal,
-        "--key-file",
-        &key,
-        "--allow-host",
-        "10.0.0.0/8",
-    ]));
-    assert_eq!(out.status.code(), Some(1));
-    assert_eq!(
-        stderr_text(&out),
-        "leasegate: allow host '10.0.0.0/8': no range: a pattern is one host, not a CIDR \
-         range: list the addresses or host names (a private range is opened to leases by \
-         serve --allow-private 10.0.0.0/8)\n"
-    );
-}
-
-#[test]
-fn a_wildcard_over_a_public_suffix_needs_force() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, journal) = key_and_journal(dir.path());
-    let issue = |extra: &[&str]| {
+    let issue = |hosts: &str, extra: &[&str]| {
         let mut args = vec![
             "issue",
             "--journal",
@@ -255,12 +229,21 @@ fn a_wildcard_over_a_public_suffix_needs_force() {
             "--key-file",
             &key,
             "--allow-host",
-            "api.example.com,*.COM",
+            hosts,
         ];
         args.extend(extra);
         exited(leasegate_command(&args))
     };
-    let refused = issue(&[]);
+    let range = issue("10.0.0.0/8", &[]);
+    assert_eq!(range.status.code(), Some(1));
+    assert_eq!(
+        stderr_text(&range),
+        "leasegate: allow host '10.0.0.0/8': no range: a pattern is one host, not a CIDR \
+         range: list the addresses or host names (a private range is opened to leases by \
+         serve --allow-private 10.0.0.0/8)\n"
+    );
+
+    let refused = issue("api.example.com,*.COM", &[]);
     assert_eq!(refused.status.code(), Some(1));
     assert_eq!(
         stderr_text(&refused),
@@ -270,7 +253,7 @@ fn a_wildcard_over_a_public_suffix_needs_force() {
     );
     assert!(!std::path::Path::new(&journal).exists(), "nothing issued");
 
-    let forced = issue(&["--force"]);
+    let forced = issue("api.example.com,*.COM", &["--force"]);
     let lease = succeeded(&forced);
     assert_eq!(
         stderr_text(&forced),
@@ -287,18 +270,10 @@ fn a_wildcard_over_a_public_suffix_needs_force() {
 
     // `serve --dev` makes a lease from flags too.
     let dev = tempfile::tempdir().unwrap();
-    let mut command = leasegate_command(&[
-        "serve",
-        "--dev",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "off",
-        "--allow-host",
-        "*.co.uk",
-    ]);
-    command.current_dir(dev.path());
-    let out = exited(command);
+    let out = exited(serve_dev(
+        dev.path(),
+        &["--admin", "off", "--allow-host", "*.co.uk"],
+    ));
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         stderr_text(&out),
@@ -314,37 +289,19 @@ fn a_wildcard_over_a_public_suffix_needs_force() {
 
 #[test]
 fn every_duration_flag_names_the_format() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, journal) = key_and_journal(dir.path());
     for (args, said) in [
         (
-            vec![
-                "issue",
-                "--journal",
-                &journal,
-                "--key-file",
-                &key,
-                "--allow-host",
-                "a.test",
-                "--ttl",
-                "forever",
-            ],
+            vec!["issue", "--ttl", "forever"],
             "error: invalid value 'forever' for '--ttl <TTL>': not a duration: write a number \
              and a unit, e.g. 90s, 15m, 2h or 7d\n",
         ),
         (
-            vec!["usage", "--from", &journal, "--since", "3x"],
+            vec!["usage", "--from", "egress.jsonl", "--since", "3x"],
             "error: invalid value '3x' for '--since <SINCE>': unknown unit \"x\": write a \
              number and a unit, e.g. 90s, 15m, 2h or 7d\n",
         ),
         (
-            vec![
-                "serve",
-                "--journal",
-                &journal,
-                "--max-lease-lifetime",
-                "forever",
-            ],
+            vec!["serve", "--max-lease-lifetime", "forever"],
             "error: invalid value 'forever' for '--max-lease-lifetime <MAX_LEASE_LIFETIME>': \
              not a duration: write a number and a unit, e.g. 90s, 15m, 2h or 7d, or `off`\n",
         ),
@@ -369,40 +326,17 @@ fn every_lease_flag_refuses_a_non_lease_id_in_the_same_words() {
     };
     let lease = "--lease <LEASE>";
     let k = ["--journal", &journal, "--key-file", &key];
+    let with_k = |command: &'static str, rest: &[&'static str]| [&[command][..], &k, rest].concat();
+    let bad = "not-a-uuid";
     for (args, flag) in [
+        (with_k("check", &["--lease", bad, "a.test"]), lease),
+        (vec!["run", "--lease", bad, "--", "true"], lease),
+        (vec!["token", "--key-file", &key, "--lease", bad], lease),
+        (with_k("revoke", &["--lease", bad, "--reason", "r"]), lease),
+        (vec!["usage", "--from", &journal, "--lease", bad], lease),
+        (vec!["suggest", "--from", &journal, "--lease", bad], lease),
         (
-            [&["check"][..], &k, &["--lease", "not-a-uuid", "a.test"]].concat(),
-            lease,
-        ),
-        (vec!["run", "--lease", "not-a-uuid", "--", "true"], lease),
-        (
-            vec!["token", "--key-file", &key, "--lease", "not-a-uuid"],
-            lease,
-        ),
-        (
-            [
-                &["revoke"][..],
-                &k,
-                &["--lease", "not-a-uuid", "--reason", "r"],
-            ]
-            .concat(),
-            lease,
-        ),
-        (
-            vec!["usage", "--from", &journal, "--lease", "not-a-uuid"],
-            lease,
-        ),
-        (
-            vec!["suggest", "--from", &journal, "--lease", "not-a-uuid"],
-            lease,
-        ),
-        (
-            [
-                &["issue"][..],
-                &k,
-                &["--allow-host", "a.test", "--parent", "not-a-uuid"],
-            ]
-            .concat(),
+            with_k("issue", &["--allow-host", "a.test", "--parent", bad]),
             "--parent <PARENT>",
         ),
     ] {
