@@ -26,7 +26,7 @@ pub mod walks;
 pub use origin::AdminHosts;
 
 use crate::config::{Credentials, LeasePortCredentials};
-use crate::contract::lease::is_lease_id;
+use crate::contract::lease::lease_id;
 use crate::contract::{token, Event, Lease, Timestamp};
 use crate::descriptors;
 use crate::log_gate::{Flood, Say};
@@ -276,11 +276,8 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         return error(refused.status, refused.message);
     }
     if let ["leases", id, ..] = segments.as_slice() {
-        if !is_lease_id(id) {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("{id:?} is not a lease id (a lower-case UUID)"),
-            );
+        if let Err(not) = lease_id(id) {
+            return error(StatusCode::BAD_REQUEST, not.to_string());
         }
     }
     let method = req.method().clone();
@@ -399,12 +396,10 @@ impl LeasesQuery {
                     })?)
                 }
                 "agent" => parsed.filter.agent = Some(value.clone()),
-                "parent" if is_lease_id(value) => parsed.filter.parent = Some(value.clone()),
-                "parent" => {
-                    return Err(format!(
-                        "parent {value:?} is not a lease id (a lower-case UUID)"
-                    ))
-                }
+                "parent" => match lease_id(value) {
+                    Ok(id) => parsed.filter.parent = Some(id),
+                    Err(not) => return Err(format!("parent {not}")),
+                },
                 "order" => {
                     parsed.order = Order::parse(value)
                         .ok_or_else(|| format!("order {value:?} is not oldest or newest"))?

@@ -101,10 +101,10 @@ pub struct UsageArgs {
     #[arg(long, env = "LEASEGATE_USAGE_FROM")]
     pub from: JournalLocation,
     /// Only this lease (`_` for lines without a lease).
-    #[arg(long, env = "LEASEGATE_LEASE")]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = parse_lease_filter)]
     pub lease: Option<String>,
     /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
-    #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_SINCE", value_parser = parse_duration)]
     pub since: Option<std::time::Duration>,
     /// JSON Lines (one object per lease) instead of a table.
     #[arg(long, env = "LEASEGATE_JSON")]
@@ -119,7 +119,7 @@ pub struct SuggestArgs {
     #[arg(long, env = "LEASEGATE_SUGGEST_FROM")]
     pub from: PathBuf,
     /// Only this lease.
-    #[arg(long, env = "LEASEGATE_LEASE")]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
     pub lease: Option<String>,
     /// One list for every lease whose manifest names this agent (`agent.name`, signed), read
     /// from the journal: needs --journal and --key-file.
@@ -154,7 +154,7 @@ pub struct SuggestArgs {
     #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
     pub allow_test_key: bool,
     /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
-    #[arg(long, env = "LEASEGATE_SINCE", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_SINCE", value_parser = parse_duration)]
     pub since: Option<std::time::Duration>,
     /// Write `*.domain` once this many sibling names under `domain` were reached (never for
     /// a public suffix such as `co.uk`); without it every host stays exact.
@@ -203,7 +203,7 @@ pub struct CompactArgs {
     pub ledger: LedgerArgs,
     /// Keep a lease until this long after both its expiry and its last closing record, e.g.
     /// `24h`, `7d`.
-    #[arg(long, env = "LEASEGATE_COMPACT_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_COMPACT_RETENTION", default_value = "24h", value_parser = parse_duration)]
     pub retention: std::time::Duration,
     /// A stream journal only: once the snapshot is published and reads back verified, remove
     /// the journal's messages it covers and the older snapshots (the role needs the purge
@@ -282,7 +282,7 @@ pub struct HealthArgs {
 #[derive(Debug, Args)]
 pub struct TokenArgs {
     /// The lease.
-    #[arg(long, env = "LEASEGATE_LEASE")]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
     pub lease: String,
     /// The key the lease is signed with.
     #[arg(long, env = "LEASEGATE_KEY_FILE")]
@@ -308,7 +308,7 @@ pub enum LeasePortCredentialsArg {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lease the agent runs under.
-    #[arg(long, env = "LEASEGATE_LEASE")]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
     pub lease: String,
     /// The proxy (scheme, host, port) to use with the lease's credential; a lease with a port
     /// of its own is reached on this host. Default: the admin URL's host, with the port the
@@ -380,7 +380,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_EGRESS_STREAM")]
     pub egress_stream: Option<NatsLocation>,
     /// How long a stream created by --egress-stream keeps a line.
-    #[arg(long, env = "LEASEGATE_EGRESS_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_EGRESS_MAX_AGE", default_value = "7d", value_parser = parse_duration)]
     pub egress_max_age: std::time::Duration,
     /// Egress lines kept while NATS is unreachable; beyond, lines are dropped and counted
     /// (leasegate_egress_stream_dropped_total). Requests never wait on the stream.
@@ -408,9 +408,13 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allow_hosts: Vec<String>,
+    /// Let the --dev demo lease have an --allow-host wildcard over a public suffix (`*.com`),
+    /// with a warning; refused without it. On the command line only.
+    #[arg(long)]
+    pub force: bool,
     /// Time a client has to send a request head: the first, and the next on an idle
     /// keep-alive connection.
-    #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_HEADER_READ_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub header_read_timeout: std::time::Duration,
     /// Largest request head accepted, in bytes.
     #[arg(long, env = "LEASEGATE_MAX_HEADER_BYTES", default_value_t = 65536)]
@@ -449,7 +453,7 @@ pub struct ServeArgs {
     )]
     pub lease_port_credentials: LeasePortCredentialsArg,
     /// Close a tunnel after this long without a byte either way.
-    #[arg(long, env = "LEASEGATE_TUNNEL_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_TUNNEL_IDLE_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
     pub tunnel_idle_timeout: std::time::Duration,
     /// Connection workers: threads with an event loop each, on which a client connection
     /// lives from accept to close (0: one per core). The journal, the admin API and lease
@@ -481,19 +485,19 @@ pub struct ServeArgs {
     )]
     pub max_connections_per_lease: usize,
     /// How long the metric series of a closed lease stay on /metrics.
-    #[arg(long, env = "LEASEGATE_METRICS_GRACE", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_METRICS_GRACE", default_value = "5m", value_parser = parse_duration)]
     pub metrics_grace: std::time::Duration,
     /// How long a closed or expired lease is kept whole after it closed; then only its id,
     /// parent and closing are kept (a request naming it, or a descendant, is still refused with
     /// the right code; the admin API no longer lists it).
-    #[arg(long, env = "LEASEGATE_CLOSED_LEASE_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_CLOSED_LEASE_RETENTION", default_value = "24h", value_parser = parse_duration)]
     pub closed_lease_retention: std::time::Duration,
     /// Leases /metrics shows by name, the busiest by calls; the others are summed under
     /// `lease_id="other"` (every total is kept).
     #[arg(long, env = "LEASEGATE_METRICS_MAX_LEASES", default_value_t = crate::telemetry::metrics::MAX_LEASES)]
     pub metrics_max_leases: usize,
     /// On SIGTERM/SIGINT, how long requests and tunnels may finish before they are closed.
-    #[arg(long, env = "LEASEGATE_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: std::time::Duration,
     /// Serve the proxy over TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, env = "LEASEGATE_TLS_CERT", requires = "tls_key")]
@@ -508,10 +512,10 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_ADMIN_INSECURE")]
     pub admin_insecure: bool,
     /// Time allowed for one upstream connect.
-    #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: std::time::Duration,
     /// Time a forwarded request's upstream has to send its response head (then 504).
-    #[arg(long, env = "LEASEGATE_UPSTREAM_RESPONSE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_UPSTREAM_RESPONSE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub upstream_response_timeout: std::time::Duration,
 }
 
@@ -532,7 +536,7 @@ pub struct PolicyArgs {
     #[arg(long = "resolve", env = "LEASEGATE_RESOLVE", value_delimiter = ',')]
     pub resolve: Vec<String>,
     /// Time allowed for one name resolution.
-    #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_DNS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub dns_timeout: std::time::Duration,
     /// Ports a CONNECT tunnel may reach, e.g. `443,8443,9000-9100` (others:
     /// port-not-allowed, in every mode).
@@ -548,7 +552,7 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub ledger: LedgerArgs,
     /// The lease to check.
-    #[arg(long, env = "LEASEGATE_LEASE")]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
     pub lease: String,
     /// Also resolve a host name (IP literals are always guarded).
     #[arg(long = "resolve-names")]
@@ -586,11 +590,16 @@ pub struct IssueArgs {
     /// A host the lease must not reach (beats any allow).
     #[arg(long = "deny-host", env = "LEASEGATE_DENY_HOST", value_delimiter = ',')]
     pub deny_hosts: Vec<String>,
+    /// Sign an --allow-host wildcard over a public suffix (`*.com`, `*.co.uk`, `*.github.io`:
+    /// every name anyone may register there), with a warning; refused without it. On the
+    /// command line only: no variable turns it on.
+    #[arg(long)]
+    pub force: bool,
     /// Parent lease id: the new lease's hosts must be contained in the parent's.
-    #[arg(long, env = "LEASEGATE_PARENT")]
+    #[arg(long, env = "LEASEGATE_PARENT", value_parser = crate::contract::lease::lease_id)]
     pub parent: Option<String>,
     /// Lifetime, e.g. `15m`, `1h`, `2s`.
-    #[arg(long, env = "LEASEGATE_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_TTL", default_value = "1h", value_parser = parse_duration)]
     pub ttl: std::time::Duration,
     /// Agent name shown in tables and logs.
     #[arg(long, env = "LEASEGATE_NAME", default_value = "agent")]
@@ -627,7 +636,7 @@ pub struct RevokeArgs {
     #[arg(long, env = "LEASEGATE_KEY_FILE")]
     pub key_file: PathBuf,
     /// The lease to revoke.
-    #[arg(long, env = "LEASEGATE_LEASE")]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
     pub lease: String,
     /// Why (at most 500 characters are kept).
     #[arg(long, env = "LEASEGATE_REASON")]
@@ -690,11 +699,11 @@ pub struct StoreArgs {
     pub nats_replicas: u8,
     /// Without contact with the stream this long, `/readyz` turns 503 (the last known lease
     /// state stays enforced).
-    #[arg(long, env = "LEASEGATE_STORE_STALE_AFTER", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_STORE_STALE_AFTER", default_value = "5s", value_parser = parse_duration)]
     pub store_stale_after: std::time::Duration,
     /// At start, how long a stream journal is retried, whatever the error (a cluster that is
     /// starting or has lost its quorum), before `serve` exits naming the last error.
-    #[arg(long, env = "LEASEGATE_STORE_START_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_STORE_START_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub store_start_timeout: std::time::Duration,
     /// Local state: a stream journal's queue of pending revocations, the per-lease port
     /// assignments (`lease-ports`).
@@ -719,10 +728,35 @@ fn parse_lifetime_ceiling(text: &str) -> Result<LifetimeCeiling, String> {
     if text == "off" {
         return Ok(LifetimeCeiling(None));
     }
-    match humantime::parse_duration(text) {
+    match parse_duration(text) {
         Ok(max) if !max.is_zero() => Ok(LifetimeCeiling(Some(max))),
         Ok(_) => Err("a lifetime of zero opens nothing: give a duration, or `off`".into()),
-        Err(e) => Err(format!("{e} (a duration such as 30d, or `off`)")),
+        Err(e) => Err(format!("{e}, or `off`")),
+    }
+}
+
+/// Every duration flag's parser: humantime's spellings (`90s`, `15m`, `2h`, `7d`, `1h 30m`),
+/// and an error that names them instead of a byte offset.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    use humantime::DurationError;
+    humantime::parse_duration(text).map_err(|e| {
+        let what = match e {
+            DurationError::Empty => "no duration".to_owned(),
+            DurationError::UnknownUnit { unit, .. } => format!("unknown unit {unit:?}"),
+            DurationError::NumberOverflow => "too long".to_owned(),
+            DurationError::InvalidCharacter(_) | DurationError::NumberExpected(_) => {
+                "not a duration".to_owned()
+            }
+        };
+        format!("{what}: write a number and a unit, e.g. 90s, 15m, 2h or 7d")
+    })
+}
+
+/// `usage --lease`: a lease id, or `_` for lines without a lease.
+fn parse_lease_filter(text: &str) -> Result<String, crate::contract::lease::NotALeaseId> {
+    match text {
+        "_" => Ok(text.to_owned()),
+        _ => crate::contract::lease::lease_id(text),
     }
 }
 

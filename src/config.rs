@@ -200,6 +200,8 @@ pub struct Demo {
     pub key_path: PathBuf,
     /// The demo lease's allow list.
     pub hosts: Vec<String>,
+    /// `--force`: a wildcard over a public suffix in `hosts` is accepted, with a warning.
+    pub force: bool,
 }
 
 /// A flag that does not make a valid configuration.
@@ -305,6 +307,7 @@ impl ServeConfig {
                     true => vec!["*".to_owned()],
                     false => args.allow_hosts.clone(),
                 },
+                force: args.force,
             }),
             (JournalLocation::Nats(_), true) => return Err(ConfigError::DevStreamJournal),
         };

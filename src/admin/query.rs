@@ -5,7 +5,7 @@
 //! its maximum, at most [`MAX_RATE_LEASES`] lease ids that are lower-case UUIDs); anything
 //! else is an `Err` with the message the 400 answer carries, never a panic.
 
-use crate::contract::lease::is_lease_id;
+use crate::contract::lease::{is_lease_id, NotALeaseId};
 
 /// The pairs of a query string, each key one of `known` and given once.
 pub fn query_pairs(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, String> {
@@ -57,8 +57,8 @@ pub fn rates_leases(query: Option<&str>) -> Result<Vec<String>, String> {
     }
     match ids().find(|id| !is_lease_id(id)) {
         Some(bad) => Err(format!(
-            "leases: {:?} is not a lease id (a lower-case UUID)",
-            bad.chars().take(64).collect::<String>()
+            "leases: {}",
+            NotALeaseId(bad.chars().take(64).collect())
         )),
         None => Ok(ids().map(str::to_owned).collect()),
     }

@@ -17,18 +17,24 @@ pub const TIMEOUT: Duration = Duration::from_secs(3);
 /// Where to knock: the admin address `serve` binds (`LEASEGATE_ADMIN`), with an unspecified IP
 /// (`0.0.0.0`, `::`) replaced by loopback.
 pub fn target(admin: &str) -> Result<SocketAddr, String> {
-    let mut addr = admin
+    let addr = admin
         .to_socket_addrs()
         .map_err(|e| format!("{admin}: not an address: {e}"))?
         .next()
         .ok_or_else(|| format!("{admin}: resolves to no address"))?;
+    Ok(reachable(addr))
+}
+
+/// A listening address as a client reaches it: an unspecified IP (a wildcard bind) replaced
+/// by loopback.
+pub fn reachable(mut addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr {
             SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
             SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         });
     }
-    Ok(addr)
+    addr
 }
 
 /// GETs `path` from `addr` (with `token` as a bearer token); `Ok` with the status line when

@@ -50,6 +50,12 @@ pub enum IssueError {
     #[error("{list} host {0}", list = .1)]
     Pattern(MalformedPattern, &'static str),
     #[error(
+        "allow host '{pattern}' is a wildcard over the public suffix '{suffix}': it reaches \
+         every name anyone may register there. List the domains (e.g. '*.example.{suffix}'), \
+         or pass --force to accept it"
+    )]
+    PublicSuffix { pattern: String, suffix: String },
+    #[error(
         "the grant would be {0} bytes, more than the {max} a journal record may be (a NATS \
          message with the default max_payload): split the lease, or use wildcard patterns",
         max = record::MAX_RECORD_BYTES
@@ -103,6 +109,33 @@ fn normalise_hosts(hosts: &[String], list: &'static str) -> Result<Vec<String>, 
                 })
         })
         .collect()
+}
+
+/// The allow list's wildcards over a public suffix (`*.com`): refused unless `force`; with
+/// it, one warning line each for stderr. Spellings that are not patterns are left to
+/// [`issue`] to refuse.
+pub fn public_suffix_wildcards(hosts: &[String], force: bool) -> Result<Vec<String>, IssueError> {
+    let mut warnings = Vec::new();
+    for host in hosts {
+        let text = host.trim();
+        let Ok(pattern) = HostPattern::parse(&to_a_labels(text)) else {
+            continue;
+        };
+        let Some(suffix) = pattern.public_suffix_wildcard() else {
+            continue;
+        };
+        if !force {
+            return Err(IssueError::PublicSuffix {
+                pattern: text.to_owned(),
+                suffix: suffix.to_owned(),
+            });
+        }
+        warnings.push(format!(
+            "warning: allow host '{text}' is a wildcard over the public suffix '{suffix}' \
+             (every name anyone may register there); accepted because of --force"
+        ));
+    }
+    Ok(warnings)
 }
 
 /// `text` with an international name (after an optional `*.`) written as A-labels; anything
@@ -231,6 +264,9 @@ fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
 
 /// `issue`: sign a lease, append its `granted` record, print what `--print` asks for.
 pub fn exec(args: IssueArgs) -> CliResult {
+    for warning in public_suffix_wildcards(&args.allow_hosts, args.force)? {
+        eprintln!("leasegate issue: {warning}");
+    }
     let key = dev::signing_key(&args.key_file)?;
     let issued = issue(
         &args.journal,

@@ -5,13 +5,14 @@
 //! before a `--dev` demo lease is issued (a lease only for a proxy that can start); the
 //! listening address is the last word on stdout unless stdout carries the egress log.
 
-use super::{dev, shutdown_signal, CliResult};
+use super::{dev, health, issue, shutdown_signal, CliResult};
 use crate::cli::ServeArgs;
 use crate::config::{Credentials, OnRefusal, ProxyConfig, ServeConfig, ServeStart};
 use crate::contract::token;
 use crate::registry::{open, JournalLocation};
 use crate::server::Server;
 use crate::telemetry::egress::Destination;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 
 /// Threads of `serve`'s main runtime (the control plane; connections have their own).
@@ -34,6 +35,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         dev::prepare()?;
     }
     let start = ServeConfig::resolve(args).await?;
+    if let Some(demo) = &start.demo {
+        // Before anything is bound: a refused allow list starts nothing.
+        for warning in issue::public_suffix_wildcards(&demo.hosts, demo.force)? {
+            eprintln!("leasegate serve: {warning}");
+        }
+    }
     let config = &start.config;
     let revoking = config.proxy.on_refusal == OnRefusal::Revoke;
     let egress = match &config.egress {
@@ -44,6 +51,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let egress_on_stdout = config.egress == Some(Destination::Stdout);
     let tls = config.tls.is_some();
     let credentials = config.proxy.credentials;
+    let local_test = local_test_hint(&config.proxy);
     // Bind first: a demo lease is issued only for a proxy that can start.
     let bound = Server::bind(config).await?;
     if let JournalLocation::File(path) = &config.journal {
@@ -85,6 +93,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
              ALL_PROXY={url} all_proxy={url}"
         );
+        if let Some(admin) = server.admin_addr {
+            println!("dashboard http://{}/", health::reachable(admin));
+        }
+        if let Some(hint) = local_test {
+            println!("{hint}");
+        }
     } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.
         eprintln!("leasegate ({egress}) listening on {}", server.addr);
@@ -95,4 +109,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     server.shutdown().await;
     Ok(())
+}
+
+/// `--dev`'s line for a first test against a server on this host, while loopback is still
+/// guarded: the flags it needs (the guard refuses loopback, a test name needs an address, the
+/// port lists keep their defaults).
+fn local_test_hint(proxy: &ProxyConfig) -> Option<String> {
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    if proxy
+        .guard
+        .allow_private
+        .iter()
+        .any(|net| net.contains(&loopback))
+    {
+        return None;
+    }
+    Some(format!(
+        "a server on this host needs --allow-private 127.0.0.0/8 (loopback is guarded), \
+         --resolve NAME=127.0.0.1 to be reached by a test name, and its port in \
+         --forward-ports (now {}) or --connect-ports (now {})",
+        proxy.forward_ports, proxy.connect_ports
+    ))
 }

@@ -70,6 +70,9 @@ pub enum Grouping {
     Label(String),
 }
 
+/// Leases named, with their line counts, when a filter matched no line.
+const LEASES_NAMED: usize = 5;
+
 /// Counts reached hosts as lines come in.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -83,6 +86,10 @@ pub struct Tally {
     pub unreadable: u64,
     /// Lines that passed the filter but reached nothing (refused, unidentified, failed).
     pub not_reached: u64,
+    /// Egress lines that passed the filter (`--lease`, `--since`).
+    pub matched: u64,
+    /// Egress lines read, by lease (`None`: without one), filter or not: what the log holds.
+    pub read: BTreeMap<Option<String>, u64>,
 }
 
 /// What one group's lines reached.
@@ -112,9 +119,14 @@ impl Tally {
 
     /// Counts one egress line (without its newline; an empty line is skipped silently).
     pub fn add(&mut self, line: &[u8]) {
-        let Some((_, line)) = self.filter.take(line, &mut self.unreadable) else {
+        let Some((time, line)) = Filter::default().take(line, &mut self.unreadable) else {
             return;
         };
+        *self.read.entry(line.lease_id.clone()).or_default() += 1;
+        if !self.filter.admits(line.lease_id.as_deref(), time) {
+            return;
+        }
+        self.matched += 1;
         let agent_of = |id: &str| self.agents.as_ref().and_then(|a| a.get(id));
         let group = match (&self.grouping, line.label, line.lease_id.as_deref()) {
             (Grouping::ByLease, _, Some(id)) => Group::Lease(id.to_owned()),
@@ -141,6 +153,38 @@ impl Tally {
             }
             _ => self.not_reached += 1,
         }
+    }
+
+    /// Why there is nothing to suggest, once [`Tally::finish`] found no group: the log holds
+    /// no egress line; no line passed the filter (`filter` in words), naming the leases the
+    /// log does hold, the most lines first, at most [`LEASES_NAMED`]; or no line that passed
+    /// reached a host.
+    pub fn nothing_because(&self, name: &str, filter: &str) -> String {
+        if self.read.is_empty() {
+            return format!("{name} holds no egress line; nothing to suggest");
+        }
+        if self.matched > 0 {
+            return format!("no line of {name} reached a host; nothing to suggest");
+        }
+        let mut held: Vec<(&Option<String>, &u64)> = self.read.iter().collect();
+        // Ties by lease id, lines without a lease last.
+        held.sort_by_key(|&(lease, lines)| (std::cmp::Reverse(*lines), lease.is_none(), lease));
+        let named: Vec<String> = held
+            .iter()
+            .take(LEASES_NAMED)
+            .map(|(lease, lines)| match lease {
+                Some(id) => format!("{id} ({lines})"),
+                None => format!("no lease ({lines})"),
+            })
+            .collect();
+        let more = match held.len().saturating_sub(LEASES_NAMED) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        format!(
+            "no line of {name} matches {filter}; its lines are of {}{more}; nothing to suggest",
+            named.join(", ")
+        )
     }
 
     /// One suggestion per group, most calls first (ties by group). `collapse`: how many sibling
@@ -476,6 +520,15 @@ pub fn exec(args: SuggestArgs) -> CliResult {
         (None, Some(label)) => Grouping::Label(label),
         (None, None) => Grouping::ByLease,
     };
+    let filter_words = [
+        args.lease.as_ref().map(|lease| format!("--lease {lease}")),
+        args.since
+            .map(|since| format!("--since {}", humantime::format_duration(since))),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(" ");
     let mut tally = Tally::new(
         crate::commands::usage::Filter {
             lease: args.lease,
@@ -504,12 +557,13 @@ pub fn exec(args: SuggestArgs) -> CliResult {
             tally.unreadable
         );
     }
+    let nothing = tally.nothing_because(&name, &filter_words);
     let suggestions = tally.finish(args.collapse.map(|n| n as usize));
     for warning in suggestions.iter().filter_map(|s| s.warning.as_deref()) {
         eprintln!("leasegate suggest: warning: {warning}");
     }
     if suggestions.is_empty() {
-        eprintln!("leasegate suggest: no line of {name} reached a host; nothing to suggest");
+        eprintln!("leasegate suggest: {nothing}");
     }
     let text = match args.format {
         SuggestFormat::Flags => render_flags(&suggestions),
@@ -560,6 +614,55 @@ mod tests {
             t.add(l.as_bytes());
         }
         t.finish(collapse)
+    }
+
+    /// A filter that matched nothing says so, and names the leases the log holds.
+    #[test]
+    fn a_filter_that_matched_no_line_says_so() {
+        let said = |filter: Filter, lines: &[String]| {
+            let mut t = Tally::new(filter, Grouping::ByLease, None);
+            for l in lines {
+                t.add(l.as_bytes());
+            }
+            t.nothing_because("egress.jsonl", "--lease x")
+        };
+        let nope = "00000009-0000-4000-8000-000000000000";
+        let only = |lease: &str| Filter {
+            lease: Some(lease.into()),
+            since: None,
+        };
+        let lines = [
+            line(Some(A), None, "a.test", "allow"),
+            line(Some(B), None, "b.test", "allow"),
+            line(Some(B), None, "b.test", "allow"),
+            line(None, None, "c.test", "lease-missing"),
+        ];
+        assert_eq!(
+            said(only(nope), &lines),
+            format!(
+                "no line of egress.jsonl matches --lease x; its lines are of {B} (2), {A} (1), \
+                 no lease (1); nothing to suggest"
+            )
+        );
+        assert_eq!(
+            said(only(A), &[line(Some(A), None, "a.test", "host-denied")]),
+            "no line of egress.jsonl reached a host; nothing to suggest"
+        );
+        assert_eq!(
+            said(only(A), &[]),
+            "egress.jsonl holds no egress line; nothing to suggest"
+        );
+        let many: Vec<String> = (0..7)
+            .map(|i| {
+                line(
+                    Some(&format!("0000000{i}-0000-4000-8000-000000000000")),
+                    None,
+                    "a.test",
+                    "allow",
+                )
+            })
+            .collect();
+        assert!(said(only(nope), &many).ends_with(" (1) and 2 more; nothing to suggest"));
     }
 
     fn hosts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {

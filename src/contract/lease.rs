@@ -136,6 +136,20 @@ impl Lease {
     }
 }
 
+/// Text given as a lease id that does not have its form: the one message every command's
+/// `--lease`, `--parent` and the admin API give for it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a lease id (a lower-case UUID)")]
+pub struct NotALeaseId(pub String);
+
+/// `text` as a lease id, or [`NotALeaseId`] (also the value parser of every `--lease` flag).
+pub fn lease_id(text: &str) -> Result<String, NotALeaseId> {
+    match is_lease_id(text) {
+        true => Ok(text.to_owned()),
+        false => Err(NotALeaseId(text.to_owned())),
+    }
+}
+
 /// Whether `text` has the contract's lease id form (a lower-case UUID).
 pub fn is_lease_id(text: &str) -> bool {
     text.len() == 36

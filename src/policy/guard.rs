@@ -175,6 +175,48 @@ pub struct Blocked {
     pub why: &'static str,
 }
 
+/// Why an address of leasegate's own is blocked (no flag exempts it).
+const OWN_LISTENER: &str = "one of leasegate's own listening addresses";
+
+/// Special-use domains for testing (RFC 2606, RFC 6761): names only `--resolve` or a local
+/// resolver gives an address.
+const TEST_DOMAINS: &[&str] = &["test", "example", "invalid", "localhost"];
+
+impl Blocked {
+    /// The refusal's words when every address of `host` is blocked and this one is named:
+    /// "resolves to" only for a name, and the flag that would let it through —
+    /// `--allow-private` with this one address (the narrowest range), and `--resolve` for a
+    /// test name. One line, bounded by the host's length.
+    pub fn explain(&self, host: &TargetHost) -> String {
+        let ip = self.addr.ip();
+        let subject = match host {
+            TargetHost::Ip(_) => format!("{ip} is"),
+            TargetHost::Name(name) => format!("{name} resolves to {ip},"),
+        };
+        if self.why == OWN_LISTENER {
+            return format!(
+                "{subject} {OWN_LISTENER} (port {}), never dialled",
+                self.addr.port()
+            );
+        }
+        // The guard exempts an embedded IPv4 address by the IPv4 range: name that one.
+        let range = IpNet::from(embedded_ipv4(ip).map_or(ip, IpAddr::V4));
+        let mut text = format!(
+            "{subject} a guarded address ({}): --allow-private {range} allows it",
+            self.why
+        );
+        if let TargetHost::Name(name) = host {
+            let tld = name.rsplit('.').next().unwrap_or_default();
+            if name.contains('.') && TEST_DOMAINS.contains(&tld) {
+                text.push_str(&format!(
+                    ", or --resolve {name}=ADDR gives the test name another address"
+                ));
+            }
+        }
+        text
+    }
+}
+
 /// The result of checking resolved addresses.
 #[derive(Debug, Clone, Default)]
 pub struct Checked {
@@ -231,7 +273,7 @@ impl Guard {
             if self.is_loop(addr) {
                 out.blocked.push(Blocked {
                     addr,
-                    why: "one of leasegate's own listening addresses",
+                    why: OWN_LISTENER,
                 });
                 continue;
             }
@@ -317,6 +359,63 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// "resolves to" for names only, and the flags that would let the address through.
+    #[test]
+    fn a_blocked_address_is_explained_with_the_way_forward() {
+        let name = |n: &str| TargetHost::Name(n.to_owned());
+        let blocked = |a: &str| {
+            let addr = addr(a);
+            Blocked {
+                addr,
+                why: guarded_reason(addr.ip()).unwrap_or(OWN_LISTENER),
+            }
+        };
+        for (host, at, said) in [
+            (
+                TargetHost::Ip(ip("127.0.0.1")),
+                "127.0.0.1:80",
+                "127.0.0.1 is a guarded address (Loopback): --allow-private 127.0.0.1/32 \
+                 allows it",
+            ),
+            (
+                name("localhost"),
+                "127.0.0.1:80",
+                "localhost resolves to 127.0.0.1, a guarded address (Loopback): \
+                 --allow-private 127.0.0.1/32 allows it",
+            ),
+            (
+                name("origin.test"),
+                "10.1.2.3:443",
+                "origin.test resolves to 10.1.2.3, a guarded address (Private-Use): \
+                 --allow-private 10.1.2.3/32 allows it, or --resolve origin.test=ADDR gives \
+                 the test name another address",
+            ),
+            (
+                TargetHost::Ip(ip("::ffff:169.254.169.254")),
+                "[::ffff:169.254.169.254]:80",
+                "::ffff:169.254.169.254 is a guarded address (Link Local (cloud metadata)): \
+                 --allow-private 169.254.169.254/32 allows it",
+            ),
+            (
+                TargetHost::Ip(ip("fe80::1")),
+                "[fe80::1]:443",
+                "fe80::1 is a guarded address (Link-Local Unicast): --allow-private \
+                 fe80::1/128 allows it",
+            ),
+        ] {
+            assert_eq!(blocked(at).explain(&host), said);
+        }
+        let own = Blocked {
+            addr: addr("93.184.216.34:3128"),
+            why: OWN_LISTENER,
+        };
+        assert_eq!(
+            own.explain(&name("proxy.example.com")),
+            "proxy.example.com resolves to 93.184.216.34, one of leasegate's own listening \
+             addresses (port 3128), never dialled"
+        );
     }
 
     #[test]

@@ -67,6 +67,17 @@ impl HostPattern {
         }
     }
 
+    /// For `*.x` where `x` is itself a public suffix (`*.com`, `*.co.uk`, `*.github.io`:
+    /// every name anyone may register there), `x`. Unknown suffixes (`*.test`) are not.
+    pub fn public_suffix_wildcard(&self) -> Option<&str> {
+        let HostPattern::Subdomains(domain) = self else {
+            return None;
+        };
+        psl::suffix(domain.as_bytes())
+            .is_some_and(|suffix| suffix.is_known() && suffix.as_bytes().len() == domain.len())
+            .then_some(domain.as_str())
+    }
+
     /// Whether this pattern matches a normalised host.
     pub fn matches(&self, host: &str) -> bool {
         match self {
@@ -131,6 +142,12 @@ fn shape_problem(body: &str) -> Option<String> {
             host_of(body)
         ));
     }
+    if is_cidr(body) {
+        return Some(format!(
+            "no range: a pattern is one host, not a CIDR range: list the addresses or host names \
+             (a private range is opened to leases by serve --allow-private {body})"
+        ));
+    }
     if body.contains('[') || body.matches(':').count() > 1 {
         return Some(
             "no IPv6 address: the lease schema admits DNS names and IPv4 literals only".into(),
@@ -155,6 +172,13 @@ fn shape_problem(body: &str) -> Option<String> {
         None if body.contains('*') => Some(WILDCARD_LEADING_LABEL.into()),
         None => None,
     }
+}
+
+/// `ADDR/LEN`: an address range, which people write where a pattern takes one host.
+fn is_cidr(body: &str) -> bool {
+    body.split_once('/').is_some_and(|(addr, len)| {
+        addr.parse::<IpAddr>().is_ok() && !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 /// A pattern's host part: a DNS name in the schema's alphabet that IDNA accepts as it is
@@ -291,6 +315,34 @@ mod tests {
         }
         let long_label = "a".repeat(64);
         assert!(why(&format!("{long_label}.com")).contains("longer than 63"));
+    }
+
+    /// A CIDR range is named as one, with the flag that opens a private range.
+    #[test]
+    fn a_range_is_refused_as_a_range() {
+        assert_eq!(
+            why("10.0.0.0/8"),
+            "'10.0.0.0/8': no range: a pattern is one host, not a CIDR range: list the \
+             addresses or host names (a private range is opened to leases by serve \
+             --allow-private 10.0.0.0/8)"
+        );
+        assert!(why("fd00::/8").starts_with("'fd00::/8': no range"));
+        assert!(why("10.0.0.0/x").starts_with("'10.0.0.0/x': no path"));
+    }
+
+    #[test]
+    fn wildcards_over_a_public_suffix_are_named() {
+        for (text, suffix) in [
+            ("*.com", Some("com")),
+            ("*.co.uk", Some("co.uk")),
+            ("*.github.io", Some("github.io")),
+            ("*.example.com", None),
+            ("*.test", None),
+            ("com", None),
+            ("*", None),
+        ] {
+            assert_eq!(p(text).public_suffix_wildcard(), suffix, "{text}");
+        }
     }
 
     #[test]

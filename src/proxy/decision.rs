@@ -293,11 +293,8 @@ pub async fn resolve_and_guard(
         return Ok(checked.dialable);
     }
     Err(match checked.blocked.first() {
-        Some(b) => Refusal::new(
-            Code::AddressNotAllowed,
-            format!("{} resolves to {}, {}", target.host, b.addr.ip(), b.why),
-        )
-        .with_rule(Rule::Guard(b.why)),
+        Some(b) => Refusal::new(Code::AddressNotAllowed, b.explain(&target.host))
+            .with_rule(Rule::Guard(b.why)),
         None => Refusal::new(Code::DnsFailed, format!("{} has no addresses", target.host)),
     })
 }

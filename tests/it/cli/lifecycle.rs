@@ -338,17 +338,7 @@ fn serve_dev_prints_a_working_export_line() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     // An origin for the demo lease to reach, via --resolve and --allow-private.
-    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let origin_port = origin.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut stream in origin.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = stream.read(&mut buf);
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\ndev");
-        }
-    });
+    let origin_port = super::messages_operator::local_origin();
     let mut child = leasegate_command(&[])
         .current_dir(dir.path())
         .args([

@@ -185,17 +185,7 @@ fn granted_count(dir: &std::path::Path) -> usize {
 #[test]
 fn serve_dev_exports_every_proxy_variable_and_logs_refusals() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let origin_port = origin.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut stream in origin.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = stream.read(&mut buf);
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\ndev");
-        }
-    });
+    let origin_port = super::messages_operator::local_origin();
     let dev = serve_dev(
         dir.path(),
         &[
@@ -397,7 +387,7 @@ async fn identification_refusals_name_the_target_in_the_egress_log() {
 }
 
 /// A key file and a journal path in `dir` (the journal not created).
-fn key_and_journal(dir: &std::path::Path) -> (String, String) {
+pub(super) fn key_and_journal(dir: &std::path::Path) -> (String, String) {
     let key = dir.join("lease.key");
     std::fs::write(&key, leasegate::contract::Key::generate().to_file_text()).unwrap();
     (
@@ -407,7 +397,7 @@ fn key_and_journal(dir: &std::path::Path) -> (String, String) {
 }
 
 /// `leasegate issue` into `journal` under `key` for `hosts`; the new lease's id.
-fn issue_sync(journal: &str, key: &str, hosts: &[&str]) -> String {
+pub(super) fn issue_sync(journal: &str, key: &str, hosts: &[&str]) -> String {
     let mut args = vec!["issue", "--journal", journal, "--key-file", key];
     for host in hosts {
         args.extend(["--allow-host", host]);
@@ -489,7 +479,7 @@ fn the_egress_log_is_on_by_default_beside_the_journal() {
     assert!(!std::path::Path::new("off").exists());
 }
 
-fn stderr_text(out: &std::process::Output) -> String {
+pub(super) fn stderr_text(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

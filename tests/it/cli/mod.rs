@@ -4,5 +4,6 @@
 pub mod deploy;
 pub mod lifecycle;
 pub mod messages;
+pub mod messages_operator;
 pub mod run_trust;
 pub mod suggest;

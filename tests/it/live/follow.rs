@@ -500,16 +500,15 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
             )
         )
     );
-    assert_eq!(
-        run("nope", Some(&token), &[], &echo).await,
-        (
-            Some(125),
-            String::new(),
-            format!(
-                "leasegate run: the admin API at {admin} refused the lease id: 400 Bad Request: \
-                 \"nope\" is not a lease id (a lower-case UUID)\n"
-            )
-        )
+    // Not a lease id: refused as every `--lease` is, before the admin API is asked.
+    let (code, stdout, stderr) = run("nope", Some(&token), &[], &echo).await;
+    assert_eq!((code, stdout.as_str()), (Some(2), ""), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'nope' for '--lease <LEASE>': \"nope\" is not a lease id (a \
+             lower-case UUID)\n"
+        ),
+        "{stderr}"
     );
     let unknown = "00000000-0000-4000-8000-000000000000";
     assert_eq!(
