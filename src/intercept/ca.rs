@@ -22,6 +22,8 @@ pub const CA_CERT_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca-key.pem";
 
 const CA_COMMON_NAME: &str = "leasegate interception CA";
+/// The longest a CA may be valid: a century, far inside X.509's year 9999.
+pub const MAX_VALIDITY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Why a CA could not be made, written, loaded or used.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,8 @@ pub enum CaError {
     Everything,
     #[error("'{0}' is an IP address: the CA vouches for no address, only DNS names")]
     AddressPattern(String),
+    #[error("a CA's validity must be longer than zero and at most 100 years")]
+    Validity,
     #[error("{0} exists (pass --force to replace it)")]
     Exists(PathBuf),
     #[error("{path}: {source}")]
@@ -78,9 +82,11 @@ pub fn permitted_subtrees(patterns: &[String]) -> Result<Vec<String>, CaError> {
     Ok(subtrees)
 }
 
-/// A CA freshly made: its certificate and key as PEM, and the certificate's fingerprint.
+/// A CA freshly made: its certificate and key as PEM, the DNS subtrees it permits, and the
+/// certificate's fingerprint.
 pub struct NewCa {
     pub cert_pem: String,
+    pub subtrees: Vec<String>,
     /// The private key, PKCS#8 PEM: written once, mode 0600, never printed.
     pub key_pem: String,
     pub fingerprint: String,
@@ -89,6 +95,7 @@ pub struct NewCa {
 impl std::fmt::Debug for NewCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NewCa")
+            .field("subtrees", &self.subtrees)
             .field("fingerprint", &self.fingerprint)
             .field("key_pem", &"[redacted]")
             .finish_non_exhaustive()
@@ -96,8 +103,12 @@ impl std::fmt::Debug for NewCa {
 }
 
 /// Makes a CA for `patterns` (see [`permitted_subtrees`]): ECDSA P-256, CA with path length 0,
-/// key usage certificate and CRL signing, valid from now for `validity`.
+/// key usage certificate and CRL signing, valid from now for `validity` (at most
+/// [`MAX_VALIDITY`]).
 pub fn make(patterns: &[String], validity: Duration) -> Result<NewCa, CaError> {
+    if validity.is_zero() || validity > MAX_VALIDITY {
+        return Err(CaError::Validity);
+    }
     let subtrees = permitted_subtrees(patterns)?;
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut params = CertificateParams::default();
@@ -108,7 +119,11 @@ pub fn make(patterns: &[String], validity: Duration) -> Result<NewCa, CaError> {
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     params.name_constraints = Some(NameConstraints {
-        permitted_subtrees: subtrees.into_iter().map(GeneralSubtree::DnsName).collect(),
+        permitted_subtrees: subtrees
+            .iter()
+            .cloned()
+            .map(GeneralSubtree::DnsName)
+            .collect(),
         excluded_subtrees: vec![
             GeneralSubtree::IpAddress(CidrSubnet::from_v4_prefix([0; 4], 0)),
             GeneralSubtree::IpAddress(CidrSubnet::from_v6_prefix([0; 16], 0)),
@@ -121,6 +136,7 @@ pub fn make(patterns: &[String], validity: Duration) -> Result<NewCa, CaError> {
     let cert = params.self_signed(&key)?;
     Ok(NewCa {
         cert_pem: cert.pem(),
+        subtrees,
         key_pem: key.serialize_pem(),
         fingerprint: fingerprint(cert.der()),
     })
@@ -332,6 +348,17 @@ mod tests {
             assert!(refused.to_string().contains(says), "{pattern}: {refused}");
         }
         assert!(matches!(permitted_subtrees(&[]), Err(CaError::NoPatterns)));
+        for validity in [
+            Duration::ZERO,
+            MAX_VALIDITY + Duration::from_secs(1),
+            Duration::MAX,
+        ] {
+            let refused = make(&strings(&["origin.test"]), validity).unwrap_err();
+            assert!(
+                matches!(refused, CaError::Validity),
+                "{validity:?}: {refused}"
+            );
+        }
     }
 
     #[test]
