@@ -64,6 +64,8 @@ pub enum Command {
     Suggest(SuggestArgs),
     /// Move a journal between a file and a NATS JetStream stream (import, export, mirror).
     Journal(JournalArgs),
+    /// The interception CA for hosts whose TLS the proxy ends (`ca init`).
+    Ca(CaArgs),
     /// Print a shell completion script, e.g. `leasegate completions bash >
     /// ~/.local/share/bash-completion/completions/leasegate`.
     Completions(CompletionsArgs),
@@ -170,6 +172,41 @@ pub struct SuggestArgs {
 pub enum SuggestFormat {
     Flags,
     Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CaArgs {
+    #[command(subcommand)]
+    pub command: CaCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaCommand {
+    /// Write a new CA (`ca.pem`, and `ca-key.pem` mode 0600) name-constrained to the given
+    /// host patterns and to no IP address, and print its SHA-256 fingerprint.
+    Init(CaInitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CaInitArgs {
+    /// The directory to write `ca.pem` and `ca-key.pem` into (made mode 0700 if missing).
+    #[arg(long, env = "LEASEGATE_CA_DIR")]
+    pub dir: PathBuf,
+    /// A host pattern the CA may vouch for: `*.example.com` or an exact name (a name also
+    /// covers its subdomains); never `*` or an IP address.
+    #[arg(
+        long = "host",
+        env = "LEASEGATE_CA_HOST",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub hosts: Vec<String>,
+    /// How long the CA certificate is valid, e.g. `365d`, `90d`.
+    #[arg(long, env = "LEASEGATE_CA_VALIDITY", default_value = "365d", value_parser = humantime::parse_duration)]
+    pub validity: std::time::Duration,
+    /// Replace an existing `ca.pem` / `ca-key.pem`.
+    #[arg(long, env = "LEASEGATE_CA_FORCE")]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -10,6 +10,7 @@ pub mod config;
 pub mod contract;
 pub mod descriptors;
 pub mod durable;
+pub mod intercept;
 pub mod log_gate;
 pub mod memory;
 pub mod nats;

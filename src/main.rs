@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         Command::Usage(args) => commands::usage::exec(args),
         Command::Suggest(args) => commands::suggest::exec(args),
         Command::Journal(args) => commands::journal::exec(args),
+        Command::Ca(args) => commands::ca::exec(args),
         Command::Completions(args) => commands::completions::exec(args),
         Command::Reference(args) => commands::reference::exec(args),
     };

@@ -1,6 +1,7 @@
 //! The command line as a user runs it: the lease lifecycle, messages, suggest, run, the deployment
 //! files.
 
+pub mod ca;
 pub mod deploy;
 pub mod lifecycle;
 pub mod messages;

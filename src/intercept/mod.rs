@@ -1,0 +1,12 @@
+//! What terminating TLS for selected hosts needs, apart from the request path: the
+//! name-constrained interception CA (`ca`) and the leaves minted under it per SNI name
+//! (`leaf`). The request path does not use it yet.
+//!
+//! Invariant: nothing here can produce a certificate a client would accept for a name outside
+//! the CA's permitted DNS subtrees, or for any IP address.
+
+pub mod ca;
+pub mod leaf;
+
+pub use ca::{CaError, InterceptCa};
+pub use leaf::{server_config, LeafMinter, LeafResolver};
