@@ -157,7 +157,7 @@ impl Tally {
 
     /// Why there is nothing to suggest, once [`Tally::finish`] found no group: the log holds
     /// no egress line; no line passed the filter (`filter` in words), naming the leases the
-    /// log does hold, the most lines first, at most [`LEASES_NAMED`]; or no line that passed
+    /// log does hold, the most lines first, at most `LEASES_NAMED`; or no line that passed
     /// reached a host.
     pub fn nothing_because(&self, name: &str, filter: &str) -> String {
         if self.read.is_empty() {
