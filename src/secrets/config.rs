@@ -11,7 +11,7 @@ use crate::policy::pattern::HostPattern;
 use jsonschema::error::ValidationErrorKind;
 use serde::Deserialize;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use zeroize::Zeroizing;
@@ -383,7 +383,7 @@ fn is_slug(text: &str) -> bool {
 fn check(raw: RawFile) -> Result<SecretsFile, Vec<Problem>> {
     let mut problems = Vec::new();
     let mut secrets = Vec::with_capacity(raw.secret.len());
-    let mut ids: HashMap<String, String> = HashMap::new();
+    let mut ids: HashSet<String> = HashSet::new();
     let mut env_names: HashMap<String, String> = HashMap::new();
     for (index, secret) in raw.secret.into_iter().enumerate() {
         let number = index + 1;
@@ -397,8 +397,8 @@ fn check(raw: RawFile) -> Result<SecretsFile, Vec<Problem>> {
                 why,
             })
         };
-        if let Some(first) = ids.insert(secret.id.clone(), secret.id.clone()) {
-            problem("id", format!("{first:?} is the id of another secret too; ids are unique"));
+        if !ids.insert(secret.id.clone()) {
+            problem("id", "is the id of an earlier secret too: ids are unique".into());
         }
         let env_key = secret.env_name.to_ascii_uppercase();
         if let Some(other) = env_names.insert(env_key.clone(), secret.id.clone()) {
@@ -510,3 +510,7 @@ fn check(raw: RawFile) -> Result<SecretsFile, Vec<Problem>> {
         false => Err(problems),
     }
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -350,3 +350,7 @@ fn check_value(value: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;
