@@ -1,8 +1,9 @@
 //! The command line as a user runs it: the lease lifecycle, messages, suggest, run, the deployment
-//! files.
+//! files, the secrets file.
 
 pub mod deploy;
 pub mod lifecycle;
 pub mod messages;
 pub mod run_trust;
+pub mod secrets;
 pub mod suggest;
