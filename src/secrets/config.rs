@@ -232,8 +232,14 @@ fn syntax(text: &str, error: &toml::de::Error) -> Problem {
     let at = error.span().map_or(0, |span| span.start).min(text.len());
     let before = &text.as_bytes()[..at];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
     Problem {
         place: Place::Syntax { line, column },
         why: error.message().trim_end().to_owned(),
@@ -271,10 +277,7 @@ fn schema_problems(json: &Value) -> Result<(), Vec<Problem>> {
                         .and_then(|i| i.parse::<usize>().ok())
                         .map(|i| i + 1),
                 },
-                [] => Place::Top {
-                    field,
-                    item: None,
-                },
+                [] => Place::Top { field, item: None },
             };
             Problem { place, why }
         })
@@ -306,10 +309,13 @@ fn words(
             unexpected.join(", "),
             match in_secret || inside.is_some() {
                 true => "is not a known field (a misspelling?)".to_owned(),
-                false => "is not a top-level field: only `canaries` and [[secret]] tables".to_owned(),
+                false => {
+                    "is not a top-level field: only `canaries` and [[secret]] tables".to_owned()
+                }
             },
         )),
-        ValidationErrorKind::OneOfNotValid { .. } | ValidationErrorKind::OneOfMultipleValid { .. }
+        ValidationErrorKind::OneOfNotValid { .. }
+        | ValidationErrorKind::OneOfMultipleValid { .. }
             if schema_path.contains("allOf/0") =>
         {
             Some((
@@ -317,7 +323,8 @@ fn words(
                 "give exactly one of `header` or `query` (where the value goes)".to_owned(),
             ))
         }
-        ValidationErrorKind::OneOfNotValid { .. } | ValidationErrorKind::OneOfMultipleValid { .. } => Some((
+        ValidationErrorKind::OneOfNotValid { .. }
+        | ValidationErrorKind::OneOfMultipleValid { .. } => Some((
             "env/file".to_owned(),
             "give exactly one of `env` or `file` (where the value comes from)".to_owned(),
         )),
@@ -348,10 +355,10 @@ fn pattern_words(parts: &[&str]) -> String {
                 .into()
         }
         ["secret", _, "file"] => "must be an absolute path".into(),
-        ["secret", _, "query"] => {
-            "must be a parameter name: letters, digits and . _ ~ -".into()
+        ["secret", _, "query"] => "must be a parameter name: letters, digits and . _ ~ -".into(),
+        ["secret", _, "routes", _, "method"] => {
+            "must be an upper-case method such as GET, or *".into()
         }
-        ["secret", _, "routes", _, "method"] => "must be an upper-case method such as GET, or *".into(),
         ["secret", _, "routes", _, "path"] => "must start with /".into(),
         _ => "is not in the expected form".into(),
     }
@@ -373,9 +380,12 @@ fn canary_words(kind: &ValidationErrorKind) -> String {
 fn is_slug(text: &str) -> bool {
     !text.is_empty()
         && text.len() <= 64
-        && text
-            .split('-')
-            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()))
+        && text.split('-').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        })
 }
 
 /// The checks a schema cannot express: host patterns, header names, formats, routes, and
@@ -398,13 +408,19 @@ fn check(raw: RawFile) -> Result<SecretsFile, Vec<Problem>> {
             })
         };
         if !ids.insert(secret.id.clone()) {
-            problem("id", "is the id of an earlier secret too: ids are unique".into());
+            problem(
+                "id",
+                "is the id of an earlier secret too: ids are unique".into(),
+            );
         }
         let env_key = secret.env_name.to_ascii_uppercase();
         if let Some(other) = env_names.insert(env_key.clone(), secret.id.clone()) {
             problem(
                 "env_name",
-                format!("{} is also the env_name of secret {other:?}", secret.env_name),
+                format!(
+                    "{} is also the env_name of secret {other:?}",
+                    secret.env_name
+                ),
             );
         }
         if RESERVED_ENV.contains(&env_key.as_str()) || env_key.starts_with("LEASEGATE_") {

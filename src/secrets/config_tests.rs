@@ -29,7 +29,10 @@ fn file_with(changes: &[&str]) -> String {
             }
         }
     }
-    format!("canaries = [\"{CANARY}\"]\n\n[[secret]]\n{}\n", lines.join("\n"))
+    format!(
+        "canaries = [\"{CANARY}\"]\n\n[[secret]]\n{}\n",
+        lines.join("\n")
+    )
 }
 
 fn problems(text: &str) -> Vec<String> {
@@ -97,7 +100,13 @@ fn optional_fields_take_their_defaults() {
     assert_eq!(secret.placement, Placement::Query("api_key".into()));
     assert_eq!(secret.source, Source::File("/run/secrets/github".into()));
     // A file of canaries only, and an empty file, are valid.
-    assert_eq!(parse("canaries = [\"0123456789\"]\n").unwrap().secrets.len(), 0);
+    assert_eq!(
+        parse("canaries = [\"0123456789\"]\n")
+            .unwrap()
+            .secrets
+            .len(),
+        0
+    );
     assert_eq!(parse("").unwrap().canaries.len(), 0);
 }
 
@@ -264,7 +273,10 @@ fn semantic_problems_name_the_secret_and_the_field() {
 fn ids_and_env_names_are_unique_across_secrets() {
     let base = file_with(&[]);
     let second = base.split_once("[[secret]]").unwrap().1;
-    let text = format!("{base}\n[[secret]]{}", second.replace("GITHUB_TOKEN", "github_token"));
+    let text = format!(
+        "{base}\n[[secret]]{}",
+        second.replace("GITHUB_TOKEN", "github_token")
+    );
     assert_eq!(
         problems(&text),
         [

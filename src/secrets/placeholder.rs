@@ -103,11 +103,20 @@ mod tests {
     #[test]
     fn two_leases_get_different_placeholders() {
         let k = key(1);
-        assert_ne!(derive(&k, "lease-a", "github"), derive(&k, "lease-b", "github"));
-        assert_ne!(derive(&k, "lease-a", "github"), derive(&k, "lease-a", "gitlab"));
+        assert_ne!(
+            derive(&k, "lease-a", "github"),
+            derive(&k, "lease-b", "github")
+        );
+        assert_ne!(
+            derive(&k, "lease-a", "github"),
+            derive(&k, "lease-a", "gitlab")
+        );
         // The separator keeps (lease, secret) pairs apart that concatenate alike.
         assert_ne!(derive(&k, "ab", "c"), derive(&k, "a", "bc"));
-        assert_ne!(derive(&key(1), "lease-a", "github"), derive(&key(2), "lease-a", "github"));
+        assert_ne!(
+            derive(&key(1), "lease-a", "github"),
+            derive(&key(2), "lease-a", "github")
+        );
     }
 
     #[test]
@@ -118,7 +127,12 @@ mod tests {
         assert!(!verify(&k, "lease-b", "github", p.as_bytes()));
         assert!(!verify(&k, "lease-a", "gitlab", p.as_bytes()));
         assert!(!verify(&key(4), "lease-a", "github", p.as_bytes()));
-        assert!(!verify(&k, "lease-a", "github", &p.as_bytes()[..p.len() - 1]));
+        assert!(!verify(
+            &k,
+            "lease-a",
+            "github",
+            &p.as_bytes()[..p.len() - 1]
+        ));
         assert!(!verify(&k, "lease-a", "github", b""));
     }
 }

@@ -29,7 +29,11 @@ impl Route {
         let method = match method {
             "*" => None,
             m if !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase()) => Some(m.to_owned()),
-            m => return Err(format!("method {m:?}: an upper-case method such as GET, or *")),
+            m => {
+                return Err(format!(
+                    "method {m:?}: an upper-case method such as GET, or *"
+                ))
+            }
         };
         let Some(body) = path.strip_prefix('/') else {
             return Err(format!("path {path:?}: a path glob starts with /"));
@@ -159,7 +163,11 @@ mod tests {
     #[test]
     fn malformed_globs_are_refused_in_words() {
         let cases = [
-            ("get", "/a", "method \"get\": an upper-case method such as GET, or *"),
+            (
+                "get",
+                "/a",
+                "method \"get\": an upper-case method such as GET, or *",
+            ),
             ("GET", "a", "path \"a\": a path glob starts with /"),
             (
                 "GET",
@@ -171,7 +179,11 @@ mod tests {
                 "/a*",
                 "path \"/a*\": a wildcard is a whole segment, * (one segment) or ** (the rest)",
             ),
-            ("GET", "/a/../b", "path \"/a/../b\": a . or .. segment never matches"),
+            (
+                "GET",
+                "/a/../b",
+                "path \"/a/../b\": a . or .. segment never matches",
+            ),
             (
                 "GET",
                 "/a?x=1",

@@ -216,7 +216,10 @@ fn read_set(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<SecretS
         }
     }
     for (index, canary) in file.canaries.iter().enumerate() {
-        if let Some(secret) = secrets.iter().find(|s| s.value.as_bytes() == canary.as_bytes()) {
+        if let Some(secret) = secrets
+            .iter()
+            .find(|s| s.value.as_bytes() == canary.as_bytes())
+        {
             problems.push(Problem {
                 place: Place::Top {
                     field: "canaries".into(),

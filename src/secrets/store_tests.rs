@@ -68,7 +68,9 @@ fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
 
 /// The load's error as the operator reads it, checked to show no value.
 fn load_error(path: &Path, vars: &[(&str, &str)]) -> String {
-    let text = Secrets::load_with(path, &env(vars)).unwrap_err().to_string();
+    let text = Secrets::load_with(path, &env(vars))
+        .unwrap_err()
+        .to_string();
     for (_, value) in vars.iter().filter(|(_, v)| !v.is_empty()) {
         assert!(!text.contains(value), "{text}");
     }
@@ -89,7 +91,10 @@ fn values_load_from_env_and_file_and_render_in_their_format() {
         format!("Bearer {VALUE}")
     );
     // One trailing newline (CRLF too) is not part of a file's value.
-    assert_eq!(*set.get("search").unwrap().rendered(), "search-key-0123456789");
+    assert_eq!(
+        *set.get("search").unwrap().rendered(),
+        "search-key-0123456789"
+    );
     let shown = format!("{secrets:?}");
     assert!(!shown.contains(VALUE), "{shown}");
     assert!(!shown.contains("search-key"), "{shown}");
@@ -149,7 +154,9 @@ fn a_missing_or_bad_value_names_the_secret_and_its_source() {
     for (value, why) in cases {
         assert_eq!(
             load_error(&path, &[("GITHUB_PAT", value)]),
-            format!("the secrets file {shown} is not valid:\n  secret \"github\", field env: {why}"),
+            format!(
+                "the secrets file {shown} is not valid:\n  secret \"github\", field env: {why}"
+            ),
             "{value:?}"
         );
     }
@@ -208,9 +215,7 @@ fn a_reload_swaps_the_whole_set_or_keeps_the_old_one() {
 
     // A new value in the file: the new set is in use, the old one unchanged for its holders.
     dir.write("value-file", "search-key-rotated-000");
-    secrets
-        .reload_with(&env(&[("GITHUB_PAT", VALUE)]))
-        .unwrap();
+    secrets.reload_with(&env(&[("GITHUB_PAT", VALUE)])).unwrap();
     assert_eq!(
         *secrets.current().get("search").unwrap().rendered(),
         "search-key-rotated-000"
@@ -224,7 +229,10 @@ fn a_reload_swaps_the_whole_set_or_keeps_the_old_one() {
     // A reload that fails (one value missing) changes nothing: no half-loaded set.
     std::fs::remove_file(dir.path("value-file")).unwrap();
     let error = secrets.reload_with(&env(&[("GITHUB_PAT", VALUE)]));
-    assert!(matches!(error, Err(SecretsError::Invalid { .. })), "{error:?}");
+    assert!(
+        matches!(error, Err(SecretsError::Invalid { .. })),
+        "{error:?}"
+    );
     assert_eq!(
         *secrets.current().get("search").unwrap().rendered(),
         "search-key-rotated-000"

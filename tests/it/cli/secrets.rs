@@ -70,7 +70,11 @@ fn exited(mut child: std::process::Child) -> std::process::Output {
 fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
-    succeeded(&leasegate_command(&["keygen", "--out", s(&key)]).output().unwrap());
+    succeeded(
+        &leasegate_command(&["keygen", "--out", s(&key)])
+            .output()
+            .unwrap(),
+    );
     let journal = dir.path().join("journal.jsonl");
     let secrets = secrets_file(dir.path());
     let serve = |secrets: &Path| {
@@ -205,7 +209,15 @@ async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
     let log = std::fs::read_to_string(&stderr_file).unwrap();
     let admin = log
         .lines()
-        .find_map(|l| Some(l.split_once("admin_addr=")?.1.split_whitespace().next()?.to_owned()))
+        .find_map(|l| {
+            Some(
+                l.split_once("admin_addr=")?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .to_owned(),
+            )
+        })
         .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"));
     assert!(
         log.contains("secrets loaded") && log.contains("secrets=2") && log.contains("canaries=1"),
