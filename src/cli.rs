@@ -542,6 +542,10 @@ pub struct ServeArgs {
     /// The TLS listener's private key (PEM).
     #[arg(long, env = "LEASEGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// The secrets file (TOML; docs/reference/secrets.md): read at start, with every value it
+    /// names, and a bad file stops the start. Not yet used by the request path.
+    #[arg(long, env = "LEASEGATE_SECRETS")]
+    pub secrets: Option<PathBuf>,
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,

@@ -13,12 +13,14 @@ use crate::nats::NatsOptions;
 use crate::policy::{Guard, Ports};
 use crate::registry::{JournalLocation, StoreOptions, WallClock};
 use crate::resolve::Resolver;
+use crate::secrets::{Secrets, SecretsError};
 use crate::telemetry::egress::Destination;
 use crate::telemetry::egress_stream::EgressStreamConfig;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `--mode`.
@@ -170,6 +172,8 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// The wall clock lifetime checks start from (tests step an adjustable one).
     pub wall: WallClock,
+    /// `--secrets`: the secrets loaded at start; `None`: no secrets file.
+    pub secrets: Option<Arc<Secrets>>,
 }
 
 /// `serve`'s flags resolved: its configuration, and what only the start itself needs.
@@ -239,6 +243,8 @@ pub enum ConfigError {
     DevStreamJournal,
     #[error(transparent)]
     Descriptors(#[from] descriptors::Shortfall),
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
 }
 
 impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
@@ -432,6 +438,10 @@ impl ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
             wall: WallClock::system(),
+            secrets: match &args.secrets {
+                Some(path) => Some(Arc::new(Secrets::load(path)?)),
+                None => None,
+            },
         };
         Ok(ServeStart {
             config,

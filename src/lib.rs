@@ -18,6 +18,7 @@ pub mod policy;
 pub mod proxy;
 pub mod registry;
 pub mod resolve;
+pub mod secrets;
 pub mod server;
 pub mod table;
 pub mod telemetry;

@@ -70,6 +70,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(demo) => Some(dev::demo_lease(demo)?),
         None => None,
     };
+    if let Some(secrets) = &config.secrets {
+        let set = secrets.current();
+        // Counts and the path only: never a value.
+        tracing::info!(
+            path = %secrets.path().display(),
+            secrets = set.secrets().len(),
+            canaries = set.canary_count(),
+            "secrets loaded (not used by the request path yet)"
+        );
+    }
     let server = Server::start_bound(config, bound).await?;
     if let (Some(demo), Some(lease)) = (&demo, demo_lease) {
         // In token mode the demo lease's credential is its token, minted with the dev key.

@@ -1,4 +1,5 @@
-//! The contract's JSON Schemas, embedded in the binary and compiled once.
+//! The JSON Schemas leasegate validates against (the contract's, and the secrets file's),
+//! embedded in the binary and compiled once.
 //!
 //! Invariant: a value is schema-valid only if the compiled validator says so; the schemas are
 //! ours (`schemas/`), with the published contract's constraints.
@@ -32,29 +33,34 @@ pub enum Schema {
     Manifest,
     Record,
     EgressEvent,
+    /// The secrets file (`serve --secrets`), parsed from TOML.
+    Secrets,
 }
 
 const LEASE: &str = include_str!("../../schemas/agent-lease.schema.json");
 const MANIFEST: &str = include_str!("../../schemas/agent-lease-manifest.schema.json");
 const RECORD: &str = include_str!("../../schemas/lease-record.schema.json");
 const EGRESS: &str = include_str!("../../schemas/egress-event.schema.json");
+const SECRETS: &str = include_str!("../../schemas/secrets.schema.json");
 
 fn compile(text: &str) -> jsonschema::Validator {
     let schema: Value = serde_json::from_str(text).expect("embedded schema is JSON");
     jsonschema::draft7::new(&schema).expect("embedded schema compiles")
 }
 
-static VALIDATORS: LazyLock<[jsonschema::Validator; 4]> = LazyLock::new(|| {
+static VALIDATORS: LazyLock<[jsonschema::Validator; 5]> = LazyLock::new(|| {
     [
         compile(LEASE),
         compile(MANIFEST),
         compile(RECORD),
         compile(EGRESS),
+        compile(SECRETS),
     ]
 });
 
 impl Schema {
-    fn validator(self) -> &'static jsonschema::Validator {
+    /// The compiled validator, for a caller that words its own messages from the error kinds.
+    pub fn validator(self) -> &'static jsonschema::Validator {
         &VALIDATORS[self as usize]
     }
 

@@ -1,5 +1,5 @@
 //! The command line as a user runs it: the lease lifecycle, messages, suggest, run, the deployment
-//! files.
+//! files, the secrets file.
 
 pub mod ca;
 pub mod deploy;
@@ -7,4 +7,5 @@ pub mod lifecycle;
 pub mod messages;
 pub mod messages_operator;
 pub mod run_trust;
+pub mod secrets;
 pub mod suggest;

@@ -17,6 +17,8 @@ mod identify;
 mod journal_fold;
 #[path = "../../../fuzz/checks/run_answer.rs"]
 mod run_answer;
+#[path = "../../../fuzz/checks/secrets_file.rs"]
+mod secrets_file;
 #[path = "../../../fuzz/checks/snapshot.rs"]
 mod snapshot;
 #[path = "../../../fuzz/checks/stream_record.rs"]
@@ -55,6 +57,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
         ("run_answer", run_answer::check, 10),
+        ("secrets_file", secrets_file::check, 15),
         ("snapshot", snapshot::check, 5),
         ("stream_record", stream_record::check, 8),
         ("target_parser", target_parser::check, 20),

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 pub(crate) struct Served {
     child: Child,
     pub(crate) proxy: SocketAddr,
-    admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
@@ -50,7 +50,18 @@ fn serve_args<'a>(h: &'a Harness, more: &[&'a str]) -> Vec<&'a str> {
 impl Served {
     /// [`serve_args`] under `ulimit {limit}`.
     pub(crate) fn start(h: &Harness, limit: &str, more: &[&str]) -> Served {
+        Served::start_with_env(h, limit, more, &[])
+    }
+
+    /// [`Served::start`] with `env` added to the proxy's environment.
+    pub(crate) fn start_with_env(
+        h: &Harness,
+        limit: &str,
+        more: &[&str],
+        env: &[(&str, &str)],
+    ) -> Served {
         let mut child = leasegate_command_under(limit, &serve_args(h, more))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -406,6 +406,7 @@ impl Harness {
             admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
             wall: Default::default(),
+            secrets: None,
         }
     }
 

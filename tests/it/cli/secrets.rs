@@ -1,0 +1,158 @@
+//! `serve --secrets`: a bad file stops the start with its problems; a good one starts, and no
+//! value or canary reaches any output (stderr, the egress log, the journal, /metrics,
+//! /status).
+
+use crate::proxy::descriptors::Served;
+use crate::support::harness::{curl, http_origin, Harness};
+use crate::support::{leasegate_command, serve_piped, succeeded};
+use std::path::Path;
+
+const ENV_VALUE: &str = "ghp_envvalue0123456789abcdef";
+const FILE_VALUE: &str = "search-filevalue-0123456789";
+const CANARY: &str = "AKIACANARYDECOY000001";
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A secrets file with an env secret (LG_TEST_GITHUB_PAT), a file secret and a canary.
+fn secrets_file(dir: &Path) -> std::path::PathBuf {
+    let value_file = dir.join("search.key");
+    std::fs::write(&value_file, format!("{FILE_VALUE}\n")).unwrap();
+    let path = dir.join("secrets.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"# Decoys: never sent by anyone honest.
+canaries = ["{CANARY}"]
+
+[[secret]]
+id = "github"
+hosts = ["origin.test"]
+header = "Authorization"
+format = "Bearer {{value}}"
+env = "LG_TEST_GITHUB_PAT"
+routes = [{{ method = "GET", path = "/**" }}]
+agents = ["tester"]
+env_name = "GITHUB_TOKEN"
+
+[[secret]]
+id = "search"
+hosts = ["origin.test"]
+query = "key"
+file = "{}"
+agents = ["tester"]
+env_name = "SEARCH_KEY"
+"#,
+            value_file.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The child's output once it exits; a child still running after 30 s (a start that should
+/// have stopped) is killed and fails the test.
+fn exited(child: std::process::Child) -> std::process::Output {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .unwrap_or_else(|_| {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            panic!("serve started with a bad secrets file")
+        })
+}
+
+#[test]
+fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    succeeded(
+        &leasegate_command(&["keygen", "--out", s(&key)])
+            .output()
+            .unwrap(),
+    );
+    let journal = dir.path().join("journal.jsonl");
+    let secrets = secrets_file(dir.path());
+    // The variable the file names is one no environment sets.
+    let serve = |secrets: &Path| serve_piped(s(&journal), s(&key), &["--secrets", s(secrets)]);
+    let out = exited(serve(&secrets));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "leasegate: the secrets file {} is not valid:\n  secret \"github\", field env: the \
+             environment variable LG_TEST_GITHUB_PAT is not set (or is not UTF-8) in the proxy's \
+             environment\n",
+            secrets.display()
+        )
+    );
+    // A problem of the file itself.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[secret]]\nid = \"github\"\nhosts = [\"*\"]\nheader = \"Authorization\"\nenv = \"X\"\nagents = [\"coder\"]\nenv_name = \"GITHUB_TOKEN\"\n",
+    )
+    .unwrap();
+    let out = exited(serve(&bad));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "secret \"github\", field hosts: '*' would send the secret to every host: list the \
+             hosts it is for"
+        ),
+        "{stderr}"
+    );
+    // No journal, no egress log: nothing started.
+    assert!(!journal.exists() || std::fs::read_to_string(&journal).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let secrets = secrets_file(h.dir.path());
+    let origin = http_origin().await;
+    let served = Served::start_with_env(
+        &h,
+        "-n 1024",
+        &["--secrets", s(&secrets)],
+        &[("LG_TEST_GITHUB_PAT", ENV_VALUE), ("RUST_LOG", "info")],
+    );
+    let log = served.logs();
+    assert!(
+        log.contains("secrets loaded") && log.contains("secrets=2") && log.contains("canaries=1"),
+        "{log}"
+    );
+
+    // Traffic: one allowed request and one refused (which revokes: a journal record).
+    let url = format!("http://origin.test:{}/hello", origin.addr.port());
+    let via = format!("http://agent:{lease}@{}", served.proxy);
+    let ok = curl(&["-x", &via, &url], &[]).await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let refused = curl(&["-x", &via, "http://elsewhere.test/"], &[]).await;
+    assert_eq!(refused.status, 403, "{refused:?}");
+    let admin = served.admin;
+    let metrics = curl(&[&format!("http://{admin}/metrics")], &[]).await;
+    assert_eq!(metrics.status, 200);
+    let status = curl(&[&format!("http://{admin}/status")], &[]).await;
+    assert_eq!(status.status, 200, "{status:?}");
+    assert_eq!(h.egress_lines(2).await.len(), 2);
+    assert_eq!(h.revocations().await.len(), 1);
+
+    let outputs = [
+        ("stderr", served.logs()),
+        ("egress log", std::fs::read_to_string(&h.egress).unwrap()),
+        ("journal", std::fs::read_to_string(&h.journal).unwrap()),
+        ("/metrics", metrics.body_text()),
+        ("/status", status.body_text()),
+    ];
+    for (name, text) in &outputs {
+        assert!(!text.is_empty(), "{name} is empty");
+        for secret in [ENV_VALUE, FILE_VALUE, CANARY] {
+            assert!(!text.contains(secret), "{name} holds {secret}:\n{text}");
+        }
+    }
+}
