@@ -1,4 +1,5 @@
-//! `leasegate serve`: run the proxy until SIGINT or SIGTERM, then drain.
+//! `leasegate serve`: run the proxy until SIGINT or SIGTERM, then drain; SIGHUP reads the
+//! secrets file again.
 //!
 //! Invariant: the flags become the configuration in one step ([`ServeConfig::resolve`]); the
 //! listeners are bound, and the journal file made, before the descriptor limit is touched and
@@ -10,10 +11,13 @@ use crate::cli::ServeArgs;
 use crate::config::{Credentials, OnRefusal, ProxyConfig, ServeConfig, ServeStart};
 use crate::contract::token;
 use crate::registry::{open, JournalLocation};
+use crate::secrets::Secrets;
 use crate::server::Server;
 use crate::telemetry::egress::Destination;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
+use std::sync::Arc;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Threads of `serve`'s main runtime (the control plane; connections have their own).
 const CONTROL_THREADS: usize = 2;
@@ -71,14 +75,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(secrets) = &config.secrets {
-        let set = secrets.current();
-        // Counts and the path only: never a value.
-        tracing::info!(
-            path = %secrets.path().display(),
-            secrets = set.secrets().len(),
-            canaries = set.canary_count(),
-            "secrets loaded (not used by the request path yet)"
-        );
+        log_loaded(secrets, "secrets loaded (not used by the request path yet)");
+        // Listening before the proxy is reachable: a SIGHUP from then on reloads, never kills.
+        match signal(SignalKind::hangup()) {
+            Ok(hangup) => {
+                tokio::spawn(reload_on_hangup(secrets.clone(), hangup));
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "cannot listen for SIGHUP: the secrets file is read at start only"
+            ),
+        }
     }
     let server = Server::start_bound(config, bound).await?;
     if let (Some(demo), Some(lease)) = (&demo, demo_lease) {
@@ -119,6 +126,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     server.shutdown().await;
     Ok(())
+}
+
+/// Counts and the path of the secrets in use: never a value.
+fn log_loaded(secrets: &Secrets, what: &str) {
+    let set = secrets.current();
+    tracing::info!(
+        path = %secrets.path().display(),
+        secrets = set.secrets().len(),
+        canaries = set.canary_count(),
+        "{what}"
+    );
+}
+
+/// Reads the secrets file again on every SIGHUP: the new set in whole, or, on any problem,
+/// the set in use kept and the problem logged (never a value: errors name fields, not values).
+async fn reload_on_hangup(secrets: Arc<Secrets>, mut hangup: Signal) {
+    while hangup.recv().await.is_some() {
+        match secrets.reload() {
+            Ok(()) => log_loaded(&secrets, "secrets reloaded"),
+            Err(error) => tracing::error!(
+                path = %secrets.path().display(),
+                "secrets file not reloaded, the secrets in use stay: {error}"
+            ),
+        }
+    }
 }
 
 /// `--dev`'s line for a first test against a server on this host, while loopback is still

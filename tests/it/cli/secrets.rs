@@ -1,11 +1,12 @@
-//! `serve --secrets`: a bad file stops the start with its problems; a good one starts, and no
-//! value or canary reaches any output (stderr, the egress log, the journal, /metrics,
-//! /status).
+//! `serve --secrets`: a bad file stops the start with its problems; a good one starts, SIGHUP
+//! reloads it whole or keeps the set in use, and no value or canary reaches any output
+//! (stderr, the egress log, the journal, /metrics, /status).
 
 use crate::proxy::descriptors::Served;
-use crate::support::harness::{curl, http_origin, Harness};
+use crate::support::harness::{curl, eventually, http_origin, Harness};
 use crate::support::{leasegate_command, serve_piped, succeeded};
 use std::path::Path;
+use std::time::Duration;
 
 const ENV_VALUE: &str = "ghp_envvalue0123456789abcdef";
 const FILE_VALUE: &str = "search-filevalue-0123456789";
@@ -113,6 +114,7 @@ fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
 async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
     let h = Harness::new();
     let lease = h.lease(&["origin.test"], &[]);
+    let other = h.lease(&["origin.test"], &[]);
     let secrets = secrets_file(h.dir.path());
     let origin = http_origin().await;
     let served = Served::start_with_env(
@@ -141,6 +143,58 @@ async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
     assert_eq!(status.status, 200, "{status:?}");
     assert_eq!(h.egress_lines(2).await.len(), 2);
     assert_eq!(h.revocations().await.len(), 1);
+
+    // SIGHUP: a broken file leaves the set in use (and the proxy up); a good one replaces it.
+    let hangup = |want: &'static str| {
+        served.signal(nix::sys::signal::Signal::SIGHUP);
+        let served = &served;
+        async move {
+            eventually(Duration::from_secs(20), || async {
+                served.logs().contains(want).then_some(())
+            })
+            .await
+            .unwrap_or_else(|| panic!("no {want:?} after SIGHUP:\n{}", served.logs()))
+        }
+    };
+    let good = std::fs::read_to_string(&secrets).unwrap();
+    std::fs::write(
+        &secrets,
+        good.replace("hosts = [\"origin.test\"]\nquery", "hosts = [\"*\"]\nquery"),
+    )
+    .unwrap();
+    hangup("secrets file not reloaded, the secrets in use stay").await;
+    assert!(
+        served
+            .logs()
+            .contains("secret \"search\", field hosts: '*' would send the secret to every host"),
+        "{}",
+        served.logs()
+    );
+    let again = curl(
+        &[
+            "-x",
+            &format!("http://agent:{other}@{}", served.proxy),
+            &url,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(
+        again.status, 200,
+        "the proxy is still up after a bad reload: {again:?}"
+    );
+    let one = &good[..good.find("\n[[secret]]\nid = \"search\"").unwrap()];
+    std::fs::write(&secrets, one).unwrap();
+    hangup("secrets reloaded").await;
+    let reloaded = served.logs();
+    let line = reloaded
+        .lines()
+        .find(|l| l.contains("secrets reloaded"))
+        .unwrap();
+    assert!(
+        line.contains("secrets=1") && line.contains("canaries=1"),
+        "{line}"
+    );
 
     let outputs = [
         ("stderr", served.logs()),

@@ -104,6 +104,12 @@ impl Served {
         }
     }
 
+    /// Sends the proxy `signal`.
+    pub(crate) fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
     pub(crate) fn logs(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
     }
