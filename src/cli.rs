@@ -202,7 +202,7 @@ pub struct CaInitArgs {
     )]
     pub hosts: Vec<String>,
     /// How long the CA certificate is valid, e.g. `365d`, `90d`.
-    #[arg(long, env = "LEASEGATE_CA_VALIDITY", default_value = "365d", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "LEASEGATE_CA_VALIDITY", default_value = "365d", value_parser = parse_duration)]
     pub validity: std::time::Duration,
     /// Replace an existing `ca.pem` / `ca-key.pem`.
     #[arg(long, env = "LEASEGATE_CA_FORCE")]

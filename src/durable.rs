@@ -1,5 +1,5 @@
-//! Files of lines that survive a crash: the revocation queue beside a journal, the per-lease
-//! port assignments under `--data-dir`.
+//! Files that survive a crash: the revocation queue beside a journal, the per-lease port
+//! assignments under `--data-dir`, and new key files (a signing key, the interception CA).
 //!
 //! Invariant: an append returns only once its line is on disk (fsynced), and a rewrite is a
 //! rename of a complete, fsynced file followed by a sync of its directory, so a reader after a
@@ -9,6 +9,19 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+
+/// Creates `path` with `mode` (failing if anything is there, so no link is followed and
+/// nothing is overwritten; never written wider and narrowed after), writes `bytes` and fsyncs.
+pub fn create_new(path: &Path, mode: u32, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
 
 /// Appends `lines` (each without its newline) in one write and fsyncs them. Nothing to
 /// append writes nothing.

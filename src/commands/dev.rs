@@ -10,7 +10,6 @@ use crate::config::{dev_file, Demo, DEV_DIR};
 use crate::contract::keys::KeyError;
 use crate::contract::{Key, Keyring, Timestamp};
 use crate::registry::ledger::{Ledger, Status};
-use std::io::Write;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,16 +33,7 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> DevError + '_ {
 
 /// Writes `key` to a new file readable by its owner only; refuses to overwrite one.
 pub fn write_key_file(path: &Path, key: &Key) -> Result<(), DevError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_error(path))?;
-    file.write_all(key.to_file_text().as_bytes())
-        .and_then(|()| file.sync_all())
-        .map_err(io_error(path))
+    crate::durable::create_new(path, 0o600, key.to_file_text().as_bytes()).map_err(io_error(path))
 }
 
 /// The key `issue` and `revoke` sign with: never the published test key.

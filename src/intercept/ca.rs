@@ -6,6 +6,7 @@
 //! dNSName constraints and its key is its own; [`InterceptCa::permits`] says yes only to DNS
 //! names inside those subtrees, so nothing here vouches for a name the certificate cannot.
 
+use crate::durable::create_new;
 use crate::policy::{HostPattern, TargetHost};
 use rcgen::{
     BasicConstraints, CertificateParams, CidrSubnet, DistinguishedName, DnType, GeneralSubtree,
@@ -165,22 +166,9 @@ pub fn write(ca: &NewCa, dir: &Path, force: bool) -> Result<(PathBuf, PathBuf), 
             (Err(_), _) => {}
         }
     }
-    create_new(&key, 0o600, &ca.key_pem).map_err(io(&key))?;
-    create_new(&cert, 0o644, &ca.cert_pem).map_err(io(&cert))?;
+    create_new(&key, 0o600, ca.key_pem.as_bytes()).map_err(io(&key))?;
+    create_new(&cert, 0o644, ca.cert_pem.as_bytes()).map_err(io(&cert))?;
     Ok((cert, key))
-}
-
-/// Creates `path` with `mode` (failing if it exists, so no link is followed) and writes `text`.
-fn create_new(path: &Path, mode: u32, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()
 }
 
 /// A certificate's SHA-256 fingerprint as `openssl x509 -fingerprint -sha256` prints it.
