@@ -204,8 +204,9 @@ pub struct CaInitArgs {
     /// How long the CA certificate is valid, e.g. `365d`, `90d`.
     #[arg(long, env = "LEASEGATE_CA_VALIDITY", default_value = "365d", value_parser = parse_duration)]
     pub validity: std::time::Duration,
-    /// Replace an existing `ca.pem` / `ca-key.pem`.
-    #[arg(long, env = "LEASEGATE_CA_FORCE")]
+    /// Replace an existing `ca.pem` / `ca-key.pem` (no variable: an inherited environment
+    /// never replaces a CA key unasked).
+    #[arg(long)]
     pub force: bool,
 }
 
