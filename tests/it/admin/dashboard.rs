@@ -832,16 +832,6 @@ async fn the_admin_api_answers_only_its_own_host_and_same_origin_json_writes() {
     server.shutdown().await;
 }
 
-// Fields other branches add to the API the page renders: each switch says whether this build
-// has it. While one is false, the test checks that the API indeed lacks the field, so the merge
-// that adds it fails here until its switch is turned on (which enables the assertions on it).
-/// `closed` on a lease object (why and when it closed).
-const HAS_CLOSED: bool = true;
-/// `rule` on a refusal (the pattern or rule that decided).
-const HAS_RULE: bool = true;
-/// `open` on `/leases/{id}` (the lease's open tunnels and streams, with live bytes).
-const HAS_OPEN: bool = true;
-
 /// Calls of the busy lease per round, a second apart: a shape the sparkline must keep.
 const SHAPE: [usize; 4] = [2, 5, 1, 4];
 
@@ -1026,14 +1016,8 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
     );
     let (_, refusals) = admin_get(&server, "/refusals").await;
     let rule = &refusals["refusals"][0]["rule"];
-    assert_eq!(
-        !rule.is_null(),
-        HAS_RULE,
-        "turn HAS_RULE on: refusals carry \"rule\" now: {refusals}"
-    );
-    if HAS_RULE {
-        assert_eq!(browser.script(&cell(&refusal, "rule")).await, *rule);
-    }
+    assert!(!rule.is_null(), "refusals carry \"rule\": {refusals}");
+    assert_eq!(browser.script(&cell(&refusal, "rule")).await, *rule);
 
     if screenshot {
         let png = browser.screenshot().await;
@@ -1146,24 +1130,21 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
         .await
         .expect("the downloader's page");
     let (_, view) = admin_get(&server, &format!("/leases/{downloader}")).await;
-    assert_eq!(
+    assert!(
         view.get("open").is_some(),
-        HAS_OPEN,
-        "turn HAS_OPEN on: lease objects carry \"open\" now: {view}"
+        "lease objects carry \"open\": {view}"
     );
-    if HAS_OPEN {
-        let shown = browser
-            .until(
-                AT_ONCE,
-                "const row = document.querySelector('#lp-open tr.open');
-                 return row && row.querySelector(\"[data-field='bytes-up']\").textContent !== '0 B'
-                     ? [...row.children].map((td) => td.textContent) : null;",
-            )
-            .await
-            .expect("the open tunnel with its bytes so far");
-        assert_eq!(shown[0], "connect", "{shown}");
-        assert_eq!(shown[1], format!("origin.test:{port}"), "{shown}");
-    }
+    let shown = browser
+        .until(
+            AT_ONCE,
+            "const row = document.querySelector('#lp-open tr.open');
+             return row && row.querySelector(\"[data-field='bytes-up']\").textContent !== '0 B'
+                 ? [...row.children].map((td) => td.textContent) : null;",
+        )
+        .await
+        .expect("the open tunnel with its bytes so far");
+    assert_eq!(shown[0], "connect", "{shown}");
+    assert_eq!(shown[1], format!("origin.test:{port}"), "{shown}");
     drop(tunnel);
 
     // A lease revoked from its page says why and when it closed, there and in the list.
@@ -1209,20 +1190,15 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
         .await
         .expect("the child shows as revoked");
     let (_, view) = admin_get(&server, &format!("/leases/{fetcher}")).await;
-    assert_eq!(
+    assert!(
         view.get("closed").is_some(),
-        HAS_CLOSED,
-        "turn HAS_CLOSED on: lease objects carry \"closed\" now: {view}"
+        "lease objects carry \"closed\": {view}"
     );
     let closed = browser.script(&cell(&fetcher_row, "closed")).await;
-    if HAS_CLOSED {
-        let closed = closed.as_str().unwrap();
-        assert!(closed.starts_with("revoked at "), "{closed}");
-        assert!(closed.ends_with(": revoked from the dashboard"), "{closed}");
-        assert_eq!(on_page, closed);
-    } else {
-        assert_eq!((closed.as_str(), on_page.as_str()), (Some(""), Some("")));
-    }
+    let closed = closed.as_str().unwrap();
+    assert!(closed.starts_with("revoked at "), "{closed}");
+    assert!(closed.ends_with(": revoked from the dashboard"), "{closed}");
+    assert_eq!(on_page, closed);
     browser.quit().await;
     server.shutdown().await;
 }
