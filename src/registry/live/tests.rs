@@ -259,7 +259,8 @@ async fn the_expiry_timer_cancels_a_token_with_no_journal_activity() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.jsonl");
     let key = Key::generate();
-    let lease = journal_with_lease(&path, &key, Duration::from_millis(400));
+    // Long enough that loading and following finish before expiry even on a loaded machine.
+    let lease = journal_with_lease(&path, &key, Duration::from_millis(2_000));
     let registry = Arc::new(
         Registry::load(path, Ledger::new(keyring(&key)), false)
             .await
@@ -268,13 +269,18 @@ async fn the_expiry_timer_cancels_a_token_with_no_journal_activity() {
     let expires_at = registry.snapshot().ledger.lease(&lease).unwrap().expires_at;
     let shutdown = CancellationToken::new();
     tokio::spawn(registry.clone().follow(shutdown.clone()));
-    let token = registry.token(&lease, Timestamp::now());
-    assert!(!token.is_cancelled());
-    tokio::time::timeout(Duration::from_secs(3), token.cancelled())
+    let asked = Timestamp::now();
+    let token = registry.token(&lease, asked);
+    if asked.as_millis() + 100 < expires_at.as_millis() {
+        assert!(!token.is_cancelled(), "cancelled before the lease expired");
+    }
+    tokio::time::timeout(Duration::from_secs(10), token.cancelled())
         .await
         .expect("the token was never cancelled");
     let late = Timestamp::now().as_millis() - expires_at.as_millis();
-    assert!((0..200).contains(&late), "cancelled {late} ms after expiry");
+    // Not cancelled early; and by a timer, not by a periodic sweep (a slow machine can be late
+    // by a scheduling delay, never by seconds).
+    assert!((0..1_500).contains(&late), "cancelled {late} ms after expiry");
     shutdown.cancel();
 }
 
