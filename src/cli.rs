@@ -543,10 +543,19 @@ pub struct ServeArgs {
     /// The TLS listener's private key (PEM).
     #[arg(long, env = "LEASEGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// The secrets file (TOML; docs/reference/secrets.md): read at start, with every value it
-    /// names, and a bad file stops the start. Not yet used by the request path.
-    #[arg(long, env = "LEASEGATE_SECRETS")]
+    /// The secrets file (TOML; docs/reference/secrets.md): read at start and on SIGHUP, with
+    /// every value it names; a bad file stops the start. Tunnels to its hosts are terminated
+    /// under the CA in --ca-dir and the secrets put in for entitled leases.
+    #[arg(long, env = "LEASEGATE_SECRETS", requires = "ca_dir")]
     pub secrets: Option<PathBuf>,
+    /// The interception CA's directory (`ca.pem`, `ca-key.pem`, made by `leasegate ca init`):
+    /// its name constraints must cover every host of every secret.
+    #[arg(long, env = "LEASEGATE_CA_DIR", requires = "secrets")]
+    pub ca_dir: Option<PathBuf>,
+    /// Trust anchors (PEM) for the TLS to terminated hosts' origins, in place of the system's
+    /// roots: for private origins and tests.
+    #[arg(long, env = "LEASEGATE_UPSTREAM_CA", requires = "secrets")]
+    pub upstream_ca: Option<PathBuf>,
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,

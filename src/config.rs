@@ -9,6 +9,7 @@ use crate::cli;
 use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
 use crate::descriptors;
+use crate::intercept::{Broker, BrokerError};
 use crate::nats::NatsOptions;
 use crate::policy::{Guard, Ports};
 use crate::registry::{JournalLocation, StoreOptions, WallClock};
@@ -172,8 +173,9 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// The wall clock lifetime checks start from (tests step an adjustable one).
     pub wall: WallClock,
-    /// `--secrets`: the secrets loaded at start; `None`: no secrets file.
-    pub secrets: Option<Arc<Secrets>>,
+    /// `--secrets` with `--ca-dir`: the secrets loaded at start and what terminates their
+    /// hosts' tunnels; `None`: every tunnel is a blind relay.
+    pub broker: Option<Arc<Broker>>,
 }
 
 /// `serve`'s flags resolved: its configuration, and what only the start itself needs.
@@ -245,6 +247,8 @@ pub enum ConfigError {
     Descriptors(#[from] descriptors::Shortfall),
     #[error(transparent)]
     Secrets(#[from] SecretsError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
 }
 
 impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
@@ -438,9 +442,13 @@ impl ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
             wall: WallClock::system(),
-            secrets: match &args.secrets {
-                Some(path) => Some(Arc::new(Secrets::load(path)?)),
-                None => None,
+            broker: match (&args.secrets, &args.ca_dir) {
+                (Some(path), Some(ca_dir)) => Some(Arc::new(Broker::new(
+                    Arc::new(Secrets::load(path)?),
+                    ca_dir,
+                    args.upstream_ca.as_deref(),
+                )?)),
+                _ => None,
             },
         };
         Ok(ServeStart {

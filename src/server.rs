@@ -340,6 +340,7 @@ impl Server {
         let workers = proxy_config.workers;
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
         proxy.tls = tls;
+        proxy.broker = config.broker.clone();
         proxy.workers = Workers::start(workers).map_err(StartError::Workers)?;
         let proxy = Arc::new(proxy);
         // Before anything is spawned: its threads may fail to start.

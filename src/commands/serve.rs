@@ -10,8 +10,9 @@ use super::{dev, health, issue, shutdown_signal, CliResult};
 use crate::cli::ServeArgs;
 use crate::config::{Credentials, OnRefusal, ProxyConfig, ServeConfig, ServeStart};
 use crate::contract::token;
+use crate::intercept::Broker;
 use crate::registry::{open, JournalLocation};
-use crate::secrets::Secrets;
+use crate::secrets::{SecretSet, Secrets};
 use crate::server::Server;
 use crate::telemetry::egress::Destination;
 use std::net::{IpAddr, Ipv4Addr};
@@ -74,12 +75,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(demo) => Some(dev::demo_lease(demo)?),
         None => None,
     };
-    if let Some(secrets) = &config.secrets {
-        log_loaded(secrets, "secrets loaded (not used by the request path yet)");
+    if let Some(broker) = &config.broker {
+        log_loaded(&broker.secrets, "secrets loaded");
         // Listening before the proxy is reachable: a SIGHUP from then on reloads, never kills.
         match signal(SignalKind::hangup()) {
             Ok(hangup) => {
-                tokio::spawn(reload_on_hangup(secrets.clone(), hangup));
+                tokio::spawn(reload_on_hangup(broker.clone(), hangup));
             }
             Err(error) => tracing::warn!(
                 %error,
@@ -141,10 +142,13 @@ fn log_loaded(secrets: &Secrets, what: &str) {
 
 /// Reads the secrets file again on every SIGHUP: the new set in whole, or, on any problem,
 /// the set in use kept and the problem logged (never a value: errors name fields, not values).
-async fn reload_on_hangup(secrets: Arc<Secrets>, mut hangup: Signal) {
+async fn reload_on_hangup(broker: Arc<Broker>, mut hangup: Signal) {
+    let secrets = &broker.secrets;
+    let env = |name: &str| std::env::var(name).ok();
+    let covered = |set: &SecretSet| broker.covers(set).map_err(|e| e.to_string());
     while hangup.recv().await.is_some() {
-        match secrets.reload() {
-            Ok(()) => log_loaded(&secrets, "secrets reloaded"),
+        match secrets.reload_checked(&env, &covered) {
+            Ok(()) => log_loaded(secrets, "secrets reloaded"),
             Err(error) => tracing::error!(
                 path = %secrets.path().display(),
                 "secrets file not reloaded, the secrets in use stay: {error}"

@@ -5,8 +5,10 @@
 //! Invariant: nothing here can produce a certificate a client would accept for a name outside
 //! the CA's permitted DNS subtrees, or for any IP address.
 
+pub mod broker;
 pub mod ca;
 pub mod leaf;
 
+pub use broker::{Broker, BrokerError, Placeholder};
 pub use ca::{CaError, InterceptCa};
 pub use leaf::{server_config, LeafMinter, LeafResolver};

@@ -37,6 +37,8 @@ pub struct Proxy {
     pub workers: super::Workers,
     /// The descriptor line the accept loops stop at, and what happened there.
     pub descriptors: Arc<crate::descriptors::Descriptors>,
+    /// Set: tunnels to the hosts of its secrets are terminated (`--secrets`, `--ca-dir`).
+    pub broker: Option<Arc<crate::intercept::Broker>>,
 }
 
 impl Proxy {
@@ -57,6 +59,7 @@ impl Proxy {
             tls: None,
             workers: super::Workers::default(),
             descriptors: Arc::new(crate::descriptors::Descriptors::current()),
+            broker: None,
         }
     }
 }

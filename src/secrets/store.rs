@@ -27,6 +27,8 @@ pub enum SecretsError {
     Read { path: String, error: std::io::Error },
     #[error("the secrets file {path} is larger than {MAX_FILE_BYTES} bytes")]
     TooLarge { path: String },
+    #[error("the secrets file {path} cannot be used: {why}")]
+    Refused { path: String, why: String },
     #[error("the secrets file {path} is not valid:{}", list(.problems))]
     Invalid {
         path: String,
@@ -165,7 +167,20 @@ impl Secrets {
     }
 
     pub fn reload_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), SecretsError> {
+        self.reload_checked(env, &|_| Ok(()))
+    }
+
+    /// [`Secrets::reload_with`], swapping the new set in only if `accept` takes it.
+    pub fn reload_checked(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+        accept: &dyn Fn(&SecretSet) -> Result<(), String>,
+    ) -> Result<(), SecretsError> {
         let set = read_set(&self.path, env)?;
+        accept(&set).map_err(|why| SecretsError::Refused {
+            path: self.path.display().to_string(),
+            why,
+        })?;
         self.current.store(Arc::new(set));
         Ok(())
     }

@@ -280,7 +280,10 @@ async fn the_expiry_timer_cancels_a_token_with_no_journal_activity() {
     let late = Timestamp::now().as_millis() - expires_at.as_millis();
     // Not cancelled early; and by a timer, not by a periodic sweep (a slow machine can be late
     // by a scheduling delay, never by seconds).
-    assert!((0..1_500).contains(&late), "cancelled {late} ms after expiry");
+    assert!(
+        (0..1_500).contains(&late),
+        "cancelled {late} ms after expiry"
+    );
     shutdown.cancel();
 }
 

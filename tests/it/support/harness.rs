@@ -406,7 +406,7 @@ impl Harness {
             admin_insecure: false,
             drain_timeout: Duration::from_secs(30),
             wall: Default::default(),
-            secrets: None,
+            broker: None,
         }
     }
 
