@@ -737,6 +737,7 @@ fn add_open(state: &AdminState, id: &str, view: &mut Value) {
                 "kind": match o.kind {
                     Kind::Connect => "connect",
                     Kind::Http => "forward",
+                    Kind::Https => "https",
                 },
                 "host": o.host,
                 "port": o.port,

@@ -150,12 +150,15 @@ pub fn is_for(secret: &Secret, name: &str) -> bool {
     secret.spec().hosts.iter().any(|p| p.matches(name))
 }
 
-/// The secrets of `set` that `lease` is entitled to: its manifest's `agent.name` is one of the
-/// secret's `agents`.
+/// The secrets of `set` that `lease` is entitled to (see [`is_entitled`]).
 pub fn entitled<'a>(set: &'a SecretSet, lease: &'a Lease) -> impl Iterator<Item = &'a Secret> {
-    set.secrets().iter().filter(move |s| {
-        !lease.agent_name.is_empty() && s.spec().agents.iter().any(|a| *a == lease.agent_name)
-    })
+    set.secrets().iter().filter(move |s| is_entitled(s, lease))
+}
+
+/// Whether `lease` may use `secret`: its manifest's `agent.name` is one of the secret's
+/// `agents`.
+pub fn is_entitled(secret: &Secret, lease: &Lease) -> bool {
+    !lease.agent_name.is_empty() && secret.spec().agents.contains(&lease.agent_name)
 }
 
 fn check_covered(set: &SecretSet, ca: &InterceptCa) -> Result<(), BrokerError> {

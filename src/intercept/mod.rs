@@ -7,6 +7,7 @@
 
 pub mod broker;
 pub mod ca;
+pub mod inspect;
 pub mod leaf;
 
 pub use broker::{Broker, BrokerError, Placeholder};

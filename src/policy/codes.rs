@@ -32,10 +32,15 @@ pub enum Code {
     DnsFailed,
     UpstreamUnreachable,
     UpstreamTimeout,
+    UpstreamTlsFailed,
+    RouteNotAllowed,
+    SecretMisdirected,
+    SecretExposed,
+    CanaryTripped,
 }
 
 impl Code {
-    pub const ALL: [Code; 22] = [
+    pub const ALL: [Code; 27] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -58,6 +63,11 @@ impl Code {
         Code::DnsFailed,
         Code::UpstreamUnreachable,
         Code::UpstreamTimeout,
+        Code::UpstreamTlsFailed,
+        Code::RouteNotAllowed,
+        Code::SecretMisdirected,
+        Code::SecretExposed,
+        Code::CanaryTripped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +94,11 @@ impl Code {
             Code::DnsFailed => "dns-failed",
             Code::UpstreamUnreachable => "upstream-unreachable",
             Code::UpstreamTimeout => "upstream-timeout",
+            Code::UpstreamTlsFailed => "upstream-tls-failed",
+            Code::RouteNotAllowed => "route-not-allowed",
+            Code::SecretMisdirected => "secret-misdirected",
+            Code::SecretExposed => "secret-exposed",
+            Code::CanaryTripped => "canary-tripped",
         }
     }
 
@@ -103,11 +118,17 @@ impl Code {
             | Code::AddressNotAllowed
             | Code::SniMismatch
             | Code::TlsUnverifiable
-            | Code::PortNotAllowed => StatusCode::FORBIDDEN,
+            | Code::PortNotAllowed
+            | Code::RouteNotAllowed
+            | Code::SecretMisdirected
+            | Code::SecretExposed
+            | Code::CanaryTripped => StatusCode::FORBIDDEN,
             Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
-            Code::DnsFailed | Code::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Code::DnsFailed | Code::UpstreamUnreachable | Code::UpstreamTlsFailed => {
+                StatusCode::BAD_GATEWAY
+            }
             Code::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -124,6 +145,16 @@ impl Code {
                 | Code::SniMismatch
                 | Code::TlsUnverifiable
                 | Code::HostMismatch
+        )
+    }
+
+    /// Misuse of a brokered credential: a lease's placeholder sent where its secret is not for,
+    /// a secret's real value or a canary in an agent's request. Refused and revoking in every
+    /// mode and whatever `--on-refusal` says: it is evidence, not a policy being tried out.
+    pub fn is_misuse(self) -> bool {
+        matches!(
+            self,
+            Code::SecretMisdirected | Code::SecretExposed | Code::CanaryTripped
         )
     }
 

@@ -329,3 +329,72 @@ mod tests {
         );
     }
 }
+
+/// A body whose first frames were read ahead (to be looked at) and are given out again first.
+pub struct Prefixed<B> {
+    held: std::collections::VecDeque<Frame<Bytes>>,
+    inner: B,
+}
+
+impl<B> Prefixed<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+{
+    /// Reads frames of `inner` until at least `limit` data bytes were read or it ends; returns
+    /// the body (those frames, then the rest) and the data read, for looking at.
+    pub async fn read_ahead(mut inner: B, limit: usize) -> Result<(Prefixed<B>, Bytes), B::Error> {
+        use http_body_util::BodyExt;
+        let mut held = std::collections::VecDeque::new();
+        let mut seen = bytes::BytesMut::new();
+        while seen.len() < limit && !inner.is_end_stream() {
+            match inner.frame().await {
+                None => break,
+                Some(frame) => {
+                    let frame = frame?;
+                    if let Some(data) = frame.data_ref() {
+                        seen.extend_from_slice(data);
+                    }
+                    held.push_back(frame);
+                }
+            }
+        }
+        Ok((Prefixed { held, inner }, seen.freeze()))
+    }
+}
+
+impl<B> HttpBody for Prefixed<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        if let Some(frame) = self.held.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.held.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held: u64 = self
+            .held
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + held);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint
+    }
+}

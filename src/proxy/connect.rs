@@ -15,6 +15,7 @@ use super::decision::{Asked, Decision};
 use super::exchange::Exchange;
 use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Cleared;
+use super::terminate;
 use super::{Body, ClientConn, Proxy};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
@@ -49,6 +50,22 @@ pub async fn handle(
     match open(&proxy, &conn, req.headers(), &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
         Ok((stream, cleared)) => {
+            if let Some(broker) = terminate::terminates(&proxy, &cleared.decision.target) {
+                if let Err(refusal) = terminate::open(&proxy, &broker, stream, &cleared).await {
+                    return proxy.refuse(&mut ex, refusal, &authority).await;
+                }
+                ex.status = Some(200);
+                proxy.tasks.spawn(terminate::tunnel(
+                    proxy.clone(),
+                    conn.clone(),
+                    req,
+                    broker,
+                    cleared,
+                    authority,
+                    ex,
+                ));
+                return answer::tunnel_open();
+            }
             ex.status = Some(200);
             proxy.tasks.spawn(tunnel(
                 proxy.clone(),

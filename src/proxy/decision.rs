@@ -34,6 +34,12 @@ pub enum Asked<'a> {
         method: &'a http::Method,
         host: Option<&'a HeaderValue>,
     },
+    /// A request inside a terminated tunnel (judged against `--connect-ports`, the tunnel's):
+    /// its method, and the host it names (`Host`, or HTTP/2's `:authority`).
+    Inside {
+        method: &'a http::Method,
+        host: Option<&'a HeaderValue>,
+    },
 }
 
 /// What one request asks for.
@@ -140,7 +146,7 @@ pub fn decide(
         .check_chain(&identity.lease_id, now)
         .map_err(|e| refused(Reached::Lease)(Refusal::from(e)))?;
     let open = refused(Reached::OpenChain);
-    if let Asked::Forward { method, .. } = ask.asked {
+    if let Asked::Forward { method, .. } | Asked::Inside { method, .. } = ask.asked {
         if is_trace(method.as_str()) {
             return Err(open(Refusal::new(
                 Code::MethodNotAllowed,
@@ -153,6 +159,9 @@ pub fn decide(
         .map_err(|e| open(Refusal::new(Code::BadTarget, e.to_string())))?;
     let mut reported = Vec::new();
     if let Asked::Forward {
+        host: Some(host), ..
+    }
+    | Asked::Inside {
         host: Some(host), ..
     } = ask.asked
     {
@@ -178,7 +187,8 @@ pub fn decide(
     })
 }
 
-/// A forwarded request's `Host` names the URI's target.
+/// A forwarded request's `Host` names the URI's target (inside a terminated tunnel: the
+/// CONNECT target).
 fn check_host_header(
     host: &HeaderValue,
     authority: &str,
@@ -213,7 +223,9 @@ fn check_host_header(
 /// never revokes.
 fn check_port(config: &ProxyConfig, target: &Target, asked: Asked<'_>) -> Result<(), Refusal> {
     let (ports, flag, what) = match asked {
-        Asked::Tunnel => (&config.connect_ports, "--connect-ports", "tunnels"),
+        Asked::Tunnel | Asked::Inside { .. } => {
+            (&config.connect_ports, "--connect-ports", "tunnels")
+        }
         Asked::Forward { .. } => (
             &config.forward_ports,
             "--forward-ports",

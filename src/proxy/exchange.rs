@@ -46,6 +46,10 @@ pub struct Exchange {
     pub bytes_down: Counter,
     pub error: Option<String>,
     pub revoked: Option<bool>,
+    /// Inside a terminated tunnel: the request's path, query values redacted.
+    pub path: Option<String>,
+    /// Inside a terminated tunnel: the secrets put into the request.
+    pub secrets: Vec<String>,
     /// The lease's token: if it fired, the line says the lease closed the exchange.
     pub token: Option<CancellationToken>,
     /// Counted open with its lease's figures since it was cleared (see [`Exchange::count_open`]).
@@ -92,6 +96,8 @@ impl Exchange {
             bytes_down: Counter::default(),
             error: None,
             revoked: None,
+            path: None,
+            secrets: Vec::new(),
             token: None,
             open: None,
         }
@@ -170,6 +176,8 @@ impl Drop for Exchange {
             bytes_up: self.bytes_up.load(Ordering::Relaxed),
             bytes_down: self.bytes_down.load(Ordering::Relaxed),
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            path: self.path.take(),
+            secrets: std::mem::take(&mut self.secrets),
             error: self.error.take(),
             revoked: self.revoked,
         };

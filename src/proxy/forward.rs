@@ -10,12 +10,17 @@ use super::body::Metered;
 use super::decision::Asked;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
-use super::pipeline::Cleared;
 use super::upstream::PoolKey;
 use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
 use crate::policy::codes::{Code, Refusal};
-use crate::policy::{Target, UpstreamAddr};
+use super::body::Prefixed;
+use super::decision::Decision;
+use super::pipeline::Cleared;
+use crate::intercept::inspect::{inspect, Seen, MAX_BODY_SCAN};
+use crate::secrets::{Secret, SecretSet};
+use crate::intercept::Broker;
+use crate::policy::{Target, TargetHost, UpstreamAddr};
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
@@ -54,13 +59,94 @@ pub async fn handle(
         Err(refusal) => Err(refusal),
     };
     let sent = match decided {
-        Ok(cleared) => send(&proxy, req, cleared, &mut ex).await,
+        Ok(cleared) => {
+            let mut req = req;
+            let client_upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+            let to = Upstream {
+                lease_id: &cleared.lease_id,
+                addrs: &cleared.addrs,
+                target: &cleared.decision.target,
+                token: &cleared.token,
+                tls: None,
+            };
+            match &proxy.broker {
+                None => send(&proxy, req, client_upgrade, to, &mut ex).await,
+                Some(broker) => match checked(broker, req, &cleared).await {
+                    Ok(req) => send(&proxy, req, client_upgrade, to, &mut ex).await,
+                    Err(refusal) => Err(refusal),
+                },
+            }
+        }
         Err(refusal) => Err(refusal),
     };
     match sent {
         Ok(forwarded) => forwarded.into_client_response(&proxy, &conn, ex),
         Err(refusal) => proxy.refuse(&mut ex, refusal, &uri.to_string()).await,
     }
+}
+
+/// With secrets configured, a forwarded request is checked for misuse like one inside a
+/// terminated tunnel, and nothing is put in: a secret never travels in plain HTTP.
+async fn checked(
+    broker: &Broker,
+    req: Request<Incoming>,
+    cleared: &Cleared,
+) -> Result<Request<Prefixed<Incoming>>, Refusal> {
+    let (parts, body) = req.into_parts();
+    let (body, ahead) = read_ahead(body, &cleared.token).await?;
+    let set = broker.secrets.current();
+    inspected(&set, &cleared.decision, &parts, &ahead, false)?;
+    Ok(Request::from_parts(parts, body))
+}
+
+/// The body's first [`MAX_BODY_SCAN`] bytes read ahead (to be looked at), and the body that
+/// gives them out again.
+pub async fn read_ahead(
+    body: Incoming,
+    token: &tokio_util::sync::CancellationToken,
+) -> Result<(Prefixed<Incoming>, bytes::Bytes), Refusal> {
+    tokio::select! {
+        read = Prefixed::read_ahead(body, MAX_BODY_SCAN) => read.map_err(|e| {
+            Refusal::new(Code::BadTarget, format!("reading the request body: {e}"))
+        }),
+        _ = token.cancelled() => Err(Refusal::new(
+            Code::LeaseRevoked,
+            "the lease closed while the request was read",
+        )),
+    }
+}
+
+/// [`inspect`] of a request of `decision`'s lease: its target, header values and `ahead`.
+pub fn inspected<'s>(
+    set: &'s SecretSet,
+    decision: &Decision,
+    parts: &http::request::Parts,
+    ahead: &[u8],
+    terminated: bool,
+) -> Result<Vec<&'s Secret>, Refusal> {
+    let lease = &decision.chain[0];
+    let snapshot = &decision.snapshot;
+    let key = snapshot
+        .ledger
+        .key_fingerprint(&lease.id)
+        .and_then(|fp| snapshot.ledger.keyring()?.get(fp));
+    let target = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    let mut scanned: Vec<&[u8]> = Vec::with_capacity(parts.headers.len() + 2);
+    scanned.push(target.as_bytes());
+    scanned.extend(parts.headers.values().map(HeaderValue::as_bytes));
+    scanned.push(ahead);
+    let host = match &decision.target.host {
+        TargetHost::Name(name) => Some(name.as_str()),
+        TargetHost::Ip(_) => None,
+    };
+    let seen = Seen {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        host,
+        parts: &scanned,
+        terminated,
+    };
+    inspect(set, lease, key, &seen)
 }
 
 /// What makes a request forwardable at all, before any lease is looked at: an absolute
@@ -102,7 +188,7 @@ const HOP_BY_HOP: [HeaderName; 10] = [
 ];
 
 /// Removes hop-by-hop headers (and those `Connection` names); keeps an upgrade if asked.
-fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let upgrade = headers.get(header::UPGRADE).cloned();
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -123,7 +209,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-fn is_upgrade(headers: &HeaderMap) -> bool {
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers
             .get_all(header::CONNECTION)
@@ -133,30 +219,103 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// A connection of `lease_id`'s own pool to one of `addrs`, or a new one.
+/// Where a request goes upstream: the lease whose pool it may use, the checked addresses, the
+/// target, the lease's token, and TLS to the origin for a terminated tunnel.
+pub struct Upstream<'a> {
+    pub lease_id: &'a str,
+    pub addrs: &'a [UpstreamAddr],
+    pub target: &'a Target,
+    pub token: &'a tokio_util::sync::CancellationToken,
+    /// The verified TLS configuration and the name to verify (the CONNECT host).
+    pub tls: Option<(&'a Arc<rustls::ClientConfig>, &'a str)>,
+}
+
+impl Upstream<'_> {
+    fn key(&self, addr: UpstreamAddr) -> PoolKey {
+        PoolKey {
+            lease_id: self.lease_id.to_owned(),
+            addr,
+            worker: Workers::current(),
+            tls_name: self.tls.map(|(_, name)| name.to_owned()),
+        }
+    }
+}
+
+/// A connection of the lease's own pool to one of `to.addrs`, or a new one (over TLS to the
+/// origin, verified, for a terminated tunnel).
 async fn sender_for(
     proxy: &Proxy,
-    lease_id: &str,
-    addrs: &[UpstreamAddr],
+    to: &Upstream<'_>,
     upgrade: bool,
     ex: &mut Exchange,
 ) -> Result<(SendRequest<Body>, UpstreamAddr), Refusal> {
     if !upgrade {
-        for &addr in addrs {
-            let key = PoolKey {
-                lease_id: lease_id.to_owned(),
-                addr,
-                worker: Workers::current(),
-            };
-            if let Some(sender) = proxy.pool.checkout(&key) {
+        for &addr in to.addrs {
+            if let Some(sender) = proxy.pool.checkout(&to.key(addr)) {
                 ex.dialed = Some(addr);
                 return Ok((sender, addr));
             }
         }
     }
-    let (stream, addr) = proxy.dial(addrs, ex).await?;
+    let (stream, addr) = proxy.dial(to.addrs, ex).await?;
+    let sender = match to.tls {
+        None => handshake(TokioIo::new(stream), addr).await?,
+        Some((config, name)) => {
+            let tls = upstream_tls(config, name, stream, addr, proxy.config.connect_timeout).await?;
+            handshake(TokioIo::new(tls), addr).await?
+        }
+    };
+    Ok((sender, addr))
+}
+
+/// TLS to the origin of a terminated tunnel, verified for `name` (the CONNECT host): a failure
+/// is `upstream-tls-failed`, never a way around it.
+pub async fn upstream_tls(
+    config: &Arc<rustls::ClientConfig>,
+    name: &str,
+    stream: tokio::net::TcpStream,
+    addr: UpstreamAddr,
+    limit: std::time::Duration,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, Refusal> {
+    let failed = |why: String| {
+        Refusal::new(
+            Code::UpstreamTlsFailed,
+            format!("TLS to {name} at {addr}: {why}"),
+        )
+    };
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_owned())
+        .map_err(|e| failed(e.to_string()))?;
+    let connector = tokio_rustls::TlsConnector::from(config.clone());
+    match tokio::time::timeout(limit, connector.connect(server_name, stream)).await {
+        Ok(Ok(tls)) => Ok(tls),
+        Ok(Err(error)) => Err(failed(error.to_string())),
+        Err(_) => Err(failed(format!("no handshake within {limit:?}"))),
+    }
+}
+
+/// Puts a connection opened elsewhere (a terminated tunnel's first, made before its 200) into
+/// the lease's pool, for the next request to `to`.
+pub async fn pool_connection<IO>(
+    proxy: &Proxy,
+    to: &Upstream<'_>,
+    addr: UpstreamAddr,
+    io: IO,
+) -> Result<(), Refusal>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let sender = handshake(io, addr).await?;
+    proxy.pool.checkin(to.key(addr), sender);
+    Ok(())
+}
+
+/// An HTTP/1.1 client connection over `io` (upgrades kept, for WebSockets).
+async fn handshake<IO>(io: IO, addr: UpstreamAddr) -> Result<SendRequest<Body>, Refusal>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, Body>(TokioIo::new(stream))
+        .handshake::<_, Body>(io)
         .await
         .map_err(|e| {
             Refusal::new(
@@ -169,11 +328,11 @@ async fn sender_for(
             tracing::debug!(%error, "upstream connection ended with an error");
         }
     });
-    Ok((sender, addr))
+    Ok(sender)
 }
 
 /// A response not yet tied to its exchange.
-struct Forwarded {
+pub struct Forwarded {
     response: Response<Incoming>,
     token: tokio_util::sync::CancellationToken,
     upgrade: Option<hyper::upgrade::OnUpgrade>,
@@ -182,7 +341,7 @@ struct Forwarded {
 impl Forwarded {
     /// The client's response: the upstream's, with a metered body that owns the exchange
     /// (or, for a WebSocket, a relayed upgrade that does).
-    fn into_client_response(
+    pub fn into_client_response(
         mut self,
         proxy: &Arc<Proxy>,
         conn: &Arc<ClientConn>,
@@ -216,17 +375,21 @@ impl Forwarded {
     }
 }
 
-/// Phases 6 and 7 for a forwarded request: a pooled or new connection to a checked address,
-/// the request streamed up, and the response head awaited (bounded by
-/// `upstream_response_timeout`).
-async fn send(
+/// Phases 6 and 7 for a forwarded request (or one inside a terminated tunnel): a pooled or new
+/// connection to a checked address, the request streamed up, and the response head awaited
+/// (bounded by `upstream_response_timeout`).
+pub async fn send<B>(
     proxy: &Proxy,
-    mut req: Request<Incoming>,
-    cleared: Cleared,
+    req: Request<B>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    to: Upstream<'_>,
     ex: &mut Exchange,
-) -> Result<Forwarded, Refusal> {
-    let upgrade = is_upgrade(req.headers());
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+) -> Result<Forwarded, Refusal>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin + Send + 'static,
+    B::Error: Into<super::BoxError>,
+{
+    let upgrade = client_upgrade.is_some();
     let (mut parts, body) = req.into_parts();
     // Origin-form, sharing the request's bytes.
     let mut origin_form = http::uri::Parts::default();
@@ -243,17 +406,16 @@ async fn send(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, upgrade);
     if !parts.headers.contains_key(header::HOST) {
-        let host = HeaderValue::from_str(&host_header(&cleared.decision.target))
+        let host = HeaderValue::from_str(&host_header(to.target))
             .map_err(|e| Refusal::new(Code::BadTarget, e.to_string()))?;
         parts.headers.insert(header::HOST, host);
     }
     let head_len = request_head_len(&parts);
-    let mut body = Metered::new(body, ex.bytes_up.clone(), cleared.token.clone(), None);
+    let mut body = Metered::new(body, ex.bytes_up.clone(), to.token.clone(), None);
     let body_sent = (!body.is_end_stream()).then(|| body.on_end());
     let request = Request::from_parts(parts, body.boxed_unsync());
 
-    let (mut sender, addr) =
-        sender_for(proxy, &cleared.lease_id, &cleared.addrs, upgrade, ex).await?;
+    let (mut sender, addr) = sender_for(proxy, &to, upgrade, ex).await?;
     // The head as hyper writes it upstream; the body's data follows as it is sent.
     ex.bytes_up.fetch_add(head_len, Ordering::Relaxed);
     // The upstream's time to answer counts from the end of the request body: a slow upload
@@ -281,21 +443,16 @@ async fn send(
                 format!("{addr} sent no response head within {timeout:?} of the request"),
             ));
         }
-        _ = cleared.token.cancelled() => {
+        _ = to.token.cancelled() => {
             return Err(Refusal::new(Code::LeaseRevoked, "the lease closed while the request was in flight"));
         }
     };
     if !upgrade {
-        let key = PoolKey {
-            lease_id: cleared.lease_id,
-            addr,
-            worker: Workers::current(),
-        };
-        proxy.pool.checkin(key, sender);
+        proxy.pool.checkin(to.key(addr), sender);
     }
     Ok(Forwarded {
         response,
-        token: cleared.token,
+        token: to.token.clone(),
         upgrade: client_upgrade,
     })
 }

@@ -23,6 +23,7 @@ pub mod pipeline;
 #[cfg(target_os = "linux")]
 pub mod splice;
 pub mod state;
+pub mod terminate;
 pub mod upstream;
 pub mod workers;
 

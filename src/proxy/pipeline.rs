@@ -48,6 +48,8 @@ pub struct Cleared {
     pub token: CancellationToken,
     /// Checked addresses in resolver order; empty only when names are not resolved.
     pub addrs: Vec<UpstreamAddr>,
+    /// Who proved the lease: what each request inside a terminated tunnel is decided for.
+    pub identity: Identity,
 }
 
 impl Proxy {
@@ -91,6 +93,7 @@ impl Proxy {
                 return Err(refusal);
             }
         };
+        let proven = identity.clone();
         name_lease(ex, &mut identity, lease_known);
         ex.rule = decision.rule.take();
         let token = self.tie(conn, &identity.lease_id, now, ex)?;
@@ -106,7 +109,40 @@ impl Proxy {
             decision,
             token,
             addrs,
+            identity: proven,
         })
+    }
+
+    /// Phases 1–4 for a request inside a terminated tunnel: the admission gate, then
+    /// [`decide`] for the lease the tunnel proved, over the current snapshot (so a lease closed
+    /// since the CONNECT is refused here). The connection is the tunnel's, already tied to the
+    /// lease; the addresses are the tunnel's, already checked.
+    pub async fn clear_inside(
+        &self,
+        identity: &Identity,
+        asked: Asked<'_>,
+        authority: &str,
+        token: &CancellationToken,
+        ex: &mut Exchange,
+    ) -> Result<Decision, Refusal> {
+        let ask = Ask::new(asked, authority, Some(443));
+        if let Ok(target) = &ask.target {
+            ex.target = Some(target.clone());
+        }
+        self.registry.admission(ex.started()).await;
+        let snapshot = self.registry.snapshot();
+        let lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
+        let mut identity = identity.clone();
+        name_lease(ex, &mut identity, lease_known);
+        ex.token = Some(token.clone());
+        let now = self.registry.now();
+        let mut decision = decide(snapshot, &self.config, &identity, ask, now)
+            .map_err(|refused| refused.refusal)?;
+        ex.rule = decision.rule.take();
+        self.report(ex, &decision.reported);
+        ex.observe_decision();
+        ex.count_open();
+        Ok(decision)
     }
 
     /// Ties the connection to the lease of a chain that opens (its connection limit, its
@@ -231,9 +267,10 @@ impl Proxy {
         let Some(lease_id) = ex.lease_id.clone() else {
             return;
         };
-        let revokes = refusal.code.is_policy()
-            && self.config.on_refusal == OnRefusal::Revoke
-            && self.config.mode == Mode::Enforce;
+        let revokes = refusal.code.is_misuse()
+            || (refusal.code.is_policy()
+                && self.config.on_refusal == OnRefusal::Revoke
+                && self.config.mode == Mode::Enforce);
         if !revokes {
             return;
         }

@@ -23,6 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 pub enum Kind {
     Connect,
     Http,
+    /// A request inside a terminated tunnel.
+    Https,
 }
 
 /// The verdict as logged.
@@ -68,6 +70,12 @@ pub struct EgressEvent {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration_ms: f64,
+    /// A request inside a terminated tunnel: its path, query values redacted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The secrets the proxy put into the request (ids).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

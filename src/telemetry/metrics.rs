@@ -477,6 +477,7 @@ fn kind_str(kind: Kind) -> &'static str {
     match kind {
         Kind::Connect => "connect",
         Kind::Http => "http",
+        Kind::Https => "https",
     }
 }
 

@@ -35,6 +35,8 @@ pub struct PoolKey {
     /// [`crate::proxy::workers::Workers::current`] where the connection was opened; `None` off the
     /// workers.
     pub worker: Option<usize>,
+    /// TLS to the origin under this name (inside a terminated tunnel); `None`: plain HTTP.
+    pub tls_name: Option<String>,
 }
 
 /// A pooled connection and when it went idle.
@@ -212,6 +214,7 @@ mod tests {
             lease_id: "lease-a".into(),
             addr: guard.check(&[at], None).dialable[0],
             worker: None,
+            tls_name: None,
         };
         let (client, accepted) = tokio::join!(TcpStream::connect(at), listener.accept());
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client.unwrap()))

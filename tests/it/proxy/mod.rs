@@ -1,6 +1,7 @@
 //! The proxy on the request path: the decision pipeline, forwarding and tunnels over real sockets,
 //! real clients, descriptor limits.
 
+pub mod brokered;
 pub mod clients;
 pub mod counting;
 pub mod descriptors;

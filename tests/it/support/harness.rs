@@ -54,6 +54,20 @@ async fn origin_service(req: Request<Incoming>) -> Result<Response<OriginBody>, 
             }
             text(listing)
         }
+        "/request" => {
+            // What the origin received, each value as its SHA-256 (an origin that echoed a
+            // credential back would hand it to the agent): the method and path, each query
+            // pair, each header.
+            let mut listing = format!("{} {}\n", req.method(), req.uri().path());
+            for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                listing.push_str(&format!("?{name}={}\n", sha_hex(value.as_bytes())));
+            }
+            for (name, value) in req.headers() {
+                listing.push_str(&format!("{name}: {}\n", sha_hex(value.as_bytes())));
+            }
+            text(listing)
+        }
         "/upload" => {
             let mut body = req.into_body();
             let mut hasher = Sha256::new();

@@ -1,0 +1,197 @@
+//! The misuse checks of one request an agent sends, and the secrets it gets: exact-byte scans
+//! of the request target, the header values and a bounded prefix of the body, then the route
+//! rules of the secrets the lease is entitled to for the host.
+//!
+//! Invariant: pure (no I/O, no clock, no state). The order is fixed: a secret's real value or a
+//! canary (`secret-exposed`, `canary-tripped`) → a placeholder of this lease where its secret
+//! is not for (`secret-misdirected`) → the route rules (`route-not-allowed`) → what is put in.
+//! A refusal names a secret by id and a canary by number, never a value or a placeholder.
+//! A secret is put in only inside a terminated tunnel, for a lease whose manifest names an
+//! agent the secret lists, to a host the secret is for (and the decision already allowed).
+
+use super::broker::{is_entitled, is_for};
+use crate::contract::{Key, Lease};
+use crate::policy::codes::{Code, Refusal};
+use crate::secrets::{placeholder, Hit, Placement, Secret, SecretSet};
+
+/// How much of a request body the checks read: the first 64 KiB (the rest streams unread).
+pub const MAX_BODY_SCAN: usize = 64 * 1024;
+
+/// What the checks see of one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    pub method: &'a str,
+    /// The path, without the query: what route rules match.
+    pub path: &'a str,
+    /// The DNS name the request goes to; `None` for an address.
+    pub host: Option<&'a str>,
+    /// The request target, each header value, the body's first [`MAX_BODY_SCAN`] bytes.
+    pub parts: &'a [&'a [u8]],
+    /// Inside a terminated tunnel: the proxy may put secrets in. A forwarded plain-HTTP request
+    /// is only checked.
+    pub terminated: bool,
+}
+
+/// Checks `seen` for `lease` (signed with `key`) against `set`; the secrets to put in.
+pub fn inspect<'s>(
+    set: &'s SecretSet,
+    lease: &Lease,
+    key: Option<&Key>,
+    seen: &Seen<'_>,
+) -> Result<Vec<&'s Secret>, Refusal> {
+    for part in seen.parts {
+        match set.find_exact(part) {
+            None => {}
+            Some(Hit::Secret { id }) => {
+                return Err(Refusal::new(
+                    Code::SecretExposed,
+                    format!(
+                        "the request carries the value of secret {id:?}: an agent never holds \
+                         it, the proxy puts it in"
+                    ),
+                ))
+            }
+            Some(Hit::Canary { number }) => {
+                return Err(Refusal::new(
+                    Code::CanaryTripped,
+                    format!("the request carries canary #{number}"),
+                ))
+            }
+        }
+    }
+    let goes_to = |secret: &Secret| {
+        seen.terminated
+            && seen.host.is_some_and(|host| is_for(secret, host))
+            && routes_take(secret, seen)
+    };
+    if let Some(key) = key {
+        for secret in set.secrets() {
+            let stand_in = placeholder::derive(key, &lease.id, &secret.spec().id);
+            let carried = seen
+                .parts
+                .iter()
+                .any(|part| memchr::memmem::find(part, stand_in.as_bytes()).is_some());
+            if carried && !(is_entitled(secret, lease) && goes_to(secret)) {
+                return Err(misdirected(secret, lease, seen));
+            }
+        }
+    }
+    if !seen.terminated {
+        return Ok(Vec::new());
+    }
+    let Some(host) = seen.host else {
+        return Ok(Vec::new());
+    };
+    let for_host: Vec<&Secret> = set
+        .secrets()
+        .iter()
+        .filter(|secret| is_entitled(secret, lease) && is_for(secret, host))
+        .collect();
+    let taken: Vec<&Secret> = for_host
+        .iter()
+        .copied()
+        .filter(|secret| routes_take(secret, seen))
+        .collect();
+    if taken.is_empty() && !for_host.is_empty() {
+        let ids: Vec<&str> = for_host.iter().map(|s| s.spec().id.as_str()).collect();
+        return Err(Refusal::new(
+            Code::RouteNotAllowed,
+            format!(
+                "{} {} is outside the routes of secret {} for {host}",
+                seen.method,
+                seen.path,
+                ids.join(", ")
+            ),
+        ));
+    }
+    Ok(taken)
+}
+
+/// A secret without route rules takes every request to its hosts.
+fn routes_take(secret: &Secret, seen: &Seen<'_>) -> bool {
+    let routes = &secret.spec().routes;
+    routes.is_empty() || routes.iter().any(|r| r.matches(seen.method, seen.path))
+}
+
+fn misdirected(secret: &Secret, lease: &Lease, seen: &Seen<'_>) -> Refusal {
+    let id = &secret.spec().id;
+    let host = seen.host.unwrap_or("an address");
+    let place = match seen.terminated {
+        true => format!("{} {host}{}", seen.method, seen.path),
+        false => format!("{} http://{host}{} (plain HTTP)", seen.method, seen.path),
+    };
+    Refusal::new(
+        Code::SecretMisdirected,
+        format!(
+            "the request carries lease {}'s placeholder for secret {id:?}, which is not for {place}",
+            lease.id
+        ),
+    )
+}
+
+/// `path?query` with every query value replaced by `[redacted]` (names kept): what the egress
+/// log shows of a terminated request's target.
+pub fn redacted_target(path: &str, query: Option<&str>) -> String {
+    let Some(query) = query else {
+        return path.to_owned();
+    };
+    let mut out = String::with_capacity(path.len() + query.len());
+    out.push_str(path);
+    out.push('?');
+    for (i, pair) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        match pair.split_once('=') {
+            Some((name, _)) => {
+                out.push_str(name);
+                out.push_str("=[redacted]");
+            }
+            // A bare item is all value.
+            None if pair.is_empty() => {}
+            None => out.push_str("[redacted]"),
+        }
+    }
+    out
+}
+
+/// Puts `secret` into the request: its header set (replacing every value the agent sent, a
+/// placeholder included; marked sensitive so HTTP/2 never indexes it), or its query parameter
+/// set in place of any the agent sent.
+pub fn put_in(parts: &mut http::request::Parts, secret: &Secret) -> Result<(), Refusal> {
+    let rendered = secret.rendered();
+    let unusable = |why: &str| {
+        Refusal::new(
+            Code::UpstreamUnreachable,
+            format!("secret {:?} cannot be put in: {why}", secret.spec().id),
+        )
+    };
+    match &secret.spec().placement {
+        Placement::Header(name) => {
+            let mut value = http::HeaderValue::from_str(&rendered)
+                .map_err(|_| unusable("its value is not a valid header value"))?;
+            value.set_sensitive(true);
+            parts.headers.insert(name.clone(), value);
+        }
+        Placement::Query(param) => {
+            let query = parts.uri.query().unwrap_or("");
+            let mut rebuilt = url::form_urlencoded::Serializer::new(String::new());
+            for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+                if name != param.as_str() {
+                    rebuilt.append_pair(&name, &value);
+                }
+            }
+            rebuilt.append_pair(param, &rendered);
+            let target = format!("{}?{}", parts.uri.path(), rebuilt.finish());
+            let mut uri = http::uri::Parts::from(parts.uri.clone());
+            uri.path_and_query = Some(
+                target
+                    .parse()
+                    .map_err(|_| unusable("the request target would not parse"))?,
+            );
+            parts.uri = http::Uri::from_parts(uri)
+                .map_err(|_| unusable("the request target would not parse"))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! Terminated tunnels: a CONNECT to a host some secret is for is answered, after the 200, with a
+//! leaf minted under the interception CA; each request inside is decided again, checked for
+//! misuse, given the secrets its lease is entitled to, and sent to the origin over verified TLS.
+//!
+//! Invariant: the origin's TLS, verified for the CONNECT host, is up before the client hears
+//! 200, so a failure is a 502 `upstream-tls-failed` and never a blind relay; the client's SNI
+//! must be the CONNECT host (`sni-mismatch` otherwise); every request inside is decided by
+//! [`Proxy::clear_inside`] over the registry's current state, inspected
+//! ([`crate::intercept::inspect`]) before anything of it reaches the origin, and written on its
+//! own egress line (kind `https`).
+
+use super::decision::Asked;
+use super::exchange::Exchange;
+use super::forward::{self, Forwarded, Upstream};
+use super::pipeline::Cleared;
+use super::{Body, ClientConn, Proxy};
+use crate::intercept::inspect;
+use crate::intercept::Broker;
+use crate::policy::codes::{Code, Refusal};
+use crate::policy::{Target, TargetHost};
+use crate::telemetry::egress::Kind;
+use http::header::{self, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+/// The broker, when tunnels to `target` are terminated: some secret in use is for its name.
+pub fn terminates(proxy: &Proxy, target: &Target) -> Option<Arc<Broker>> {
+    let broker = proxy.broker.as_ref()?;
+    Broker::terminates(&broker.secrets.current(), &target.host).then(|| broker.clone())
+}
+
+/// Before the client's 200: TLS to the origin over the dialled `stream`, verified for the
+/// CONNECT host; the connection goes into the lease's pool for the first request inside.
+pub async fn open(
+    proxy: &Proxy,
+    broker: &Broker,
+    stream: TcpStream,
+    cleared: &Cleared,
+) -> Result<(), Refusal> {
+    let name = tls_name(&cleared.decision.target)?;
+    let addr = *cleared
+        .addrs
+        .first()
+        .ok_or_else(|| Refusal::new(Code::UpstreamUnreachable, "no address was dialled"))?;
+    let addr = stream
+        .peer_addr()
+        .ok()
+        .and_then(|peer| cleared.addrs.iter().copied().find(|a| a.socket_addr() == peer))
+        .unwrap_or(addr);
+    let config = broker.upstream_config();
+    let tls = forward::upstream_tls(
+        &config,
+        name,
+        stream,
+        addr,
+        proxy.config.connect_timeout,
+    )
+    .await?;
+    let to = upstream(cleared, &cleared.decision.target, &config, name);
+    forward::pool_connection(proxy, &to, addr, TokioIo::new(tls)).await
+}
+
+fn tls_name(target: &Target) -> Result<&str, Refusal> {
+    match &target.host {
+        TargetHost::Name(name) => Ok(name),
+        TargetHost::Ip(ip) => Err(Refusal::new(
+            Code::UpstreamTlsFailed,
+            format!("{ip} is an address: terminated tunnels are to names only"),
+        )),
+    }
+}
+
+fn upstream<'a>(
+    cleared: &'a Cleared,
+    target: &'a Target,
+    config: &'a Arc<rustls::ClientConfig>,
+    name: &'a str,
+) -> Upstream<'a> {
+    Upstream {
+        lease_id: &cleared.lease_id,
+        addrs: &cleared.addrs,
+        target,
+        token: &cleared.token,
+        tls: Some((config, name)),
+    }
+}
+
+/// One terminated tunnel, shared by the requests inside it.
+struct Inside {
+    proxy: Arc<Proxy>,
+    conn: Arc<ClientConn>,
+    broker: Arc<Broker>,
+    upstream: Arc<rustls::ClientConfig>,
+    cleared: Cleared,
+    /// The CONNECT target as the client wrote it.
+    authority: String,
+}
+
+/// After the 200: the client's TLS, ended with a minted leaf, then HTTP/2 or HTTP/1.1 (ALPN)
+/// served until either side ends, the lease closes or a drain runs out.
+pub async fn tunnel(
+    proxy: Arc<Proxy>,
+    conn: Arc<ClientConn>,
+    req: Request<Incoming>,
+    broker: Arc<Broker>,
+    cleared: Cleared,
+    authority: String,
+    mut ex: Exchange,
+) {
+    let upgraded = match hyper::upgrade::on(req).await {
+        Ok(upgraded) => upgraded,
+        Err(error) => {
+            ex.error = Some(format!("upgrade failed: {error}"));
+            return;
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(broker.server_config());
+    let limit = proxy.config.header_read_timeout;
+    let accepted = tokio::select! {
+        _ = cleared.token.cancelled() => return,
+        _ = proxy.hard_stop.cancelled() => return,
+        accepted = tokio::time::timeout(limit, acceptor.accept(TokioIo::new(upgraded))) => accepted,
+    };
+    let tls = match accepted {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            ex.error = Some(format!(
+                "the client's TLS handshake failed (does it trust the interception CA? a client \
+                 that pins certificates cannot use a terminated host): {error}"
+            ));
+            return;
+        }
+        Err(_) => {
+            ex.error = Some(format!("no TLS handshake from the client within {limit:?}"));
+            return;
+        }
+    };
+    let sni = tls.get_ref().1.server_name().map(str::to_owned);
+    let target = &cleared.decision.target;
+    let same = sni
+        .as_deref()
+        .and_then(|sni| crate::policy::target::parse_host(sni).ok())
+        .is_some_and(|host| host == target.host);
+    if !same {
+        let refusal = Refusal::new(
+            Code::SniMismatch,
+            format!(
+                "TLS SNI {:?} is not the CONNECT host {} of a terminated tunnel",
+                sni.as_deref().unwrap_or(""),
+                target.host
+            ),
+        );
+        if let Err(refusal) = proxy.policy_failure(&mut ex, refusal) {
+            proxy.record_refusal(&mut ex, &refusal).await;
+            ex.error = Some(refusal.detail);
+            return;
+        }
+    }
+    let token = cleared.token.clone();
+    let inside = Arc::new(Inside {
+        proxy: proxy.clone(),
+        conn,
+        upstream: broker.upstream_config(),
+        broker,
+        cleared,
+        authority,
+    });
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let inside = inside.clone();
+        async move { Ok::<_, std::convert::Infallible>(inside.request(req).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let serving = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+    tokio::pin!(serving);
+    let lease = ex.lease_id.clone().unwrap_or_default();
+    proxy.telemetry.metrics.tunnel_opened(&lease);
+    tokio::select! {
+        served = serving.as_mut() => {
+            if let Err(error) = served {
+                tracing::debug!(%error, "terminated tunnel ended with an error");
+            }
+        }
+        _ = token.cancelled() => {
+            // The lease closed: a request in flight ends with it (its body and wait are tied
+            // to the token), or is the refusal that closed it, which is answered; nothing new
+            // is read.
+            serving.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = serving.as_mut() => {}
+                _ = proxy.hard_stop.cancelled() => {}
+            }
+        }
+        _ = proxy.hard_stop.cancelled() => {}
+    }
+    proxy.telemetry.metrics.tunnel_closed(&lease);
+}
+
+impl Inside {
+    /// One request inside the tunnel: its own exchange and egress line.
+    async fn request(&self, req: Request<Incoming>) -> Response<Body> {
+        let proxy = &self.proxy;
+        let mut ex = Exchange::new(
+            proxy.telemetry.clone(),
+            Kind::Https,
+            req.method().clone(),
+            self.conn.client,
+            self.conn.listener,
+        );
+        let path = inspect::redacted_target(req.uri().path(), req.uri().query());
+        let shown = format!("https://{}{path}", self.authority);
+        ex.path = Some(path);
+        match self.pass(req, &mut ex).await {
+            Ok(forwarded) => forwarded.into_client_response(proxy, &self.conn, ex),
+            Err(refusal) => {
+                // Inside the tunnel the answer may travel over HTTP/2, which has no
+                // connection-specific fields.
+                let mut answer = proxy.refuse(&mut ex, refusal, &shown).await;
+                forward::strip_hop_by_hop(answer.headers_mut(), false);
+                answer
+            }
+        }
+    }
+
+    /// Decided, inspected, given its secrets, sent.
+    async fn pass(&self, mut req: Request<Incoming>, ex: &mut Exchange) -> Result<Forwarded, Refusal> {
+        let proxy = &self.proxy;
+        let named = named_host(&req)?;
+        let asked = Asked::Inside {
+            method: req.method(),
+            host: named.as_ref(),
+        };
+        let decision = proxy
+            .clear_inside(
+                &self.cleared.identity,
+                asked,
+                &self.authority,
+                &self.cleared.token,
+                ex,
+            )
+            .await?;
+        let client_upgrade = forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+        let (body, ahead) = forward::read_ahead(body, &self.cleared.token).await?;
+        let set = self.broker.secrets.current();
+        let host = tls_name(&decision.target)?;
+        let given: Vec<String> = forward::inspected(&set, &decision, &parts, &ahead, true)?
+            .into_iter()
+            .map(|secret| {
+                inspect::put_in(&mut parts, secret)?;
+                Ok(secret.spec().id.clone())
+            })
+            .collect::<Result<_, Refusal>>()?;
+        ex.secrets = given;
+        if let (false, Some(named)) = (parts.headers.contains_key(header::HOST), named) {
+            parts.headers.insert(header::HOST, named);
+        }
+        let to = upstream(&self.cleared, &decision.target, &self.upstream, host);
+        forward::send(proxy, Request::from_parts(parts, body), client_upgrade, to, ex).await
+    }
+}
+
+/// The host a request inside names: `Host`, or HTTP/2's `:authority`; both, when both are
+/// there, must agree (each is checked against the CONNECT target by the decision).
+fn named_host(req: &Request<Incoming>) -> Result<Option<HeaderValue>, Refusal> {
+    let from_uri = req
+        .uri()
+        .authority()
+        .map(|a| HeaderValue::from_str(a.as_str()))
+        .transpose()
+        .map_err(|_| Refusal::new(Code::BadTarget, "the request's authority is not readable"))?;
+    let host = req.headers().get(header::HOST).cloned();
+    match (host, from_uri) {
+        (Some(host), Some(uri)) if host != uri => Err(Refusal::new(
+            Code::HostMismatch,
+            format!(
+                "Host {:?} and :authority {:?} differ",
+                String::from_utf8_lossy(host.as_bytes()),
+                String::from_utf8_lossy(uri.as_bytes())
+            ),
+        )),
+        (Some(host), _) => Ok(Some(host)),
+        (None, uri) => Ok(uri),
+    }
+}
+
