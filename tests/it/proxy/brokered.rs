@@ -11,26 +11,26 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-const VALUE: &str = "ghp_brokeredvalue0123456789abcdef";
-const CANARY: &str = "AKIA-canary-never-anywhere-42";
-const HOST: &str = "api.origin.test";
+pub const VALUE: &str = "ghp_brokeredvalue0123456789abcdef";
+pub const CANARY: &str = "AKIA-canary-never-anywhere-42";
+pub const HOST: &str = "api.origin.test";
 
 /// A proxy with a broker for `HOST` (one header secret with routes, for agent "tester"), its
 /// origin over TLS, and the CA file an agent trusts.
-struct Brokered {
-    h: Harness,
-    server: Server,
-    origin: Origin,
+pub struct Brokered {
+    pub h: Harness,
+    pub server: Server,
+    pub origin: Origin,
     /// The interception CA, as the agent's clients trust it.
-    ca_pem: PathBuf,
+    pub ca_pem: PathBuf,
     /// Another origin, not terminated (no secret is for it): plain HTTP.
-    plain: Origin,
+    pub plain: Origin,
     /// A lease of agent "tester", entitled to the secret, issued before the start.
-    lease: String,
+    pub lease: String,
     /// Another lease of the same agent.
-    second: String,
+    pub second: String,
     /// A lease of an agent the secret does not list.
-    stranger: String,
+    pub stranger: String,
 }
 
 fn secrets_toml(value_env: &str) -> String {
@@ -59,12 +59,12 @@ fn make_ca(dir: &Path) -> PathBuf {
 }
 
 impl Brokered {
-    async fn start() -> Brokered {
+    pub async fn start() -> Brokered {
         Brokered::start_trusting(None).await
     }
 
     /// `upstream_ca`: what the proxy trusts for the origin (default: the origin's own cert).
-    async fn start_trusting(upstream_ca: Option<PathBuf>) -> Brokered {
+    pub async fn start_trusting(upstream_ca: Option<PathBuf>) -> Brokered {
         let h = Harness::new();
         let (origin, origin_ca) = https_origin(HOST, h.dir.path()).await;
         let plain = http_origin().await;
@@ -96,16 +96,16 @@ impl Brokered {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("https://{HOST}:{}{path}", self.origin.addr.port())
     }
 
-    fn placeholder(&self, lease: &str) -> String {
+    pub fn placeholder(&self, lease: &str) -> String {
         placeholder::derive(&self.h.key, lease, "github")
     }
 
     /// curl through the proxy under `lease`, trusting the interception CA.
-    async fn curl(&self, lease: &str, args: &[&str]) -> CurlOutput {
+    pub async fn curl(&self, lease: &str, args: &[&str]) -> CurlOutput {
         let proxy = proxy_url(&self.server, lease);
         let ca = self.ca_pem.display().to_string();
         let mut all = vec!["-x", &proxy, "--cacert", &ca];
@@ -114,14 +114,14 @@ impl Brokered {
     }
 
     /// The lease's status as the admin API tells it.
-    async fn status(&self, lease: &str) -> String {
+    pub async fn status(&self, lease: &str) -> String {
         let (_, view) = admin_get(&self.server, &format!("/leases/{lease}")).await;
         view["status"].as_str().unwrap_or("").to_owned()
     }
 }
 
 /// What the `/request` route says the origin received of header `name` (its SHA-256).
-fn received(body: &str, name: &str) -> Option<String> {
+pub fn received(body: &str, name: &str) -> Option<String> {
     body.lines()
         .find_map(|l| l.strip_prefix(&format!("{name}: ")).map(str::to_owned))
 }
@@ -232,7 +232,7 @@ async fn a_request_outside_the_routes_is_refused_and_the_lease_stays() {
 
 /// What a revoking misuse refusal leaves: 403 with its code, the lease revoked (its next
 /// request refused), a revocation in the journal naming the code, and no value anywhere.
-async fn refused_and_revoked(b: &Brokered, lease: &str, out: CurlOutput, code: &str) {
+pub async fn refused_and_revoked(b: &Brokered, lease: &str, out: CurlOutput, code: &str) {
     assert_eq!(out.status, 403, "{code}: {}", out.stderr);
     assert_eq!(out.header("x-leasegate-refusal").as_deref(), Some(code));
     assert_eq!(b.status(lease).await, "revoked", "{code}");
