@@ -99,6 +99,8 @@ fn event(lease: &str) -> EgressEvent {
         bytes_up: 10,
         bytes_down: 100,
         duration_ms: 1.0,
+        path: None,
+        secrets: Vec::new(),
         error: None,
         revoked: None,
     }

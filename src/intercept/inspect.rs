@@ -195,3 +195,202 @@ pub fn put_in(parts: &mut http::request::Parts, secret: &Secret) -> Result<(), R
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Timestamp;
+    use crate::secrets::Secrets;
+    use std::sync::Arc;
+
+    const VALUE: &str = "value-of-the-github-secret";
+    const CANARY: &str = "canary-never-to-be-sent";
+
+    fn set() -> Arc<SecretSet> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secrets.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"canaries = ["{CANARY}"]
+
+[[secret]]
+id = "github"
+hosts = ["api.github.test"]
+header = "Authorization"
+format = "Bearer {{value}}"
+env = "V"
+routes = [{{ method = "GET", path = "/repos/**" }}]
+agents = ["coder"]
+env_name = "GITHUB_TOKEN"
+"#
+            ),
+        )
+        .unwrap();
+        Secrets::load_with(&path, &|_| Some(VALUE.to_owned()))
+            .unwrap()
+            .current()
+    }
+
+    fn lease(agent: &str) -> Lease {
+        Lease {
+            id: "lease-1".into(),
+            parent: None,
+            issued_at: Timestamp::from_millis(0),
+            expires_at: Timestamp::from_millis(1),
+            agent_name: agent.into(),
+            allow_hosts: vec![],
+            deny_hosts: vec![],
+            key_fingerprint: Arc::from("k"),
+        }
+    }
+
+    fn seen<'a>(method: &'a str, path: &'a str, host: &'a str, parts: &'a [&'a [u8]]) -> Seen<'a> {
+        Seen {
+            method,
+            path,
+            host: Some(host),
+            parts,
+            terminated: true,
+        }
+    }
+
+    fn code(result: Result<Vec<&Secret>, Refusal>) -> Option<Code> {
+        result.err().map(|r| r.code)
+    }
+
+    #[test]
+    fn an_entitled_request_on_a_route_gets_the_secret() {
+        let (set, key, lease) = (set(), Key::generate(), lease("coder"));
+        let stand_in = placeholder::derive(&key, &lease.id, "github");
+        let header = format!("Bearer {stand_in}");
+        let parts: [&[u8]; 2] = [b"/repos/a/b", header.as_bytes()];
+        let given = inspect(
+            &set,
+            &lease,
+            Some(&key),
+            &seen("GET", "/repos/a/b", "api.github.test", &parts),
+        )
+        .unwrap();
+        assert_eq!(given.len(), 1);
+        assert_eq!(given[0].spec().id, "github");
+        // Another agent's lease: nothing put in, and its own placeholder is not for it.
+        let other = lease_named("someone");
+        let given = inspect(
+            &set,
+            &other,
+            Some(&key),
+            &seen("GET", "/repos/a/b", "api.github.test", &[b"/"]),
+        )
+        .unwrap();
+        assert!(given.is_empty());
+    }
+
+    fn lease_named(agent: &str) -> Lease {
+        lease(agent)
+    }
+
+    #[test]
+    fn misuse_is_found_in_any_part_and_named_without_the_bytes() {
+        let (set, key, lease) = (set(), Key::generate(), lease("coder"));
+        let stand_in = placeholder::derive(&key, &lease.id, "github");
+        let cases: [(&str, &str, &str, Vec<u8>, Code); 5] = [
+            (
+                "GET",
+                "/repos/x",
+                "api.github.test",
+                format!("x{VALUE}y").into_bytes(),
+                Code::SecretExposed,
+            ),
+            (
+                "GET",
+                "/repos/x",
+                "api.github.test",
+                CANARY.as_bytes().to_vec(),
+                Code::CanaryTripped,
+            ),
+            // Its placeholder to another host, and to another route of its host.
+            (
+                "GET",
+                "/",
+                "evil.test",
+                stand_in.clone().into_bytes(),
+                Code::SecretMisdirected,
+            ),
+            (
+                "POST",
+                "/repos/x",
+                "api.github.test",
+                stand_in.clone().into_bytes(),
+                Code::SecretMisdirected,
+            ),
+            // No placeholder, outside the routes.
+            (
+                "DELETE",
+                "/user",
+                "api.github.test",
+                b"nothing".to_vec(),
+                Code::RouteNotAllowed,
+            ),
+        ];
+        for (method, path, host, part, want) in cases {
+            let parts: [&[u8]; 1] = [&part];
+            let refused =
+                inspect(&set, &lease, Some(&key), &seen(method, path, host, &parts)).unwrap_err();
+            assert_eq!(refused.code, want, "{method} {host}{path}");
+            for secret in [VALUE, CANARY, stand_in.as_str()] {
+                assert!(!refused.detail.contains(secret), "{}", refused.detail);
+            }
+        }
+        // Plain HTTP to the secret's own host: the placeholder is misdirected too.
+        let parts: [&[u8]; 1] = [stand_in.as_bytes()];
+        let plain = Seen {
+            terminated: false,
+            ..seen("GET", "/repos/x", "api.github.test", &parts)
+        };
+        assert_eq!(
+            code(inspect(&set, &lease, Some(&key), &plain)),
+            Some(Code::SecretMisdirected)
+        );
+        // A placeholder made with another key (another lease's, or a guess) is not this lease's.
+        let foreign = placeholder::derive(&Key::generate(), &lease.id, "github");
+        let parts: [&[u8]; 1] = [foreign.as_bytes()];
+        assert_eq!(
+            code(inspect(
+                &set,
+                &lease,
+                Some(&key),
+                &seen("GET", "/", "evil.test", &parts)
+            )),
+            None
+        );
+    }
+
+    #[test]
+    fn query_values_are_redacted_names_kept() {
+        assert_eq!(redacted_target("/a", None), "/a");
+        assert_eq!(
+            redacted_target("/a", Some("q=1&key=s3cret&flag&&x=")),
+            "/a?q=[redacted]&key=[redacted]&[redacted]&&x=[redacted]"
+        );
+    }
+
+    #[test]
+    fn a_query_secret_replaces_what_the_agent_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secrets.toml");
+        std::fs::write(&path, "[[secret]]\nid = \"search\"\nhosts = [\"s.test\"]\nquery = \"key\"\nenv = \"V\"\nagents = [\"coder\"]\nenv_name = \"SEARCH_KEY\"\n").unwrap();
+        let set = Secrets::load_with(&path, &|_| Some("a+b&c=d/value".to_owned()))
+            .unwrap()
+            .current();
+        let (mut parts, ()) = http::Request::get("/find?q=x&key=lgp_search_stand&z=1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        put_in(&mut parts, &set.secrets()[0]).unwrap();
+        assert_eq!(
+            parts.uri.to_string(),
+            "/find?q=x&z=1&key=a%2Bb%26c%3Dd%2Fvalue"
+        );
+    }
+}

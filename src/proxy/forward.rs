@@ -7,20 +7,20 @@
 //! and was opened for the same lease (a pooled connection is never lent to another lease).
 
 use super::body::Metered;
+use super::body::Prefixed;
 use super::decision::Asked;
+use super::decision::Decision;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
+use super::pipeline::Cleared;
 use super::upstream::PoolKey;
 use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
-use crate::policy::codes::{Code, Refusal};
-use super::body::Prefixed;
-use super::decision::Decision;
-use super::pipeline::Cleared;
 use crate::intercept::inspect::{inspect, Seen, MAX_BODY_SCAN};
-use crate::secrets::{Secret, SecretSet};
 use crate::intercept::Broker;
+use crate::policy::codes::{Code, Refusal};
 use crate::policy::{Target, TargetHost, UpstreamAddr};
+use crate::secrets::{Secret, SecretSet};
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
@@ -261,7 +261,8 @@ async fn sender_for(
     let sender = match to.tls {
         None => handshake(TokioIo::new(stream), addr).await?,
         Some((config, name)) => {
-            let tls = upstream_tls(config, name, stream, addr, proxy.config.connect_timeout).await?;
+            let tls =
+                upstream_tls(config, name, stream, addr, proxy.config.connect_timeout).await?;
             handshake(TokioIo::new(tls), addr).await?
         }
     };

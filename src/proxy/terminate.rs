@@ -48,17 +48,17 @@ pub async fn open(
     let addr = stream
         .peer_addr()
         .ok()
-        .and_then(|peer| cleared.addrs.iter().copied().find(|a| a.socket_addr() == peer))
+        .and_then(|peer| {
+            cleared
+                .addrs
+                .iter()
+                .copied()
+                .find(|a| a.socket_addr() == peer)
+        })
         .unwrap_or(addr);
     let config = broker.upstream_config();
-    let tls = forward::upstream_tls(
-        &config,
-        name,
-        stream,
-        addr,
-        proxy.config.connect_timeout,
-    )
-    .await?;
+    let tls =
+        forward::upstream_tls(&config, name, stream, addr, proxy.config.connect_timeout).await?;
     let to = upstream(cleared, &cleared.decision.target, &config, name);
     forward::pool_connection(proxy, &to, addr, TokioIo::new(tls)).await
 }
@@ -225,7 +225,11 @@ impl Inside {
     }
 
     /// Decided, inspected, given its secrets, sent.
-    async fn pass(&self, mut req: Request<Incoming>, ex: &mut Exchange) -> Result<Forwarded, Refusal> {
+    async fn pass(
+        &self,
+        mut req: Request<Incoming>,
+        ex: &mut Exchange,
+    ) -> Result<Forwarded, Refusal> {
         let proxy = &self.proxy;
         let named = named_host(&req)?;
         let asked = Asked::Inside {
@@ -241,7 +245,8 @@ impl Inside {
                 ex,
             )
             .await?;
-        let client_upgrade = forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+        let client_upgrade =
+            forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let (body, ahead) = forward::read_ahead(body, &self.cleared.token).await?;
         let set = self.broker.secrets.current();
@@ -258,7 +263,14 @@ impl Inside {
             parts.headers.insert(header::HOST, named);
         }
         let to = upstream(&self.cleared, &decision.target, &self.upstream, host);
-        forward::send(proxy, Request::from_parts(parts, body), client_upgrade, to, ex).await
+        forward::send(
+            proxy,
+            Request::from_parts(parts, body),
+            client_upgrade,
+            to,
+            ex,
+        )
+        .await
     }
 }
 
@@ -285,4 +297,3 @@ fn named_host(req: &Request<Incoming>) -> Result<Option<HeaderValue>, Refusal> {
         (None, uri) => Ok(uri),
     }
 }
-

@@ -103,6 +103,8 @@ mod tests {
             bytes_up: 0,
             bytes_down: 0,
             duration_ms: 0.0,
+            path: None,
+            secrets: Vec::new(),
             error: None,
             revoked: None,
         }

@@ -771,6 +771,8 @@ mod tests {
             bytes_up: 10,
             bytes_down: 100,
             duration_ms: 1.0,
+            path: None,
+            secrets: Vec::new(),
             error: None,
             revoked: None,
         }

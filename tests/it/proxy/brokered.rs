@@ -145,7 +145,9 @@ async fn the_origin_gets_the_value_the_agent_holds_only_the_placeholder() {
         );
         assert_eq!(
             received(&body, "host"),
-            Some(sha_hex(format!("{HOST}:{}", b.origin.addr.port()).as_bytes())),
+            Some(sha_hex(
+                format!("{HOST}:{}", b.origin.addr.port()).as_bytes()
+            )),
             "{version}"
         );
         assert!(!out.headers.contains(VALUE) && !body.contains(VALUE));
@@ -246,7 +248,10 @@ pub async fn refused_and_revoked(b: &Brokered, lease: &str, out: CurlOutput, cod
     assert_ne!(next.status, 200, "the lease still opens after {code}");
     for file in [&b.h.egress, &b.h.journal] {
         let text = std::fs::read_to_string(file).unwrap();
-        assert!(!text.contains(VALUE) && !text.contains(CANARY), "{code}: {file:?}");
+        assert!(
+            !text.contains(VALUE) && !text.contains(CANARY),
+            "{code}: {file:?}"
+        );
     }
     let (_, view) = admin_text(&b.server, &format!("/leases/{lease}")).await;
     assert!(!view.contains(VALUE) && !view.contains(CANARY));
@@ -279,9 +284,7 @@ async fn another_leases_placeholder_is_worthless_and_not_misuse_of_this_one() {
     let bearer = format!("Authorization: Bearer {}", b.placeholder(&other));
     // Replaced by the value like anything in the header: the other lease's stand-in gives
     // nothing more than none.
-    let out = b
-        .curl(&lease, &["-H", &bearer, &b.url("/request")])
-        .await;
+    let out = b.curl(&lease, &["-H", &bearer, &b.url("/request")]).await;
     assert_eq!(out.status, 200, "{}", out.stderr);
     assert_eq!(b.status(&lease).await, "open");
 }
@@ -342,6 +345,11 @@ async fn a_client_that_does_not_trust_the_ca_fails_closed() {
     let proxy = proxy_url(&b.server, &lease);
     let out = curl(&["-x", &proxy, &b.url("/request")], &[]).await;
     assert_eq!(out.exit, 60, "{}", out.stderr);
-    assert_eq!(b.origin.connections.load(std::sync::atomic::Ordering::SeqCst), 1,
-        "only the proxy's own connection, made before the 200; no request reached the origin");
+    assert_eq!(
+        b.origin
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the proxy's own connection, made before the 200; no request reached the origin"
+    );
 }

@@ -59,7 +59,13 @@ async fn origin_service(req: Request<Incoming>) -> Result<Response<OriginBody>, 
             // credential back would hand it to the agent): the method and path, each query
             // pair, each header.
             let mut listing = format!("{} {}\n", req.method(), req.uri().path());
-            for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            for pair in req
+                .uri()
+                .query()
+                .unwrap_or("")
+                .split('&')
+                .filter(|p| !p.is_empty())
+            {
                 let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
                 listing.push_str(&format!("?{name}={}\n", sha_hex(value.as_bytes())));
             }
