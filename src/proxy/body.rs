@@ -139,11 +139,26 @@ where
 pub struct Counted<S> {
     pub inner: S,
     read: Counter,
+    /// Counts the bytes written to it too, when set.
+    written: Option<Counter>,
 }
 
 impl<S> Counted<S> {
     pub fn new(inner: S, read: Counter) -> Counted<S> {
-        Counted { inner, read }
+        Counted {
+            inner,
+            read,
+            written: None,
+        }
+    }
+
+    /// Counts both ways: what is read from it into `read`, what is written into `written`.
+    pub fn both(inner: S, read: Counter, written: Counter) -> Counted<S> {
+        Counted {
+            inner,
+            read,
+            written: Some(written),
+        }
     }
 }
 
@@ -167,7 +182,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let (Some(written), Poll::Ready(Ok(n))) = (&self.written, &result) {
+            written.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        result
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -9,8 +9,9 @@
 //! ([`crate::intercept::inspect`]) before anything of it reaches the origin, and written on its
 //! own egress line (kind `https`).
 
+use super::body::{Counted, RelayEnd};
 use super::decision::Asked;
-use super::exchange::Exchange;
+use super::exchange::{Counter, Exchange};
 use super::forward::{self, Forwarded, Upstream};
 use super::pipeline::Cleared;
 use super::{Body, ClientConn, Proxy};
@@ -23,6 +24,7 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
@@ -117,12 +119,16 @@ pub async fn tunnel(
             return;
         }
     };
+    // What the client sends and is sent, watched for idleness (not the exchange's bytes: those
+    // are the requests', on their own lines).
+    let (read, written) = (Counter::default(), Counter::default());
+    let upgraded = Counted::both(TokioIo::new(upgraded), read.clone(), written.clone());
     let acceptor = tokio_rustls::TlsAcceptor::from(broker.server_config());
     let limit = proxy.config.header_read_timeout;
     let accepted = tokio::select! {
         _ = cleared.token.cancelled() => return,
         _ = proxy.hard_stop.cancelled() => return,
-        accepted = tokio::time::timeout(limit, acceptor.accept(TokioIo::new(upgraded))) => accepted,
+        accepted = tokio::time::timeout(limit, acceptor.accept(upgraded)) => accepted,
     };
     let tls = match accepted {
         Ok(Ok(tls)) => tls,
@@ -194,8 +200,26 @@ pub async fn tunnel(
             }
         }
         _ = proxy.hard_stop.cancelled() => {}
+        _ = idle(&read, &written, proxy.config.tunnel_idle_timeout) => {
+            ex.error = RelayEnd::Idle.describe();
+        }
     }
     proxy.telemetry.metrics.tunnel_closed(&lease);
+}
+
+/// Returns once a whole `limit` passed with no byte either way (so after between one and two
+/// limits of silence).
+async fn idle(read: &Counter, written: &Counter, limit: std::time::Duration) {
+    let moved = || read.load(Ordering::Relaxed) + written.load(Ordering::Relaxed);
+    let mut before = moved();
+    loop {
+        tokio::time::sleep(limit).await;
+        let now = moved();
+        if now == before {
+            return;
+        }
+        before = now;
+    }
 }
 
 impl Inside {

@@ -60,7 +60,11 @@ fn every_refusal_code_is_in_the_reference_with_its_status_and_revocation() {
                 cells.first()
             ));
         }
-        let revokes = if code.is_policy() { "yes" } else { "no" };
+        let revokes = match (code.is_misuse(), code.is_policy()) {
+            (true, _) => "always",
+            (false, true) => "yes",
+            (false, false) => "no",
+        };
         if cells.get(1).map(String::as_str) != Some(revokes) {
             problems.push(format!(
                 "{code}: revokes {:?}, the code says {revokes}",

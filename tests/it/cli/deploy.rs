@@ -304,3 +304,17 @@ fn compose_binds_lease_ports_only_where_the_agents_are() {
         .iter()
         .any(|v| v.as_str() == Some("journal:/var/lib/leasegate")));
 }
+
+/// The agent's container mounts nothing and gets no secret: neither the signing key nor the
+/// interception CA's key can be read from it; only the proxy's service mounts them.
+#[test]
+fn compose_gives_the_agent_no_key() {
+    let compose: Yaml = serde_yaml_ng::from_str(COMPOSE).expect("compose.yaml parses");
+    let agent = &compose["services"]["agent"];
+    assert!(agent.get("volumes").is_none(), "{agent:?}");
+    assert!(agent.get("secrets").is_none(), "{agent:?}");
+    assert!(agent.get("volumes_from").is_none(), "{agent:?}");
+    // The brokered-credentials mounts are the proxy's, named where the guide says.
+    assert!(COMPOSE.contains("- ./ca:/etc/leasegate/ca:ro"));
+    assert!(COMPOSE.contains("LEASEGATE_CA_DIR: /etc/leasegate/ca"));
+}
