@@ -25,6 +25,8 @@ use std::time::Duration;
 
 /// Hosts listed per lease.
 pub const TOP_HOSTS: usize = 5;
+/// Routes of terminated hosts listed per lease.
+pub const TOP_ROUTES: usize = 10;
 
 /// The `--lease` value that selects lines without a lease.
 pub const NO_LEASE: &str = "_";
@@ -88,6 +90,9 @@ pub struct LeaseUsage {
     pub bytes_down: u64,
     /// The most called hosts, most calls first (ties by name), at most [`TOP_HOSTS`].
     pub top_hosts: Vec<HostCalls>,
+    /// Calls inside terminated tunnels by route (`METHOD host/path`, query left out), most
+    /// first, at most [`TOP_ROUTES`].
+    pub top_routes: Vec<RouteCalls>,
     /// The first and last line's time.
     pub first: Timestamp,
     pub last: Timestamp,
@@ -96,6 +101,12 @@ pub struct LeaseUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostCalls {
     pub host: String,
+    pub calls: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteCalls {
+    pub route: String,
     pub calls: u64,
 }
 
@@ -124,6 +135,7 @@ struct Counts {
     bytes_up: u64,
     bytes_down: u64,
     hosts: HashMap<String, u64>,
+    routes: HashMap<String, u64>,
     first: Timestamp,
     last: Timestamp,
 }
@@ -142,6 +154,7 @@ impl Tally {
             return;
         };
         let challenge = line.is_challenge();
+        let route = line.route();
         let counts = self.leases.entry(line.lease_id).or_insert(Counts {
             calls: 0,
             challenges: 0,
@@ -149,6 +162,7 @@ impl Tally {
             bytes_up: 0,
             bytes_down: 0,
             hosts: HashMap::new(),
+            routes: HashMap::new(),
             first: time,
             last: time,
         });
@@ -161,6 +175,9 @@ impl Tally {
         }
         counts.bytes_up = counts.bytes_up.saturating_add(line.bytes_up);
         counts.bytes_down = counts.bytes_down.saturating_add(line.bytes_down);
+        if let Some(route) = route {
+            *counts.routes.entry(route).or_default() += 1;
+        }
         if let Some(host) = line.host {
             *counts.hosts.entry(host).or_default() += 1;
         }
@@ -173,13 +190,11 @@ impl Tally {
             .leases
             .into_iter()
             .map(|(lease_id, c)| {
-                let mut hosts: Vec<HostCalls> = c
-                    .hosts
-                    .into_iter()
-                    .map(|(host, calls)| HostCalls { host, calls })
-                    .collect();
-                hosts.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.host.cmp(&b.host)));
-                hosts.truncate(TOP_HOSTS);
+                let hosts = top(c.hosts, TOP_HOSTS, |host, calls| HostCalls { host, calls });
+                let routes = top(c.routes, TOP_ROUTES, |route, calls| RouteCalls {
+                    route,
+                    calls,
+                });
                 LeaseUsage {
                     lease_id,
                     calls: c.calls,
@@ -189,6 +204,7 @@ impl Tally {
                     bytes_up: c.bytes_up,
                     bytes_down: c.bytes_down,
                     top_hosts: hosts,
+                    top_routes: routes,
                     first: c.first,
                     last: c.last,
                 }
@@ -205,6 +221,17 @@ impl Tally {
             unreadable: self.unreadable,
         }
     }
+}
+
+/// The `n` most called of `calls`, most first, ties by name.
+fn top<T>(calls: HashMap<String, u64>, n: usize, make: impl Fn(String, u64) -> T) -> Vec<T> {
+    let mut sorted: Vec<(String, u64)> = calls.into_iter().collect();
+    sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    sorted.truncate(n);
+    sorted
+        .into_iter()
+        .map(|(name, calls)| make(name, calls))
+        .collect()
 }
 
 /// The report of `lines` under `filter`: the one aggregation both sources use.
@@ -365,6 +392,24 @@ pub fn render_table(leases: &[LeaseUsage]) -> String {
     crate::table::render(header, &cells)
 }
 
+/// Calls per route of terminated hosts, a row per lease and route; `None` when no lease has
+/// any.
+pub fn render_routes(leases: &[LeaseUsage]) -> Option<String> {
+    let rows: Vec<[String; 3]> = leases
+        .iter()
+        .flat_map(|u| {
+            u.top_routes.iter().map(|r| {
+                [
+                    u.lease_id.clone().unwrap_or_else(|| "-".into()),
+                    r.route.clone(),
+                    r.calls.to_string(),
+                ]
+            })
+        })
+        .collect();
+    (!rows.is_empty()).then(|| crate::table::render(["LEASE", "ROUTE", "CALLS"], &rows))
+}
+
 /// `usage`: one report from an egress stream or an egress log file.
 pub fn exec(args: UsageArgs) -> CliResult {
     let since = args.since.map(super::ago);
@@ -400,6 +445,10 @@ pub fn exec(args: UsageArgs) -> CliResult {
         }
     } else {
         out.write_all(render_table(&report.leases).as_bytes())?;
+        if let Some(routes) = render_routes(&report.leases) {
+            writeln!(out)?;
+            out.write_all(routes.as_bytes())?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -504,6 +553,7 @@ mod tests {
                             calls: 1
                         },
                     ],
+                    top_routes: vec![],
                     first: t("2026-01-01T10:00:00.000Z"),
                     last: t("2026-01-01T10:00:04.000Z"),
                 },
@@ -519,6 +569,7 @@ mod tests {
                         host: "c.test".into(),
                         calls: 1
                     }],
+                    top_routes: vec![],
                     first: t("2026-01-01T11:00:00.000Z"),
                     last: t("2026-01-01T11:00:00.000Z"),
                 },
@@ -531,6 +582,7 @@ mod tests {
                     bytes_up: 0,
                     bytes_down: 0,
                     top_hosts: vec![],
+                    top_routes: vec![],
                     first: t("2026-01-01T11:00:01.000Z"),
                     last: t("2026-01-01T11:00:01.000Z"),
                 },
@@ -621,5 +673,35 @@ mod tests {
             rows[3],
             "-                                     1      0        1           0         0           -                                 -"
         );
+    }
+
+    #[test]
+    fn terminated_requests_are_counted_per_route_without_their_query() {
+        let https = |method: &str, path: &str| {
+            format!(
+                r#"{{"time":"2026-12-01T10:00:00.000Z","lease_id":"L","host":"api.test","verdict":"allow","code":null,"bytes_up":1,"bytes_down":2,"kind":"https","method":"{method}","path":"{path}"}}"#
+            )
+        };
+        let lines = [
+            https("GET", "/repos/a?page=[redacted]"),
+            https("GET", "/repos/a"),
+            https("POST", "/issues"),
+            line("2026-12-01T10:00:01Z", Some("L"), Some("api.test"), None),
+        ];
+        let report = aggregate(lines.iter().map(|l| l.as_bytes()), Filter::default());
+        let routes: Vec<(&str, u64)> = report.leases[0]
+            .top_routes
+            .iter()
+            .map(|r| (r.route.as_str(), r.calls))
+            .collect();
+        assert_eq!(
+            routes,
+            [("GET api.test/repos/a", 2), ("POST api.test/issues", 1)]
+        );
+        assert_eq!(
+            render_routes(&report.leases).unwrap(),
+            "LEASE  ROUTE                 CALLS\nL      GET api.test/repos/a  2\nL      POST api.test/issues  1\n"
+        );
+        assert_eq!(render_routes(&[]), None);
     }
 }

@@ -124,6 +124,14 @@ pub struct LoggedLine {
     pub code: Option<String>,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// `https` for a request inside a terminated tunnel (absent in older lines).
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub method: Option<String>,
+    /// A terminated request's path, query values redacted.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// One egress line as a reader takes it.
@@ -139,6 +147,21 @@ pub enum ReadLine {
 impl LoggedLine {
     /// A 407 asking for credentials: `"verdict": "challenge"`, or, in lines written before
     /// challenges were told apart, a `lease-missing` refusal.
+    /// A request inside a terminated tunnel as a route: `GET api.example.com/repos/a` (the
+    /// path without its query).
+    pub fn route(&self) -> Option<String> {
+        if self.kind.as_deref() != Some("https") {
+            return None;
+        }
+        let path = self.path.as_deref()?;
+        let path = path.split_once('?').map_or(path, |(path, _)| path);
+        Some(format!(
+            "{} {}{path}",
+            self.method.as_deref().unwrap_or("-"),
+            self.host.as_deref().unwrap_or("-")
+        ))
+    }
+
     pub fn is_challenge(&self) -> bool {
         self.verdict == "challenge"
             || (self.verdict == "refuse" && self.code.as_deref() == Some("lease-missing"))
