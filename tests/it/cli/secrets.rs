@@ -1,7 +1,7 @@
 //! `serve --secrets --ca-dir` (a CA from `ca init`): a bad file, or a secret the CA does not
-//! cover, stops the start with its problems; a good one starts, SIGHUP
-//! reloads it whole or keeps the set in use, and no value or canary reaches any output
-//! (stderr, the egress log, the journal, /metrics, /status).
+//! cover, stops the start with its problems; a good one starts, SIGHUP reloads it whole or
+//! keeps the set in use, and no value or canary reaches any output (stderr, the egress log,
+//! the journal, /metrics, /status).
 
 use crate::proxy::descriptors::Served;
 use crate::support::harness::{curl, eventually, http_origin, Harness};
