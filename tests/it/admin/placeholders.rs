@@ -8,9 +8,9 @@ use leasegate::server::Server;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-const VALUE: &str = "ghp_placeholdervalue0123456789";
-const OTHER_VALUE: &str = "deploy-othervalue-0123456789";
-const TOKEN: &str = "s3cret";
+pub(crate) const VALUE: &str = "ghp_placeholdervalue0123456789";
+pub(crate) const OTHER_VALUE: &str = "deploy-othervalue-0123456789";
+pub(crate) const TOKEN: &str = "s3cret";
 
 /// `github` for the agent `coder`, `deploy` for the agent `deployer`.
 const SECRETS: &str = r#"
@@ -53,8 +53,9 @@ fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
-/// The harness's server with `token` as admin token and `broker` set or not.
-async fn start(h: &Harness, token: Option<&str>, with_broker: bool) -> Server {
+/// The harness's server with `token` as admin token and, if `with_broker`, the secrets of
+/// [`SECRETS`] under a CA for `origin.test` (`ca/` in the harness's directory).
+pub(crate) async fn start(h: &Harness, token: Option<&str>, with_broker: bool) -> Server {
     let mut config = h.serve_config(h.config(&[]), None);
     config.admin_token = token.map(str::to_owned);
     if with_broker {
