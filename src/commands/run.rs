@@ -213,7 +213,17 @@ async fn brokered(
         return Ok(Brokered::default());
     };
     match admin.placeholders(lease, Some(token)).await {
-        Ok(Some(answer)) => Brokered::parse(&answer, admin.shown()),
+        Ok(Some(answer)) => {
+            let brokered = Brokered::parse(&answer, admin.shown())?;
+            for name in &brokered.refused {
+                eprintln!(
+                    "leasegate run: warning: not setting {name} to a placeholder: `run` sets it \
+                     itself, or it changes what the child runs or loads; give the secret another \
+                     env_name"
+                );
+            }
+            Ok(brokered)
+        }
         Ok(None) => {
             eprintln!(
                 "leasegate run: warning: the admin API at {} does not hand out placeholders (a \

@@ -154,7 +154,7 @@ pub fn is_for(secret: &Secret, name: &str) -> bool {
 /// secret's `agents`.
 pub fn entitled<'a>(set: &'a SecretSet, lease: &'a Lease) -> impl Iterator<Item = &'a Secret> {
     set.secrets().iter().filter(move |s| {
-        !lease.agent_name.is_empty() && s.spec().agents.iter().any(|a| *a == lease.agent_name)
+        !lease.agent_name.is_empty() && s.spec().agents.contains(&lease.agent_name)
     })
 }
 

@@ -56,6 +56,8 @@ const NEVER: [&str; 13] = [
 pub struct Brokered {
     pub placeholders: Vec<(String, String)>,
     pub ca: Option<String>,
+    /// The variables named that a placeholder may not go in: left out, for a warning.
+    pub refused: Vec<String>,
 }
 
 impl Brokered {
@@ -71,21 +73,21 @@ impl Brokered {
             .as_array()
             .ok_or_else(|| unreadable("no \"placeholders\" list".into()))?;
         let mut placeholders = Vec::with_capacity(list.len());
+        let mut refused = Vec::new();
         for entry in list {
             let (Some(env), Some(placeholder)) =
                 (entry["env"].as_str(), entry["placeholder"].as_str())
             else {
                 return Err(unreadable(format!("entry {entry}")));
             };
-            if !settable(env) {
-                return Err(unreadable(format!(
-                    "{env:?} is not a variable a placeholder may go in"
-                )));
-            }
             if !is_placeholder(placeholder) {
                 return Err(unreadable(format!("{env}: not a placeholder")));
             }
-            placeholders.push((env.to_owned(), placeholder.to_owned()));
+            // Left out rather than fatal: the child is only without that placeholder.
+            match settable(env) {
+                true => placeholders.push((env.to_owned(), placeholder.to_owned())),
+                false => refused.push(env.to_owned()),
+            }
         }
         let ca = match &answer["ca"] {
             Value::Null => None,
@@ -105,7 +107,11 @@ impl Brokered {
             }
             other => return Err(unreadable(format!("ca {other}"))),
         };
-        Ok(Brokered { placeholders, ca })
+        Ok(Brokered {
+            placeholders,
+            ca,
+            refused,
+        })
     }
 }
 
@@ -224,6 +230,7 @@ mod tests {
             Brokered {
                 placeholders: vec![("GITHUB_TOKEN".into(), placeholder.into())],
                 ca: Some(ca.clone()),
+                refused: Vec::new(),
             }
         );
         let none = json!({"lease": "l", "placeholders": [], "ca": null});
@@ -243,14 +250,15 @@ mod tests {
             "A=B",
             "",
         ] {
-            let bad =
-                json!({"placeholders": [{"env": env, "placeholder": placeholder}], "ca": null});
-            assert!(
-                matches!(
-                    Brokered::parse(&bad, "http://a"),
-                    Err(RunError::Admin { .. })
-                ),
-                "{env:?}"
+            let bad = json!({"placeholders": [
+                {"env": env, "placeholder": placeholder},
+                {"env": "SEARCH_KEY", "placeholder": placeholder},
+            ], "ca": null});
+            let read = Brokered::parse(&bad, "http://a").unwrap();
+            assert_eq!(read.refused, [env], "{env:?}");
+            assert_eq!(
+                read.placeholders,
+                [("SEARCH_KEY".to_owned(), placeholder.to_owned())]
             );
         }
         for bad in [
