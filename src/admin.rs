@@ -15,9 +15,11 @@
 //! without it (the page holds no data: every call it makes carries the token); every answer
 //! but `/metrics` and `/` is JSON, errors included. A credential (a `proxy_url` carrying a
 //! lease id or token) is shown only to a caller that presented the configured token: with no
-//! token configured nobody is authenticated, so nobody gets one.
+//! token configured nobody is authenticated, so nobody gets one; the same holds for a lease's
+//! placeholders (`GET /leases/{id}/placeholders`, [`placeholders`]).
 
 pub mod origin;
+pub mod placeholders;
 pub mod query;
 pub mod scrape;
 pub mod status;
@@ -329,6 +331,9 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 Err(message) => error(StatusCode::BAD_REQUEST, message),
             }
         }
+        (&Method::GET, ["leases", id, "placeholders"]) => {
+            placeholders::placeholders(&state, id, with_credentials)
+        }
         (&Method::POST, ["leases", id, "revoke"]) => {
             let id = id.to_string();
             revoke(&state, &id, req).await
@@ -349,7 +354,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             _,
             ["healthz" | "readyz" | "status" | "metrics" | "leases" | "refusals" | "rates"]
             | ["leases", _]
-            | ["leases", _, "revoke" | "requests"],
+            | ["leases", _, "revoke" | "requests" | "placeholders"],
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),

@@ -124,6 +124,6 @@ pub fn serve_config(journal: JournalLocation, dir: &Path, key: &Key) -> ServeCon
         admin_insecure: false,
         drain_timeout: Duration::from_secs(1),
         wall: Default::default(),
-        secrets: None,
+        broker: None,
     }
 }

@@ -10,14 +10,19 @@
 //! child. Its credential is the lease's token when one is at hand (minted from `--key-file`,
 //! or handed out by an admin API we authenticated to), else the lease id; a proxy in token
 //! mode with no token at hand is an error before the child starts, not a 407 inside it.
+//! With the admin token, the child also gets the lease's placeholders and trusts the
+//! interception CA (see `brokered`: files in a private directory removed when `run` ends); an
+//! admin API that does not know placeholders is warned about, not fatal.
 
 mod admin_api;
+mod brokered;
 mod child_env;
 
 use super::CliResult;
 use crate::cli::RunArgs;
 use crate::contract::Key;
 pub use admin_api::AdminApi;
+use brokered::{Brokered, TrustFiles, SYSTEM_BUNDLES};
 pub use child_env::{agent_env, is_proxy_setting, proxy_url};
 use std::process::ExitCode;
 use std::process::Stdio;
@@ -69,6 +74,8 @@ pub enum RunError {
     NoToken(String),
     #[error("reading {path}: {reason}")]
     Read { path: String, reason: String },
+    #[error("writing the interception CA's files for the child ({path}): {reason}")]
+    TrustFiles { path: String, reason: String },
     #[error(
         "not sending the admin token in plain HTTP to {url}: its host is {addr}, beyond \
          loopback. Use an https:// admin URL (with --admin-ca if its certificate is not from a \
@@ -135,6 +142,18 @@ pub async fn run(
         .as_ref()
         .map(|key| crate::contract::token::mint(key, lease));
     let url = proxy_url(&view, lease, proxy, admin.url(), token.as_deref())?;
+    let brokered = brokered(&admin, lease, auth.admin_token.as_deref()).await?;
+    // Held until the child is gone: dropping it removes the CA's directory.
+    let trust = match &brokered.ca {
+        Some(ca) => {
+            let (files, warning) = TrustFiles::write(ca, &SYSTEM_BUNDLES)?;
+            if let Some(warning) = warning {
+                eprintln!("leasegate run: warning: {warning}");
+            }
+            Some(files)
+        }
+        None => None,
+    };
     let (set, unset) = agent_env(&url, lease, std::env::vars_os().map(|(name, _)| name));
     let mut child = tokio::process::Command::new(&command[0]);
     child
@@ -146,6 +165,12 @@ pub async fn run(
         child.env_remove(name);
     }
     for (name, value) in set {
+        child.env(name, value);
+    }
+    for (name, value) in &brokered.placeholders {
+        child.env(name, value);
+    }
+    for (name, value) in trust.iter().flat_map(TrustFiles::env) {
         child.env(name, value);
     }
     let mut child = child
@@ -166,6 +191,7 @@ pub async fn run(
             let _ = nix::sys::signal::kill(pid, forward);
         }
     };
+    drop(trust);
     let status = status.map_err(|e| RunError::Spawn(shown, e))?;
     use std::os::unix::process::ExitStatusExt;
     Ok(match (status.code(), status.signal()) {
@@ -173,6 +199,54 @@ pub async fn run(
         (None, Some(signal)) => (128 + signal) as u8,
         _ => 1,
     })
+}
+
+/// The lease's placeholders and the interception CA, asked of the admin API with the admin
+/// token (without one it would refuse: none is asked for). An admin API that does not know the
+/// route, or that authenticates nobody (no token of its own), gives none, with a warning.
+async fn brokered(
+    admin: &AdminApi,
+    lease: &str,
+    token: Option<&str>,
+) -> Result<Brokered, RunError> {
+    let Some(token) = token else {
+        return Ok(Brokered::default());
+    };
+    match admin.placeholders(lease, Some(token)).await {
+        Ok(Some(answer)) => {
+            let brokered = Brokered::parse(&answer, admin.shown())?;
+            for name in &brokered.refused {
+                eprintln!(
+                    "leasegate run: warning: not setting {name} to a placeholder: `run` sets it \
+                     itself, or it changes what the child runs or loads; give the secret another \
+                     env_name"
+                );
+            }
+            Ok(brokered)
+        }
+        Ok(None) => {
+            eprintln!(
+                "leasegate run: warning: the admin API at {} does not hand out placeholders (a \
+                 leasegate older than brokered credentials): the child gets no placeholders and \
+                 does not trust the interception CA",
+                admin.shown()
+            );
+            Ok(Brokered::default())
+        }
+        Err(RunError::Admin {
+            status: http::StatusCode::FORBIDDEN,
+            message,
+            ..
+        }) => {
+            eprintln!(
+                "leasegate run: warning: the admin API at {} answered 403 for the placeholders \
+                 ({message}): the child gets none and does not trust the interception CA",
+                admin.shown()
+            );
+            Ok(Brokered::default())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {

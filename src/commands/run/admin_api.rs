@@ -1,4 +1,4 @@
-//! `run`'s one question to the admin API: `GET /leases/{id}`.
+//! `run`'s questions to the admin API: `GET /leases/{id}`, then `GET /leases/{id}/placeholders`.
 //!
 //! Invariant: the admin token leaves this process only over TLS (an `https://` admin URL whose
 //! certificate verifies under `--admin-ca`, or the public roots without it) or to loopback:
@@ -56,6 +56,11 @@ impl AdminApi {
         &self.url
     }
 
+    /// The admin URL as the operator wrote it, for messages.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
     fn is_tls(&self) -> bool {
         self.url.scheme() == "https"
     }
@@ -98,6 +103,31 @@ impl AdminApi {
     /// Asks for `GET /leases/{id}` (with `token` as bearer token). Every answer but 200 is an
     /// error that says what the API said.
     pub async fn lookup(&self, lease: &str, token: Option<&str>) -> Result<Value, RunError> {
+        let (status, body) = self.get(&["leases", lease], token).await?;
+        self.answer(lease, token.is_some(), status, &body)
+    }
+
+    /// Asks for `GET /leases/{id}/placeholders` (with `token`). `None`: the admin API does not
+    /// know the route (a proxy older than brokered credentials); every other answer but 200
+    /// is an error that says what the API said.
+    pub async fn placeholders(
+        &self,
+        lease: &str,
+        token: Option<&str>,
+    ) -> Result<Option<Value>, RunError> {
+        let (status, body) = self.get(&["leases", lease, "placeholders"], token).await?;
+        if status == http::StatusCode::NOT_FOUND && message_of(&body).starts_with("no route ") {
+            return Ok(None);
+        }
+        self.answer(lease, token.is_some(), status, &body).map(Some)
+    }
+
+    /// `GET` of the path made of `segments` (with `token` as bearer token): status and body.
+    async fn get(
+        &self,
+        segments: &[&str],
+        token: Option<&str>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
         let addrs = self.addresses(token.is_some()).await?;
         let stream = tokio::net::TcpStream::connect(&addrs[..])
             .await
@@ -107,7 +137,7 @@ impl AdminApi {
         path.path_segments_mut()
             .map_err(|()| RunError::Url(self.shown.clone(), "cannot be a base".into()))?
             .clear()
-            .extend(["leases", lease]);
+            .extend(segments);
         let authority = match self.url.port() {
             Some(port) => format!("{}:{port}", self.url.host_str().unwrap_or_default()),
             None => self.url.host_str().unwrap_or_default().to_owned(),
@@ -119,7 +149,7 @@ impl AdminApi {
         let request = request
             .body(Empty::<bytes::Bytes>::new())
             .map_err(|e| RunError::Url(self.shown.clone(), e.to_string()))?;
-        let (status, body) = if self.is_tls() {
+        if self.is_tls() {
             let name = ServerName::try_from(self.host().to_owned())
                 .map_err(|e| RunError::Url(self.shown.clone(), e.to_string()))?;
             let tls = self
@@ -127,11 +157,10 @@ impl AdminApi {
                 .connect(name, stream)
                 .await
                 .map_err(|e| self.unreachable(format!("TLS: {e}")))?;
-            self.send(tls, request).await?
+            self.send(tls, request).await
         } else {
-            self.send(stream, request).await?
-        };
-        self.answer(lease, token.is_some(), status, &body)
+            self.send(stream, request).await
+        }
     }
 
     /// A TLS client that trusts `--admin-ca`, else the public roots.
@@ -198,11 +227,7 @@ impl AdminApi {
                 message: format!("unreadable answer: {e}"),
             });
         }
-        // The API's `{"error": ...}`, else the body as text.
-        let message = serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
+        let message = message_of(body);
         Err(match status {
             http::StatusCode::BAD_REQUEST => RunError::BadLeaseId {
                 url,
@@ -222,6 +247,14 @@ impl AdminApi {
             },
         })
     }
+}
+
+/// What an error answer says: the API's `{"error": ...}`, else the body as text.
+fn message_of(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned())
 }
 
 /// Whether `addr` stays on this host (IPv4-mapped loopback included).

@@ -7,3 +7,4 @@ pub mod dashboard;
 pub mod dashboard_api;
 pub mod flood;
 pub mod operate;
+pub mod placeholders;

@@ -6,6 +6,7 @@ pub mod deploy;
 pub mod lifecycle;
 pub mod messages;
 pub mod messages_operator;
+pub mod run_brokered;
 pub mod run_trust;
 pub mod secrets;
 pub mod suggest;

@@ -23,7 +23,7 @@ impl Heard {
     }
 
     /// Reads what a connection sends until the request head ends (or 5 s pass); answers
-    /// `answer` if given.
+    /// `answer` if given, but a request for placeholders as a leasegate older than them does.
     async fn serve<S: AsyncRead + AsyncWrite + Unpin>(&self, mut stream: S, answer: Option<&str>) {
         let mut bytes = Vec::new();
         let mut buf = [0u8; 4096];
@@ -36,10 +36,13 @@ impl Heard {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
-        self.0
-            .lock()
-            .unwrap()
-            .push(String::from_utf8_lossy(&bytes).into_owned());
+        let head = String::from_utf8_lossy(&bytes).into_owned();
+        let older = head
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("/placeholders "));
+        self.0.lock().unwrap().push(head);
+        let answer = answer.map(|a| if older { NO_ROUTE } else { a });
         if let Some(answer) = answer {
             let _ = stream.write_all(answer.as_bytes()).await;
             let _ = stream.shutdown().await;
@@ -87,6 +90,9 @@ fn answer(view: &Value) -> String {
     )
 }
 
+/// What a leasegate older than placeholders answers for them.
+const NO_ROUTE: &str = "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 23\r\nconnection: close\r\n\r\n{\"error\":\"no route /x\"}";
+
 /// An open lease as an admin API that is not leasegate describes it: the proxy, with a
 /// credential handed out, somewhere of its choosing.
 fn view_pointing_at(proxy: SocketAddr) -> Value {
@@ -117,7 +123,9 @@ async fn run_under(admin: &str, extra: &[&str], child: &[&str]) -> (Option<i32>,
     run(&args, &[]).await
 }
 
-async fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+/// `leasegate run ARGS` with `env` added (and no admin token file or proxy inherited): exit
+/// code, stdout, stderr.
+pub(crate) async fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut command = leasegate_command(args);
     command.env_remove("LEASEGATE_ADMIN_TOKEN_FILE");
     command.env_remove("LEASEGATE_PROXY");
@@ -167,6 +175,15 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
     assert_eq!(
         stdout.trim(),
         format!("http://agent:handed-out@127.0.0.1:{}", configured.port())
+    );
+    // An admin API without placeholders: said once, and the child runs without them.
+    assert_eq!(
+        stderr,
+        format!(
+            "leasegate run: warning: the admin API at {admin} does not hand out placeholders (a \
+             leasegate older than brokered credentials): the child gets no placeholders and does \
+             not trust the interception CA\n"
+        )
     );
     // Loopback: the admin token may go there.
     assert!(at_admin.all()[0].contains("authorization: Bearer s3cret"));

@@ -1,6 +1,7 @@
-//! `serve --secrets`: a bad file stops the start with its problems; a good one starts, SIGHUP
-//! reloads it whole or keeps the set in use, and no value or canary reaches any output
-//! (stderr, the egress log, the journal, /metrics, /status).
+//! `serve --secrets --ca-dir` (a CA from `ca init`): a bad file, or a secret the CA does not
+//! cover, stops the start with its problems; a good one starts, SIGHUP reloads it whole or
+//! keeps the set in use, and no value or canary reaches any output (stderr, the egress log,
+//! the journal, /metrics, /status).
 
 use crate::proxy::descriptors::Served;
 use crate::support::harness::{curl, eventually, http_origin, Harness};
@@ -52,6 +53,28 @@ env_name = "SEARCH_KEY"
     path
 }
 
+/// An interception CA for `hosts` (`leasegate ca init`) in `dir/ca`, and the arguments that
+/// give `serve` the secrets file `secrets` under it (origins verified against the CA's own
+/// certificate: a test never depends on the machine's roots).
+fn secrets_args(dir: &Path, hosts: &str, secrets: &Path) -> Vec<String> {
+    let ca = dir.join("ca");
+    succeeded(
+        &leasegate_command(&["ca", "init", "--dir", s(&ca), "--host", hosts])
+            .output()
+            .unwrap(),
+    );
+    [
+        "--secrets",
+        s(secrets),
+        "--ca-dir",
+        s(&ca),
+        "--upstream-ca",
+        s(&ca.join("ca.pem")),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// The child's output once it exits; a child still running after 30 s (a start that should
 /// have stopped) is killed and fails the test.
 fn exited(child: std::process::Child) -> std::process::Output {
@@ -77,8 +100,13 @@ fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
     let journal = dir.path().join("journal.jsonl");
     let secrets = secrets_file(dir.path());
     // The variable the file names is one no environment sets.
-    let serve = |secrets: &Path| serve_piped(s(&journal), s(&key), &["--secrets", s(secrets)]);
-    let out = exited(serve(&secrets));
+    let ca_args = secrets_args(dir.path(), "origin.test", &secrets);
+    let serve = |secrets: &Path| {
+        let mut args: Vec<&str> = ca_args.iter().map(String::as_str).collect();
+        args[1] = s(secrets);
+        exited(serve_piped(s(&journal), s(&key), &args))
+    };
+    let out = serve(&secrets);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
@@ -96,7 +124,7 @@ fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
         "[[secret]]\nid = \"github\"\nhosts = [\"*\"]\nheader = \"Authorization\"\nenv = \"X\"\nagents = [\"coder\"]\nenv_name = \"GITHUB_TOKEN\"\n",
     )
     .unwrap();
-    let out = exited(serve(&bad));
+    let out = serve(&bad);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -110,6 +138,37 @@ fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
     assert!(!journal.exists() || std::fs::read_to_string(&journal).unwrap().is_empty());
 }
 
+/// A secret for a host the CA does not cover stops the start: the CA could not vouch for the
+/// tunnels to it.
+#[test]
+fn serve_with_a_secret_the_ca_does_not_cover_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    succeeded(
+        &leasegate_command(&["keygen", "--out", s(&key)])
+            .output()
+            .unwrap(),
+    );
+    let journal = dir.path().join("journal.jsonl");
+    let uncovered = dir.path().join("uncovered.toml");
+    std::fs::write(
+        &uncovered,
+        "[[secret]]\nid = \"deploy\"\nhosts = [\"deploy.other.test\"]\nheader = \"X-Key\"\nenv = \"PATH\"\nagents = [\"coder\"]\nenv_name = \"DEPLOY_KEY\"\n",
+    )
+    .unwrap();
+    let args = secrets_args(dir.path(), "origin.test", &uncovered);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = exited(serve_piped(s(&journal), s(&key), &args));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "leasegate: secret \"deploy\" is for deploy.other.test, which the interception CA's \
+         name constraints (origin.test) do not cover: make a CA for it with `leasegate ca init \
+         --host deploy.other.test`\n"
+    );
+    assert!(!journal.exists() || std::fs::read_to_string(&journal).unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
     let h = Harness::new();
@@ -117,10 +176,12 @@ async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
     let other = h.lease(&["origin.test"], &[]);
     let secrets = secrets_file(h.dir.path());
     let origin = http_origin().await;
+    let args = secrets_args(h.dir.path(), "origin.test", &secrets);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let served = Served::start_with_env(
         &h,
         "-n 1024",
-        &["--secrets", s(&secrets)],
+        &args,
         &[("LG_TEST_GITHUB_PAT", ENV_VALUE), ("RUST_LOG", "info")],
     );
     let log = served.logs();

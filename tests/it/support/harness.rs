@@ -9,10 +9,12 @@ use hyper_util::rt::TokioIo;
 use leasegate::commands::issue::{self, IssueRequest};
 use leasegate::config::ServeConfig;
 use leasegate::contract::{Key, Keyring, Timestamp};
+use leasegate::intercept::{ca, Broker};
 use leasegate::policy::Ports;
 use leasegate::proxy::upstream::Resolver;
 use leasegate::proxy::{BoxError, ProxyConfig};
 use leasegate::registry::{JournalLocation, StoreOptions};
+use leasegate::secrets::Secrets;
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;
 use serde_json::Value;
@@ -323,6 +325,31 @@ impl Harness {
         now: Timestamp,
         ttl: Duration,
     ) -> String {
+        self.issue(allow, deny, parent, now, ttl, "tester")
+    }
+
+    /// Issues a lease valid from now for an hour whose manifest's `agent.name` is `agent`
+    /// (what a secret's `agents` name).
+    pub fn lease_for_agent(&self, agent: &str, allow: &[&str]) -> String {
+        self.issue(
+            allow,
+            &[],
+            None,
+            Timestamp::now(),
+            Duration::from_secs(3600),
+            agent,
+        )
+    }
+
+    fn issue(
+        &self,
+        allow: &[&str],
+        deny: &[&str],
+        parent: Option<&str>,
+        now: Timestamp,
+        ttl: Duration,
+        agent: &str,
+    ) -> String {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
         issue::issue(
             &self.journal,
@@ -332,13 +359,39 @@ impl Harness {
                 deny_hosts: strings(deny),
                 parent: parent.map(str::to_owned),
                 ttl,
-                name: "tester".into(),
+                name: agent.into(),
                 purpose: "integration test".into(),
                 now,
             },
         )
         .unwrap()
         .lease_id
+    }
+
+    /// A credential broker for [`ServeConfig::broker`]: an interception CA for `hosts`
+    /// written into this harness's directory (`ca/`, replaced on a second call), the secrets
+    /// of `toml` (written to `secrets.toml`) with the values `env` gives, and origins verified
+    /// against `upstream_ca` (PEM) or, without it, the system's roots.
+    pub fn broker(
+        &self,
+        hosts: &[&str],
+        toml: &str,
+        env: &[(&str, &str)],
+        upstream_ca: Option<&Path>,
+    ) -> Arc<Broker> {
+        let patterns: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+        let made = ca::make(&patterns, Duration::from_secs(3600)).unwrap();
+        let ca_dir = self.dir.path().join("ca");
+        ca::write(&made, &ca_dir, true).unwrap();
+        let path = self.dir.path().join("secrets.toml");
+        std::fs::write(&path, toml).unwrap();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let lookup = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let secrets = Secrets::load_with(&path, &lookup).unwrap();
+        Arc::new(Broker::new(Arc::new(secrets), &ca_dir, upstream_ca).unwrap())
     }
 
     /// Appends a raw journal line (off the runtime's threads).
