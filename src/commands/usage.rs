@@ -56,7 +56,7 @@ impl Filter {
             }
             ReadLine::Line(time, line) => self
                 .admits(line.lease_id.as_deref(), time)
-                .then_some((time, line)),
+                .then_some((time, *line)),
         }
     }
 

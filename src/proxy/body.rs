@@ -295,60 +295,6 @@ impl Watch<'_> {
 /// How long a finished tunnel waits for the client side's shutdown before dropping it.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// A body whose frames never come.
-    struct Silent;
-
-    impl HttpBody for Silent {
-        type Data = Bytes;
-        type Error = BoxError;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-            Poll::Pending
-        }
-    }
-
-    #[tokio::test]
-    async fn a_waiting_body_ends_when_its_lease_closes() {
-        let token = CancellationToken::new();
-        let mut body = Metered::new(Silent, Counter::default(), token.clone(), None);
-        let closing = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            token.cancel();
-        });
-        let started = std::time::Instant::now();
-        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
-            .await
-            .expect("the body ends when its lease closes, not when the upstream speaks");
-        // Woken by the lease closing, not by the timeout's own wake polling it again.
-        assert!(started.elapsed() < Duration::from_secs(1));
-        assert_eq!(
-            frame.unwrap().unwrap_err().to_string(),
-            "the lease no longer opens anything"
-        );
-        closing.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_body_of_a_closed_lease_ends_at_its_next_poll() {
-        let token = CancellationToken::new();
-        token.cancel();
-        let mut body = Metered::new(full("ready"), Counter::default(), token, None);
-        let frame = body.frame().await.unwrap();
-        assert!(
-            frame.is_err(),
-            "a ready frame is not passed on after the lease closed"
-        );
-    }
-}
-
 /// A body whose first frames were read ahead (to be looked at) and are given out again first.
 pub struct Prefixed<B> {
     held: std::collections::VecDeque<Frame<Bytes>>,
@@ -415,5 +361,59 @@ where
             hint.set_upper(upper + held);
         }
         hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A body whose frames never come.
+    struct Silent;
+
+    impl HttpBody for Silent {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiting_body_ends_when_its_lease_closes() {
+        let token = CancellationToken::new();
+        let mut body = Metered::new(Silent, Counter::default(), token.clone(), None);
+        let closing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            token.cancel();
+        });
+        let started = std::time::Instant::now();
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("the body ends when its lease closes, not when the upstream speaks");
+        // Woken by the lease closing, not by the timeout's own wake polling it again.
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            frame.unwrap().unwrap_err().to_string(),
+            "the lease no longer opens anything"
+        );
+        closing.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_of_a_closed_lease_ends_at_its_next_poll() {
+        let token = CancellationToken::new();
+        token.cancel();
+        let mut body = Metered::new(full("ready"), Counter::default(), token, None);
+        let frame = body.frame().await.unwrap();
+        assert!(
+            frame.is_err(),
+            "a ready frame is not passed on after the lease closed"
+        );
     }
 }

@@ -141,7 +141,7 @@ pub enum ReadLine {
     Blank,
     /// Not an egress line (or its time does not parse): counted by the reader.
     Unreadable,
-    Line(crate::contract::Timestamp, LoggedLine),
+    Line(crate::contract::Timestamp, Box<LoggedLine>),
 }
 
 impl LoggedLine {
@@ -177,7 +177,7 @@ impl LoggedLine {
             .and_then(|l| {
                 Some(ReadLine::Line(
                     crate::contract::Timestamp::parse(&l.time).ok()?,
-                    l,
+                    Box::new(l),
                 ))
             })
             .unwrap_or(ReadLine::Unreadable)
