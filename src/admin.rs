@@ -850,6 +850,13 @@ pub fn lease_view(
             .into_iter()
             .map(|(host, c)| json!({"host": host, "requests": c.requests, "bytes_up": c.bytes_up, "bytes_down": c.bytes_down}))
             .collect();
+        let routes = counters.top_routes(top);
+        if !routes.is_empty() {
+            view["top_routes"] = routes
+                .into_iter()
+                .map(|(route, c)| json!({"route": route, "requests": c.requests, "bytes_up": c.bytes_up, "bytes_down": c.bytes_down}))
+                .collect();
+        }
     }
     Some(view)
 }

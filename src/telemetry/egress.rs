@@ -134,6 +134,13 @@ pub struct LoggedLine {
     pub path: Option<String>,
 }
 
+/// A terminated request's route as `usage`, the admin API and the dashboard show it:
+/// `GET api.example.com/repos/a`, the query left out.
+pub fn route(method: &str, host: &str, path: &str) -> String {
+    let path = path.split_once('?').map_or(path, |(path, _)| path);
+    format!("{method} {host}{path}")
+}
+
 /// One egress line as a reader takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadLine {
@@ -153,12 +160,10 @@ impl LoggedLine {
         if self.kind.as_deref() != Some("https") {
             return None;
         }
-        let path = self.path.as_deref()?;
-        let path = path.split_once('?').map_or(path, |(path, _)| path);
-        Some(format!(
-            "{} {}{path}",
+        Some(route(
             self.method.as_deref().unwrap_or("-"),
-            self.host.as_deref().unwrap_or("-")
+            self.host.as_deref().unwrap_or("-"),
+            self.path.as_deref()?,
         ))
     }
 

@@ -27,6 +27,8 @@ pub const GRACE: Duration = Duration::from_secs(300);
 pub const MAX_LEASES: usize = 1000;
 /// Distinct hosts remembered per lease (further hosts are counted under "(other)").
 const MAX_HOSTS: usize = 1000;
+/// Distinct routes of terminated hosts remembered per lease (further ones under "(other)").
+const MAX_ROUTES: usize = 200;
 
 /// Bytes moved in one direction, shared with the tasks that move them: each chunk is one
 /// relaxed add, read live by [`Metrics`] while the exchange is open.
@@ -79,6 +81,9 @@ pub struct LeaseCounters {
     pub open_tunnels: u64,
     pub open_connections: u64,
     pub hosts: HashMap<String, HostCounters>,
+    /// Requests inside terminated tunnels by route (`GET api.example.com/repos/a`, the query
+    /// left out), once ended.
+    pub routes: HashMap<String, HostCounters>,
     /// Exchanges still open, oldest first (by ticket): added to the figures above only by
     /// [`LeaseCounters::live`] and a render, so ending one moves it into them once.
     pub open: BTreeMap<u64, OpenExchange>,
@@ -86,17 +91,49 @@ pub struct LeaseCounters {
     closed_at: Option<Instant>,
 }
 
+/// The `n` entries of `counted` with the most requests, most first, ties by name.
+fn most_requests(counted: &HashMap<String, HostCounters>, n: usize) -> Vec<(String, HostCounters)> {
+    let mut most: Vec<(String, HostCounters)> = counted
+        .iter()
+        .map(|(k, c)| (k.clone(), c.clone()))
+        .collect();
+    most.sort_by(|a, b| b.1.requests.cmp(&a.1.requests).then(a.0.cmp(&b.0)));
+    most.truncate(n);
+    most
+}
+
+/// Counts `event` under `key` in `counted`, or under "(other)" once it holds `limit` keys.
+fn count_in(
+    counted: &mut HashMap<String, HostCounters>,
+    limit: usize,
+    key: &str,
+    event: &EgressEvent,
+) {
+    let key = if counted.len() < limit || counted.contains_key(key) {
+        key
+    } else {
+        "(other)"
+    };
+    // A key is built only for one not seen before, not per request.
+    if !counted.contains_key(key) {
+        counted.insert(key.to_owned(), HostCounters::default());
+    }
+    if let Some(h) = counted.get_mut(key) {
+        h.requests += 1;
+        h.bytes_up += event.bytes_up;
+        h.bytes_down += event.bytes_down;
+    }
+}
+
 impl LeaseCounters {
     /// The `n` hosts with the most requests.
     pub fn top_hosts(&self, n: usize) -> Vec<(String, HostCounters)> {
-        let mut hosts: Vec<(String, HostCounters)> = self
-            .hosts
-            .iter()
-            .map(|(h, c)| (h.clone(), c.clone()))
-            .collect();
-        hosts.sort_by(|a, b| b.1.requests.cmp(&a.1.requests).then(a.0.cmp(&b.0)));
-        hosts.truncate(n);
-        hosts
+        most_requests(&self.hosts, n)
+    }
+
+    /// The `n` routes of terminated hosts with the most requests.
+    pub fn top_routes(&self, n: usize) -> Vec<(String, HostCounters)> {
+        most_requests(&self.routes, n)
     }
 
     pub fn total_requests(&self) -> u64 {
@@ -123,6 +160,7 @@ impl LeaseCounters {
             open_tunnels: self.open_tunnels,
             open_connections: self.open_connections,
             hosts: self.hosts.clone(),
+            routes: self.routes.clone(),
             open: BTreeMap::new(),
             closed_at: self.closed_at,
         };
@@ -231,20 +269,11 @@ impl Metrics {
             c.bytes_up += event.bytes_up;
             c.bytes_down += event.bytes_down;
             if let Some(host) = &event.host {
-                let key = if c.hosts.len() < MAX_HOSTS || c.hosts.contains_key(host) {
-                    host.as_str()
-                } else {
-                    "(other)"
-                };
-                // A key is built only for a host not seen before, not per request.
-                if !c.hosts.contains_key(key) {
-                    c.hosts.insert(key.to_owned(), HostCounters::default());
-                }
-                if let Some(h) = c.hosts.get_mut(key) {
-                    h.requests += 1;
-                    h.bytes_up += event.bytes_up;
-                    h.bytes_down += event.bytes_down;
-                }
+                count_in(&mut c.hosts, MAX_HOSTS, host, event);
+            }
+            if let (Kind::Https, Some(host), Some(path)) = (event.kind, &event.host, &event.path) {
+                let route = super::egress::route(event.method.as_str(), host, path);
+                count_in(&mut c.routes, MAX_ROUTES, &route, event);
             }
         });
     }

@@ -173,6 +173,28 @@ async fn the_origin_gets_the_value_the_agent_holds_only_the_placeholder() {
     let all = std::fs::read_to_string(&b.h.egress).unwrap();
     assert!(!all.contains(VALUE));
     assert_eq!(b.status(&lease).await, "open");
+    // The admin API (and the dashboard's lease page) count the calls per route.
+    let (_, view) = admin_get(&b.server, &format!("/leases/{lease}")).await;
+    assert_eq!(
+        view["top_routes"],
+        serde_json::json!([{"route": format!("GET {HOST}/request"), "requests": 3,
+            "bytes_up": view["top_routes"][0]["bytes_up"], "bytes_down": view["top_routes"][0]["bytes_down"]}]),
+        "{view}"
+    );
+    assert!(view["top_routes"][0]["bytes_down"].as_u64().unwrap() > 0);
+    // `usage` over the egress log: the same route, three calls.
+    let usage =
+        crate::support::leasegate_command(&["usage", "--from", b.h.egress.to_str().unwrap()])
+            .output()
+            .unwrap();
+    let table = String::from_utf8_lossy(&usage.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == [lease.as_str(), "GET", &format!("{HOST}/request"), "3"]),
+        "{table}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
