@@ -7,6 +7,7 @@
 //! ([`in_loopback_only_namespace`]), so a client that ignored its proxy settings would fail
 //! rather than reach out.
 
+mod brokered;
 mod go;
 mod node;
 

@@ -35,7 +35,7 @@ fn pinned_undici() -> String {
 
 /// [`undici_modules`] if the pinned undici is installed there, else a [`skip`] naming the
 /// command that installs it.
-fn installed_undici() -> Option<PathBuf> {
+pub(super) fn installed_undici() -> Option<PathBuf> {
     let modules = undici_modules();
     let installed = std::fs::read(modules.join("undici/package.json"))
         .ok()
