@@ -9,8 +9,8 @@
 use super::{build, client, git_repository, text};
 use crate::proxy::brokered::{received, Brokered, HOST, VALUE};
 use crate::support::harness::{admin_get, eventually, port_range, proxy_url, sha_hex};
-use crate::support::missing;
 use crate::support::netns::in_loopback_only_namespace;
+use crate::support::{missing, skip};
 use std::time::Duration;
 
 /// What a client did: its exit code, stdout and stderr.
@@ -127,6 +127,18 @@ fn python_has(module: &str) -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
+/// Whether `python3` has `module` (else [`skip`], naming `install`) and the test runs in the
+/// loopback-only namespace.
+async fn python_runs_here(module: &str, install: &str) -> bool {
+    if !python_has(module) {
+        skip(&format!(
+            "Python {module} is missing ({install}; .ci/run does)"
+        ));
+        return false;
+    }
+    in_loopback_only_namespace().await
+}
+
 fn script(name: &str) -> String {
     let path = crate::support::data(&format!("clients/brokered/{name}"));
     path.to_str().unwrap().to_owned()
@@ -150,12 +162,7 @@ async fn curl_through_a_terminated_host() {
 /// `requests` (urllib3) speaks HTTP/1.1 only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_requests_through_a_terminated_host() {
-    if !python_has("requests") {
-        return crate::support::skip(
-            "Python requests is missing (apt-get install python3-requests; .ci/run does)",
-        );
-    }
-    if !in_loopback_only_namespace().await {
+    if !python_runs_here("requests", "apt-get install python3-requests").await {
         return;
     }
     let b = Brokered::start().await;
@@ -173,12 +180,7 @@ const H2_PING_AFTER_GOAWAY: &str =
 /// httpx over HTTP/2 where the `h2` package is there (.ci/run installs it), else HTTP/1.1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_httpx_through_a_terminated_host() {
-    if !python_has("httpx") {
-        return crate::support::skip(
-            "Python httpx is missing (apt-get install python3-httpx python3-h2; .ci/run does)",
-        );
-    }
-    if !in_loopback_only_namespace().await {
+    if !python_runs_here("httpx", "apt-get install python3-httpx python3-h2").await {
         return;
     }
     let (mode, version) = match python_has("h2") {
@@ -199,13 +201,7 @@ async fn python_httpx_through_a_terminated_host() {
 /// undici's `fetch` (HTTP/1.1: see the script), as `node.rs` runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_undici_through_a_terminated_host() {
-    if missing(
-        &["node"],
-        "Node 18 or later: apt-get install nodejs npm; .ci/run does",
-    ) {
-        return;
-    }
-    let Some(modules) = super::node::installed_undici() else {
+    let Some(modules) = super::node::node_with_undici() else {
         return;
     };
     if !in_loopback_only_namespace().await {
