@@ -43,7 +43,8 @@ hosts = ["{HOST}"]
 header = "Authorization"
 format = "Bearer {{value}}"
 env = "{value_env}"
-routes = [{{ method = "GET", path = "/request" }}, {{ method = "POST", path = "/upload" }}]
+routes = [{{ method = "GET", path = "/request" }}, {{ method = "POST", path = "/upload" }},
+  {{ method = "GET", path = "/repo.git/**" }}]
 agents = ["tester"]
 env_name = "GITHUB_TOKEN"
 "#
@@ -66,7 +67,32 @@ impl Brokered {
     /// `upstream_ca`: what the proxy trusts for the origin (default: the origin's own cert).
     pub async fn start_trusting(upstream_ca: Option<PathBuf>) -> Brokered {
         let h = Harness::new();
-        let (origin, origin_ca) = https_origin(HOST, h.dir.path()).await;
+        let origin = https_origin(HOST, h.dir.path()).await;
+        Brokered::start_with(h, origin, upstream_ca, None).await
+    }
+
+    /// [`Brokered::start`] with a port of its own for each lease, taken from `ports`.
+    pub async fn start_with_ports(ports: std::ops::RangeInclusive<u16>) -> Brokered {
+        let h = Harness::new();
+        let origin = https_origin(HOST, h.dir.path()).await;
+        Brokered::start_with(h, origin, None, Some(ports)).await
+    }
+
+    /// [`Brokered::start`] whose origin serves the files under `root` (a git repository over
+    /// dumb HTTP, for routes `GET /repo.git/**`) only to requests carrying the secret's value.
+    pub async fn start_serving(root: PathBuf) -> Brokered {
+        let h = Harness::new();
+        let bearer = Some(format!("Bearer {VALUE}"));
+        let origin = https_file_origin_for(HOST, h.dir.path(), root, bearer).await;
+        Brokered::start_with(h, origin, None, None).await
+    }
+
+    async fn start_with(
+        h: Harness,
+        (origin, origin_ca): (Origin, PathBuf),
+        upstream_ca: Option<PathBuf>,
+        ports: Option<std::ops::RangeInclusive<u16>>,
+    ) -> Brokered {
         let plain = http_origin().await;
         let ca_dir = make_ca(h.dir.path());
         let secrets_path = h.dir.path().join("secrets.toml");
@@ -81,7 +107,7 @@ impl Brokered {
         let (lease, second) = (h.lease(&allow, &[]), h.lease(&allow, &[]));
         let stranger = issue_for_agent(&h, "someone-else", &allow);
         let config = h.config(&[(HOST, "127.0.0.1"), ("plain.origin.test", "127.0.0.1")]);
-        let mut serve = h.serve_config(config, None);
+        let mut serve = h.serve_config(config, ports);
         serve.broker = Some(Arc::new(broker));
         let server = Server::start(serve).await.unwrap();
         Brokered {

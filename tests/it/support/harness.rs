@@ -261,9 +261,28 @@ pub async fn https_origin(name: &str, dir: &Path) -> (Origin, PathBuf) {
 /// An HTTPS origin for `name` serving the files under `root` (GET only; 404 for anything
 /// missing), e.g. a git repository over the dumb HTTP protocol.
 pub async fn https_file_origin(name: &str, dir: &Path, root: PathBuf) -> (Origin, PathBuf) {
+    https_file_origin_for(name, dir, root, None).await
+}
+
+/// [`https_file_origin`] that, given `authorization`, serves only requests whose
+/// `Authorization` header is exactly that, and answers 401 to any other: what a client gets
+/// tells whether the origin received the credential.
+pub async fn https_file_origin_for(
+    name: &str,
+    dir: &Path,
+    root: PathBuf,
+    authorization: Option<String>,
+) -> (Origin, PathBuf) {
     https_origin_with(name, dir, move |req: Request<Incoming>| {
         let root = root.clone();
+        let authorization = authorization.clone();
         async move {
+            let given = req.headers().get("authorization").map(|v| v.as_bytes());
+            if authorization.is_some_and(|wanted| given != Some(wanted.as_bytes())) {
+                let mut response = text("unauthorized\n");
+                *response.status_mut() = StatusCode::UNAUTHORIZED;
+                return Ok(response);
+            }
             let path = req.uri().path().trim_start_matches('/').to_owned();
             let file = (!path.split('/').any(|part| part == ".."))
                 .then(|| root.join(&path))

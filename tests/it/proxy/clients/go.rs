@@ -8,11 +8,11 @@ use crate::support::missing;
 use crate::support::netns::in_loopback_only_namespace;
 use std::path::{Path, PathBuf};
 
-/// `proxy_get.go` built into `dir` with a build cache and module path of its own under `dir`
-/// and no module proxy; returns the program.
-async fn go_client(dir: &Path) -> PathBuf {
-    let program = dir.join("proxy_get");
-    let source = crate::support::data("clients/proxy_get.go");
+/// `source` (under `tests/data/clients/`) built into `dir` as `name` with a build cache and
+/// module path of its own under `dir` and no module proxy; returns the program.
+pub(super) async fn go_client(dir: &Path, source: &str, name: &str) -> PathBuf {
+    let program = dir.join(name);
+    let source = crate::support::data(&format!("clients/{source}"));
     let (cache, path) = (dir.join("go-cache"), dir.join("go-path"));
     let env = [
         ("GOCACHE", cache.to_str().unwrap()),
@@ -46,7 +46,7 @@ async fn go_net_http_through_https_proxy_prints_the_refusal_code() {
     }
     let HttpsSetup { s, port, ca, proxy } = https_setup().await;
     let dir = s.h.dir.path();
-    let program = go_client(dir).await;
+    let program = go_client(dir, "proxy_get.go", "proxy_get").await;
     let env = [
         ("HTTPS_PROXY", proxy.as_str()),
         ("SSL_CERT_FILE", ca.to_str().unwrap()),

@@ -5,8 +5,10 @@
 //! reason phrase, either `Forbidden` or the refusal code (`host-denied`) is accepted. Each runs
 //! in a network namespace whose only interface is loopback
 //! ([`in_loopback_only_namespace`]), so a client that ignored its proxy settings would fail
-//! rather than reach out.
+//! rather than reach out. `brokered` runs them through a terminated host, with the placeholder
+//! of a brokered secret.
 
+mod brokered;
 mod go;
 mod node;
 

@@ -55,19 +55,24 @@ fn installed_undici() -> Option<PathBuf> {
     None
 }
 
+/// [`installed_undici`] where `node` is there too (else a [`skip`] saying how to install it).
+pub(super) fn node_with_undici() -> Option<PathBuf> {
+    if missing(
+        &["node"],
+        "Node 18 or later: apt-get install nodejs npm; .ci/run does",
+    ) {
+        return None;
+    }
+    installed_undici()
+}
+
 /// The warning undici's `EnvHttpProxyAgent` prints on stderr at its first use.
 const EXPERIMENTAL: &str =
     "[UNDICI-EHPA] Warning: EnvHttpProxyAgent is experimental, expect them to change at any time.";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_undici_env_proxy_agent_shows_the_refusal_and_builtin_fetch_goes_around() {
-    if missing(
-        &["node"],
-        "Node 18 or later: apt-get install nodejs npm; .ci/run does",
-    ) {
-        return;
-    }
-    let Some(modules) = installed_undici() else {
+    let Some(modules) = node_with_undici() else {
         return;
     };
     if !in_loopback_only_namespace().await {
