@@ -24,7 +24,7 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
@@ -99,7 +99,35 @@ struct Inside {
     cleared: Cleared,
     /// The CONNECT target as the client wrote it.
     authority: String,
+    /// Requests being answered: a closing lease lets their answers (the refusal that closed
+    /// it, above all) go out before the connection is shut.
+    answering: AtomicUsize,
+    answered: tokio::sync::Notify,
 }
+
+/// Counts a request as being answered until dropped.
+struct Answering<'a>(&'a Inside);
+
+impl<'a> Answering<'a> {
+    fn new(inside: &'a Inside) -> Answering<'a> {
+        inside.answering.fetch_add(1, Ordering::AcqRel);
+        Answering(inside)
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        if self.0.answering.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.answered.notify_waiters();
+        }
+    }
+}
+
+/// How long a closing lease's tunnel waits for the answers being written, at most.
+const LAST_ANSWERS: std::time::Duration = std::time::Duration::from_secs(5);
+/// And then for them to be flushed: HTTP/2 clients (Java's, httpx) read a GOAWAY that
+/// overtakes the answer to their last request as the request's failure.
+const FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// After the 200: the client's TLS, ended with a minted leaf, then HTTP/2 or HTTP/1.1 (ALPN)
 /// served until either side ends, the lease closes or a drain runs out.
@@ -173,7 +201,10 @@ pub async fn tunnel(
         broker,
         cleared,
         authority,
+        answering: AtomicUsize::new(0),
+        answered: tokio::sync::Notify::new(),
     });
+    let waiting = inside.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let inside = inside.clone();
         async move { Ok::<_, std::convert::Infallible>(inside.request(req).await) }
@@ -191,12 +222,23 @@ pub async fn tunnel(
         }
         _ = token.cancelled() => {
             // The lease closed: a request in flight ends with it (its body and wait are tied
-            // to the token), or is the refusal that closed it, which is answered; nothing new
-            // is read.
-            serving.as_mut().graceful_shutdown();
-            tokio::select! {
-                _ = serving.as_mut() => {}
-                _ = proxy.hard_stop.cancelled() => {}
+            // to the token), or is the refusal that closed it, which is answered and flushed
+            // first; then nothing new is read.
+            let last = async {
+                waiting.settled().await;
+                tokio::time::sleep(FLUSH).await;
+            };
+            let ended = tokio::select! {
+                _ = serving.as_mut() => true,
+                _ = tokio::time::timeout(LAST_ANSWERS, last) => false,
+                _ = proxy.hard_stop.cancelled() => true,
+            };
+            if !ended {
+                serving.as_mut().graceful_shutdown();
+                tokio::select! {
+                    _ = serving.as_mut() => {}
+                    _ = proxy.hard_stop.cancelled() => {}
+                }
             }
         }
         _ = proxy.hard_stop.cancelled() => {}
@@ -224,7 +266,21 @@ async fn idle(read: &Counter, written: &Counter, limit: std::time::Duration) {
 
 impl Inside {
     /// One request inside the tunnel: its own exchange and egress line.
+    /// Returns once no request is being answered.
+    async fn settled(&self) {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if self.answering.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            answered.await;
+        }
+    }
+
     async fn request(&self, req: Request<Incoming>) -> Response<Body> {
+        let _answering = Answering::new(self);
         let proxy = &self.proxy;
         let mut ex = Exchange::new(
             proxy.telemetry.clone(),
