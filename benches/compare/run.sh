@@ -543,6 +543,8 @@ report() { # report PASS OUT_MD OUT_JSON
     --bulk-bytes "$BULK_BYTES" --bulk-repeat "$BULK_REPEAT" \
     --command "$COMMAND_LINE" --notes "$NOTES" >/dev/null
 }
+# brokered.sh's section of the file (between its markers) outlives this report.
+BROKERED_SECTION=$(sed -n '/^<!-- brokered:begin -->$/,/^<!-- brokered:end -->$/p' "$OUT_MD" 2>/dev/null || true)
 if [[ ${#PASSES[@]} == 1 ]]; then
   report "${PASSES[0]}" "$OUT_MD" "$OUT_JSON"
 else
@@ -554,5 +556,6 @@ else
   done
   OUT_JSON="${OUT_JSON%.json}.{$(IFS=,; echo "${PASSES[*]}")}core.json"
 fi
+if [[ -n $BROKERED_SECTION ]]; then printf '\n%s\n' "$BROKERED_SECTION" >>"$OUT_MD"; fi
 log "wrote $OUT_MD and $OUT_JSON"
 cat "$OUT_MD"

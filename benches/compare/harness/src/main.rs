@@ -10,6 +10,11 @@
 //!                              [--repeat K] [--threads N]
 //! compare-harness idle-tunnels --proxy ADDR --target HOST:PORT [--auth ...] --count N --pid PID
 //!                              [--settle S] [--threads N]
+//! compare-harness https-load   --proxy ADDR|direct [--addr IP:PORT] --target HOST:PORT --ca PEM
+//!                              [--auth ...] [--path P] [--expect-bytes N] --concurrency N
+//!                              --duration S [--threads N]  (kept-alive HTTPS requests)
+//! compare-harness https-handshakes  (the same flags, and --resume on|off: a new connection
+//!                              and TLS handshake per request)
 //! compare-harness report       --runs DIR --out-md FILE --out-json FILE [metadata flags]
 //! ```
 //!
@@ -17,6 +22,7 @@
 //! addresses given point (the script passes loopback addresses only).
 
 mod report;
+mod tls_load;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -38,7 +44,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 const USAGE: &str =
-    "usage: compare-harness origin|connect-rate|bulk|idle-tunnels|report --flag value ... \
+    "usage: compare-harness origin|connect-rate|bulk|idle-tunnels|https-load|https-handshakes|report --flag value ... \
 (see the comment at the top of src/main.rs)";
 
 fn main() {
@@ -52,6 +58,8 @@ fn main() {
         "connect-rate" => connect_rate(&opts),
         "bulk" => client(&opts, bulk),
         "idle-tunnels" => client(&opts, idle_tunnels),
+        "https-load" => tls_load::https_load(&opts),
+        "https-handshakes" => tls_load::https_handshakes(&opts),
         "report" => report::report(&opts),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -218,6 +226,13 @@ fn route(bodies: &Bodies, req: &Request<Incoming>) -> Response<Chunked> {
                 .min(bodies.big.len());
             Some(bodies.big.slice(..n))
         }
+        // What the request's Authorization header was: the check that a proxy put it in.
+        "/auth" => Some(Bytes::copy_from_slice(
+            req.headers()
+                .get("authorization")
+                .map(|v| v.as_bytes())
+                .unwrap_or_default(),
+        )),
         _ => None,
     };
     let (status, data) = match data {
@@ -238,9 +253,12 @@ fn origin(opts: &Opts) -> Result<()> {
     let big_bytes: usize = opts.num("big-bytes", 100 << 20)?;
     let nofile = raise_nofile();
 
-    // Certificate for origin.test (self-signed: ca.pem is the certificate itself).
-    let rcgen::CertifiedKey { cert, key_pair } =
-        rcgen::generate_simple_self_signed(vec!["origin.test".to_string()])?;
+    // Certificate for origin.test (self-signed: ca.pem is the certificate itself), and for
+    // blind.test: a second name of the same origin, for a tunnel a proxy does not terminate.
+    let rcgen::CertifiedKey { cert, key_pair } = rcgen::generate_simple_self_signed(vec![
+        "origin.test".to_string(),
+        "blind.test".to_string(),
+    ])?;
     std::fs::create_dir_all(&cert_dir)?;
     std::fs::write(cert_dir.join("ca.pem"), cert.pem())?;
     std::fs::write(cert_dir.join("key.pem"), key_pair.serialize_pem())?;
