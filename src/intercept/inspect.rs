@@ -72,7 +72,7 @@ pub fn inspect<'s>(
                 .iter()
                 .any(|part| memchr::memmem::find(part, stand_in.as_bytes()).is_some());
             if carried && !(is_entitled(secret, lease) && goes_to(secret)) {
-                return Err(misdirected(secret, lease, seen));
+                return Err(misdirected(secret, lease, seen, &stand_in));
             }
         }
     }
@@ -113,12 +113,14 @@ fn routes_take(secret: &Secret, seen: &Seen<'_>) -> bool {
     routes.is_empty() || routes.iter().any(|r| r.matches(seen.method, seen.path))
 }
 
-fn misdirected(secret: &Secret, lease: &Lease, seen: &Seen<'_>) -> Refusal {
+fn misdirected(secret: &Secret, lease: &Lease, seen: &Seen<'_>, stand_in: &str) -> Refusal {
     let id = &secret.spec().id;
     let host = seen.host.unwrap_or("an address");
+    // The placeholder may be in the path itself: the refusal never repeats it.
+    let path = seen.path.replace(stand_in, "[placeholder]");
     let place = match seen.terminated {
-        true => format!("{} {host}{}", seen.method, seen.path),
-        false => format!("{} http://{host}{} (plain HTTP)", seen.method, seen.path),
+        true => format!("{} {host}{path}", seen.method),
+        false => format!("{} http://{host}{path} (plain HTTP)", seen.method),
     };
     Refusal::new(
         Code::SecretMisdirected,
@@ -364,6 +366,28 @@ env_name = "GITHUB_TOKEN"
             )),
             None
         );
+    }
+
+    #[test]
+    fn a_placeholder_in_the_path_is_not_repeated_by_the_refusal() {
+        let (set, key, lease) = (set(), Key::generate(), lease("coder"));
+        let stand_in = placeholder::derive(&key, &lease.id, "github");
+        let path = format!("/gists/{stand_in}");
+        let parts: [&[u8]; 1] = [path.as_bytes()];
+        for terminated in [true, false] {
+            let seen = Seen {
+                terminated,
+                ..seen("GET", &path, "api.github.test", &parts)
+            };
+            let refused = inspect(&set, &lease, Some(&key), &seen).unwrap_err();
+            assert_eq!(refused.code, Code::SecretMisdirected);
+            assert!(!refused.detail.contains(&stand_in), "{}", refused.detail);
+            assert!(
+                refused.detail.contains("/gists/[placeholder]"),
+                "{}",
+                refused.detail
+            );
+        }
     }
 
     #[test]

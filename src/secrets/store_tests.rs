@@ -248,3 +248,55 @@ fn a_reload_swaps_the_whole_set_or_keeps_the_old_one() {
     assert!(secrets.reload_with(&env(&[("GITHUB_PAT", VALUE)])).is_err());
     assert_eq!(secrets.current().secrets().len(), 2);
 }
+
+#[test]
+fn a_reload_the_check_refuses_keeps_the_old_set() {
+    let dir = Dir::new();
+    let path = dir.secrets_file();
+    dir.write("value-file", "search-key-0123456789");
+    let secrets = Secrets::load_with(&path, &env(&[("GITHUB_PAT", VALUE)])).unwrap();
+
+    // A file that reads well (a new value, a new host) but that the check turns down, as the
+    // CA's coverage check does on SIGHUP for a host the CA does not cover.
+    dir.write("value-file", "search-key-rotated-000");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("search.test", "uncovered.test");
+    std::fs::write(&path, text).unwrap();
+    let seen = std::cell::Cell::new(0);
+    let refuse = |set: &SecretSet| {
+        seen.set(set.secrets().len());
+        Err("host uncovered.test is outside the CA".to_owned())
+    };
+    let error = secrets
+        .reload_checked(&env(&[("GITHUB_PAT", VALUE)]), &refuse)
+        .unwrap_err();
+    assert_eq!(seen.get(), 2, "the check saw the whole new set");
+    match &error {
+        SecretsError::Refused { path: named, why } => {
+            assert_eq!(named, &path.display().to_string());
+            assert_eq!(why, "host uncovered.test is outside the CA");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!error.to_string().contains("search-key"), "{error}");
+    let hosts: Vec<String> = (secrets.current().get("search").unwrap().spec().hosts)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(hosts, ["search.test"]);
+    assert_eq!(
+        *secrets.current().get("search").unwrap().rendered(),
+        "search-key-0123456789"
+    );
+    assert_eq!(secrets.find_exact(b"search-key-rotated-000"), None);
+
+    // The same file, accepted, is swapped in.
+    secrets
+        .reload_checked(&env(&[("GITHUB_PAT", VALUE)]), &|_| Ok(()))
+        .unwrap();
+    assert_eq!(
+        *secrets.current().get("search").unwrap().rendered(),
+        "search-key-rotated-000"
+    );
+}

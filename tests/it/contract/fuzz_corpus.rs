@@ -13,6 +13,8 @@ mod canonical;
 mod hello;
 #[path = "../../../fuzz/checks/identify.rs"]
 mod identify;
+#[path = "../../../fuzz/checks/inspect.rs"]
+mod inspect;
 #[path = "../../../fuzz/checks/journal_fold.rs"]
 mod journal_fold;
 #[path = "../../../fuzz/checks/run_answer.rs"]
@@ -54,6 +56,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("canonical", canonical::check, 20),
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),
+        ("inspect", inspect::check, 15),
         ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
         ("run_answer", run_answer::check, 10),

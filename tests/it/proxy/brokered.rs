@@ -4,6 +4,7 @@
 //! output holds a value.
 
 use crate::support::harness::*;
+use leasegate::config::ServeConfig;
 use leasegate::intercept::{ca, Broker};
 use leasegate::secrets::{placeholder, Secrets};
 use leasegate::server::Server;
@@ -20,6 +21,8 @@ pub const HOST: &str = "api.origin.test";
 pub struct Brokered {
     pub h: Harness,
     pub server: Server,
+    /// What the proxy holds, for [`Brokered::another`].
+    pub broker: Arc<Broker>,
     pub origin: Origin,
     /// The interception CA, as the agent's clients trust it.
     pub ca_pem: PathBuf,
@@ -43,8 +46,11 @@ hosts = ["{HOST}"]
 header = "Authorization"
 format = "Bearer {{value}}"
 env = "{value_env}"
-routes = [{{ method = "GET", path = "/request" }}, {{ method = "POST", path = "/upload" }},
-  {{ method = "GET", path = "/repo.git/**" }}]
+routes = [
+  {{ method = "GET", path = "/request" }}, {{ method = "POST", path = "/upload" }},
+  {{ method = "GET", path = "/ws" }}, {{ method = "GET", path = "/big/*" }},
+  {{ method = "GET", path = "/slow" }}, {{ method = "GET", path = "/repo.git/**" }},
+]
 agents = ["tester"]
 env_name = "GITHUB_TOKEN"
 "#
@@ -66,16 +72,29 @@ impl Brokered {
 
     /// `upstream_ca`: what the proxy trusts for the origin (default: the origin's own cert).
     pub async fn start_trusting(upstream_ca: Option<PathBuf>) -> Brokered {
+        Brokered::start_with(upstream_ca, |_| {}).await
+    }
+
+    /// [`Brokered::start_trusting`], with `adjust` applied to the serve configuration before
+    /// the start (a journal on NATS, say).
+    pub async fn start_with(
+        upstream_ca: Option<PathBuf>,
+        adjust: impl FnOnce(&mut ServeConfig),
+    ) -> Brokered {
         let h = Harness::new();
         let origin = https_origin(HOST, h.dir.path()).await;
-        Brokered::start_with(h, origin, upstream_ca, None).await
+        Brokered::build(h, origin, upstream_ca, adjust).await
     }
 
     /// [`Brokered::start`] with a port of its own for each lease, taken from `ports`.
     pub async fn start_with_ports(ports: std::ops::RangeInclusive<u16>) -> Brokered {
         let h = Harness::new();
         let origin = https_origin(HOST, h.dir.path()).await;
-        Brokered::start_with(h, origin, None, Some(ports)).await
+        let bind = "127.0.0.1".parse().unwrap();
+        Brokered::build(h, origin, None, move |serve| {
+            serve.lease_ports = Some((ports, bind))
+        })
+        .await
     }
 
     /// [`Brokered::start`] whose origin serves the files under `root` (a git repository over
@@ -84,14 +103,14 @@ impl Brokered {
         let h = Harness::new();
         let bearer = Some(format!("Bearer {VALUE}"));
         let origin = https_file_origin_for(HOST, h.dir.path(), root, bearer).await;
-        Brokered::start_with(h, origin, None, None).await
+        Brokered::build(h, origin, None, |_| {}).await
     }
 
-    async fn start_with(
+    async fn build(
         h: Harness,
         (origin, origin_ca): (Origin, PathBuf),
         upstream_ca: Option<PathBuf>,
-        ports: Option<std::ops::RangeInclusive<u16>>,
+        adjust: impl FnOnce(&mut ServeConfig),
     ) -> Brokered {
         let plain = http_origin().await;
         let ca_dir = make_ca(h.dir.path());
@@ -106,11 +125,10 @@ impl Brokered {
         let allow = [HOST, "plain.origin.test"];
         let (lease, second) = (h.lease(&allow, &[]), h.lease(&allow, &[]));
         let stranger = issue_for_agent(&h, "someone-else", &allow);
-        let config = h.config(&[(HOST, "127.0.0.1"), ("plain.origin.test", "127.0.0.1")]);
-        let mut serve = h.serve_config(config, ports);
-        serve.broker = Some(Arc::new(broker));
-        let server = Server::start(serve).await.unwrap();
+        let broker = Arc::new(broker);
+        let server = serve(&h, &broker, adjust).await;
         Brokered {
+            broker,
             ca_pem: ca_dir.join("ca.pem"),
             h,
             server,
@@ -120,6 +138,21 @@ impl Brokered {
             second,
             stranger,
         }
+    }
+
+    /// Another proxy with the same broker, keys and origins (a replica, once `adjust` puts
+    /// its journal where the first one's is).
+    pub async fn another(&self, adjust: impl FnOnce(&mut ServeConfig)) -> Server {
+        serve(&self.h, &self.broker, adjust).await
+    }
+
+    /// A CONNECT to the origin through `proxy` under `lease`: the answer, lower-cased.
+    pub async fn connect_answer(&self, proxy: std::net::SocketAddr, lease: &str) -> String {
+        let connect = format!(
+            "CONNECT {HOST}:{port} HTTP/1.1\r\nHost: {HOST}:{port}\r\nX-Lease-Id: {lease}\r\n\r\n",
+            port = self.origin.addr.port()
+        );
+        raw(proxy, connect.as_bytes()).await.to_ascii_lowercase()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -144,6 +177,15 @@ impl Brokered {
         let (_, view) = admin_get(&self.server, &format!("/leases/{lease}")).await;
         view["status"].as_str().unwrap_or("").to_owned()
     }
+}
+
+/// A proxy on `h`'s journal and keys holding `broker`, names resolved to loopback.
+async fn serve(h: &Harness, broker: &Arc<Broker>, adjust: impl FnOnce(&mut ServeConfig)) -> Server {
+    let config = h.config(&[(HOST, "127.0.0.1"), ("plain.origin.test", "127.0.0.1")]);
+    let mut serve = h.serve_config(config, None);
+    serve.broker = Some(broker.clone());
+    adjust(&mut serve);
+    Server::start(serve).await.unwrap()
 }
 
 /// What the `/request` route says the origin received of header `name` (its SHA-256).
@@ -368,16 +410,10 @@ async fn an_origin_whose_tls_does_not_verify_is_a_502_never_a_blind_tunnel() {
     let (_, unrelated_ca) = https_origin(HOST, dir.path()).await;
     let b = Brokered::start_trusting(Some(unrelated_ca)).await;
     let lease = b.lease.clone();
-    let connect = format!(
-        "CONNECT {HOST}:{port} HTTP/1.1\r\nHost: {HOST}:{port}\r\nX-Lease-Id: {lease}\r\n\r\n",
-        port = b.origin.addr.port()
-    );
-    let answer = raw(b.server.addr, connect.as_bytes()).await;
+    let answer = b.connect_answer(b.server.addr, &lease).await;
     assert_eq!(status_of(&answer), 502, "{answer}");
     assert!(
-        answer
-            .to_ascii_lowercase()
-            .contains("x-leasegate-refusal: upstream-tls-failed"),
+        answer.contains("x-leasegate-refusal: upstream-tls-failed"),
         "{answer}"
     );
     let line = b.h.egress_line(1).await;

@@ -2,6 +2,7 @@
 //! real clients, descriptor limits.
 
 pub mod brokered;
+pub mod brokered_streams;
 pub mod clients;
 pub mod counting;
 pub mod descriptors;

@@ -244,8 +244,10 @@ where
             let Ok(tls) = acceptor.accept(stream).await else {
                 return;
             };
+            // With upgrades: `/ws` over TLS (a WebSocket through a terminated tunnel).
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), hyper::service::service_fn(service))
+                .with_upgrades()
                 .await;
         }
     })

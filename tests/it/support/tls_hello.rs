@@ -15,6 +15,16 @@ pub fn tls_client(
     ca: Option<&std::path::Path>,
     alpn: Vec<Vec<u8>>,
 ) -> rustls::ClientConnection {
+    let name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    rustls::ClientConnection::new(client_config(ca, alpn), name).unwrap()
+}
+
+/// A rustls client configuration trusting `ca` (PEM, one certificate; none: nothing is
+/// trusted), offering `alpn`.
+pub fn client_config(
+    ca: Option<&std::path::Path>,
+    alpn: Vec<Vec<u8>>,
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(ca) = ca {
         let pem = std::fs::read_to_string(ca).unwrap();
@@ -32,8 +42,7 @@ pub fn tls_client(
     .with_root_certificates(roots)
     .with_no_client_auth();
     config.alpn_protocols = alpn;
-    let name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
-    rustls::ClientConnection::new(Arc::new(config), name).unwrap()
+    Arc::new(config)
 }
 
 /// The records a rustls client sends first (its ClientHello).

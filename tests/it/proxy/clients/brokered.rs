@@ -156,7 +156,6 @@ async fn python_requests_through_a_terminated_host() {
     assert_misdirected(&b, &ran, "HTTP/1.1").await;
 }
 
-
 /// httpx over HTTP/2 where the `h2` package is there (.ci/run installs it), else HTTP/1.1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_httpx_through_a_terminated_host() {
