@@ -1,6 +1,7 @@
 //! CONNECT tunnels: decide, dial, answer 200, check the ClientHello's SNI, then copy bytes both
 //! ways, counted (spliced when the client is a plain socket), until either side ends or the
-//! lease closes.
+//! lease closes. A tunnel to a host some secret is for is handed to [`super::terminate`] after
+//! the dial instead.
 //!
 //! Invariant: the upstream is dialled before the client hears 200 (so refusals are 403 and
 //! dial failures 502); the client's first bytes reach the upstream untouched, and only once
@@ -19,7 +20,7 @@ use super::terminate;
 use super::{Body, ClientConn, Proxy};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
-use crate::policy::{HostVerdict, Rule};
+use crate::policy::{HostVerdict, Rule, UpstreamAddr};
 use crate::telemetry::egress::Kind;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -49,9 +50,9 @@ pub async fn handle(
         .unwrap_or_default();
     match open(&proxy, &conn, req.headers(), &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
-        Ok((stream, cleared)) => {
+        Ok((dialed, cleared)) => {
             if let Some(broker) = terminate::terminates(&proxy, &cleared.decision.target) {
-                if let Err(refusal) = terminate::open(&proxy, &broker, stream, &cleared).await {
+                if let Err(refusal) = terminate::open(&proxy, &broker, dialed, &cleared).await {
                     return proxy.refuse(&mut ex, refusal, &authority).await;
                 }
                 ex.status = Some(200);
@@ -71,7 +72,7 @@ pub async fn handle(
                 proxy.clone(),
                 conn.clone(),
                 req,
-                stream,
+                dialed.0,
                 cleared,
                 ex,
             ));
@@ -87,12 +88,12 @@ pub async fn open(
     headers: &http::HeaderMap,
     authority: &str,
     ex: &mut Exchange,
-) -> Result<(TcpStream, Cleared), Refusal> {
+) -> Result<((TcpStream, UpstreamAddr), Cleared), Refusal> {
     let cleared = proxy
         .clear(conn, headers, Asked::Tunnel, authority, None, ex)
         .await?;
-    let (stream, _) = proxy.dial(&cleared.addrs, ex).await?;
-    Ok((stream, cleared))
+    let dialed = proxy.dial(&cleared.addrs, ex).await?;
+    Ok((dialed, cleared))
 }
 
 async fn tunnel(

@@ -18,7 +18,7 @@ use super::{Body, ClientConn, Proxy};
 use crate::intercept::inspect;
 use crate::intercept::Broker;
 use crate::policy::codes::{Code, Refusal};
-use crate::policy::{Target, TargetHost};
+use crate::policy::{Target, TargetHost, UpstreamAddr};
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
@@ -34,30 +34,15 @@ pub fn terminates(proxy: &Proxy, target: &Target) -> Option<Arc<Broker>> {
     Broker::terminates(&broker.secrets.current(), &target.host).then(|| broker.clone())
 }
 
-/// Before the client's 200: TLS to the origin over the dialled `stream`, verified for the
-/// CONNECT host; the connection goes into the lease's pool for the first request inside.
+/// Before the client's 200: TLS to the origin over `stream`, dialled to `addr`, verified for
+/// the CONNECT host; the connection goes into the lease's pool for the first request inside.
 pub async fn open(
     proxy: &Proxy,
     broker: &Broker,
-    stream: TcpStream,
+    (stream, addr): (TcpStream, UpstreamAddr),
     cleared: &Cleared,
 ) -> Result<(), Refusal> {
     let name = tls_name(&cleared.decision.target)?;
-    let addr = *cleared
-        .addrs
-        .first()
-        .ok_or_else(|| Refusal::new(Code::UpstreamUnreachable, "no address was dialled"))?;
-    let addr = stream
-        .peer_addr()
-        .ok()
-        .and_then(|peer| {
-            cleared
-                .addrs
-                .iter()
-                .copied()
-                .find(|a| a.socket_addr() == peer)
-        })
-        .unwrap_or(addr);
     let config = broker.upstream_config();
     let tls =
         forward::upstream_tls(&config, name, stream, addr, proxy.config.connect_timeout).await?;
