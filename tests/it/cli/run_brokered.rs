@@ -15,26 +15,14 @@ async fn the_child_gets_its_placeholders_and_trusts_the_ca() {
     let lease = h.lease_for_agent("coder", &["origin.test"]);
     let server = start(&h, Some(TOKEN), true).await;
     let ca_pem = std::fs::read_to_string(h.dir.path().join("ca").join("ca.pem")).unwrap();
-    let token = h.dir.path().join("admin-token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let admin = format!("http://{}", server.admin_addr.unwrap());
     // The child shows its environment and the two files it was pointed at.
     let script = "env; echo '--- ca'; cat \"$NODE_EXTRA_CA_CERTS\"; echo '--- bundle'; \
                   cat \"$SSL_CERT_FILE\"";
-    let (code, stdout, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &lease,
-            "--admin",
-            &admin,
-            "--admin-token-file",
-            token.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            script,
-        ],
+    let (code, stdout, stderr) = run_under(
+        &h,
+        &server,
+        &lease,
+        &["sh", "-c", script],
         // An inherited variable of the same name is replaced, not kept.
         &[("GITHUB_TOKEN", "inherited")],
     )
@@ -76,24 +64,7 @@ async fn an_unentitled_child_gets_the_ca_and_no_placeholder() {
     let h = Harness::new();
     let lease = h.lease(&["origin.test"], &[]);
     let server = start(&h, Some(TOKEN), true).await;
-    let token = h.dir.path().join("admin-token");
-    std::fs::write(&token, TOKEN).unwrap();
-    let admin = format!("http://{}", server.admin_addr.unwrap());
-    let (code, stdout, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &lease,
-            "--admin",
-            &admin,
-            "--admin-token-file",
-            token.to_str().unwrap(),
-            "--",
-            "env",
-        ],
-        &[],
-    )
-    .await;
+    let (code, stdout, stderr) = run_under(&h, &server, &lease, &["env"], &[]).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!stdout.contains("lgp_"), "{stdout}");
     assert!(
@@ -103,4 +74,30 @@ async fn an_unentitled_child_gets_the_ca_and_no_placeholder() {
         "{stdout}"
     );
     server.shutdown().await;
+}
+
+/// `leasegate run --lease LEASE` of `command` against `server`'s admin API with its token (a
+/// token file ending in a newline, as editors write them).
+async fn run_under(
+    h: &Harness,
+    server: &leasegate::server::Server,
+    lease: &str,
+    command: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
+    let token = h.dir.path().join("admin-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let mut args = vec![
+        "run",
+        "--lease",
+        lease,
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        token.to_str().unwrap(),
+        "--",
+    ];
+    args.extend_from_slice(command);
+    run(&args, env).await
 }
