@@ -343,8 +343,23 @@ pub async fn refused_and_revoked(b: &Brokered, lease: &str, out: CurlOutput, cod
             "{code}: {file:?}"
         );
     }
-    let (_, view) = admin_text(&b.server, &format!("/leases/{lease}")).await;
-    assert!(!view.contains(VALUE) && !view.contains(CANARY));
+    // Every admin answer the dashboard draws from, and the metrics.
+    for path in [
+        format!("/leases/{lease}"),
+        format!("/leases/{lease}/requests"),
+        "/leases".to_owned(),
+        "/refusals".to_owned(),
+        "/metrics".to_owned(),
+        "/status".to_owned(),
+        "/".to_owned(),
+    ] {
+        let (status, text) = admin_text(&b.server, &path).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(
+            !text.contains(VALUE) && !text.contains(CANARY),
+            "{code}: {path}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
