@@ -11,18 +11,20 @@
 //! or handed out by an admin API we authenticated to), else the lease id; a proxy in token
 //! mode with no token at hand is an error before the child starts, not a 407 inside it.
 //! With the admin token, the child also gets the lease's placeholders and trusts the
-//! interception CA (see `brokered`: files in a private directory removed when `run` ends); an
-//! admin API that does not know placeholders is warned about, not fatal.
+//! interception CA (see `brokered`: files in a private directory removed when `run` ends, and
+//! for Java a trust store named in `JAVA_TOOL_OPTIONS`); an admin API that does not know
+//! placeholders is warned about, not fatal.
 
 mod admin_api;
 mod brokered;
 mod child_env;
+mod jks;
 
 use super::CliResult;
 use crate::cli::RunArgs;
 use crate::contract::Key;
 pub use admin_api::AdminApi;
-use brokered::{Brokered, TrustFiles, SYSTEM_BUNDLES};
+use brokered::{Brokered, TrustFiles, JAVA_VAR, SYSTEM_BUNDLES};
 pub use child_env::{agent_env, is_proxy_setting, proxy_url};
 use std::process::ExitCode;
 use std::process::Stdio;
@@ -172,6 +174,14 @@ pub async fn run(
     }
     for (name, value) in trust.iter().flat_map(TrustFiles::env) {
         child.env(name, value);
+    }
+    if let Some(files) = &trust {
+        match files.java_tool_options(std::env::var_os(JAVA_VAR)) {
+            Ok(options) => {
+                child.env(JAVA_VAR, options);
+            }
+            Err(warning) => eprintln!("leasegate run: warning: {warning}"),
+        }
     }
     let mut child = child
         .spawn()

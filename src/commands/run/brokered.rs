@@ -6,11 +6,14 @@
 //! does not set itself, no proxy setting, and not one that changes what the child runs or
 //! loads (`PATH`, `LD_*`, ...), so the answer can neither move the child off the proxy nor
 //! replace its trust settings. The CA files live in a new private directory (0700) that is
-//! removed when `run` ends.
+//! removed when `run` ends; Java, which reads no PEM variable, gets a trust store there of the
+//! same certificates as the bundle, named in `JAVA_TOOL_OPTIONS` after what it held.
 
+use super::jks;
 use super::RunError;
 use rustls::pki_types::{pem::PemObject, CertificateDer};
 use serde_json::Value;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 /// The system bundles a CA is appended to, the first readable one: Debian and its kin, the
@@ -31,6 +34,13 @@ const BUNDLE_VARS: [&str; 4] = [
 
 /// Node adds `NODE_EXTRA_CA_CERTS` to its own roots: the CA alone.
 const CA_VAR: &str = "NODE_EXTRA_CA_CERTS";
+
+/// The variable the JVM reads options from, whatever launches it (`java`, Gradle, Maven).
+pub const JAVA_VAR: &str = "JAVA_TOOL_OPTIONS";
+
+/// The Java trust store's password. Not a secret: the store holds public certificates only,
+/// and the password guards its integrity; the JDK's own `cacerts` uses the same one.
+const JAVA_STORE_PASSWORD: &str = "changeit";
 
 /// Names a placeholder never goes in, whatever the answer says (upper-cased): what `run`
 /// sets itself and what changes what the child runs or loads.
@@ -175,11 +185,17 @@ impl TrustFiles {
         if !bundle.is_empty() && !bundle.ends_with(b"\n") {
             bundle.push(b'\n');
         }
+        let store = java_store(&bundle, ca).map_err(|reason| RunError::TrustFiles {
+            path: files.java_store().display().to_string(),
+            reason,
+        })?;
         bundle.extend_from_slice(ca.as_bytes());
         let ca_path = files.ca();
         std::fs::write(&ca_path, ca).map_err(|e| failed(&ca_path, e))?;
         let bundle_path = files.bundle();
         std::fs::write(&bundle_path, bundle).map_err(|e| failed(&bundle_path, e))?;
+        let store_path = files.java_store();
+        std::fs::write(&store_path, store).map_err(|e| failed(&store_path, e))?;
         Ok((files, warning))
     }
 
@@ -193,6 +209,41 @@ impl TrustFiles {
         self.dir.path().join("bundle.pem")
     }
 
+    /// `truststore.jks`: the bundle's certificates, for Java.
+    pub fn java_store(&self) -> PathBuf {
+        self.dir.path().join("truststore.jks")
+    }
+
+    /// `JAVA_TOOL_OPTIONS` for the child: what it held (`inherited`), then the options naming
+    /// [`TrustFiles::java_store`] (the JVM takes the last of a repeated `-D`, so ours win).
+    /// The JVM splits the variable at white space, so a directory whose path holds white
+    /// space or quotes cannot be named there: that is an error, for a warning, and Java is
+    /// left trusting its own roots (so a terminated host fails its handshake, closed).
+    pub fn java_tool_options(&self, inherited: Option<OsString>) -> Result<OsString, String> {
+        let path = self.java_store();
+        let plain = |c: char| !(c.is_whitespace() || c == '"' || c == '\'' || c.is_control());
+        let Some(store) = path.to_str().filter(|p| p.chars().all(plain)) else {
+            return Err(format!(
+                "{JAVA_VAR} cannot name {} (white space, quotes or bytes not UTF-8 in its \
+                 path): Java programs will not trust the interception CA; set TMPDIR to a \
+                 plain path",
+                path.display()
+            ));
+        };
+        let ours = format!(
+            "-Djavax.net.ssl.trustStore={store} -Djavax.net.ssl.trustStoreType=JKS \
+             -Djavax.net.ssl.trustStorePassword={JAVA_STORE_PASSWORD}"
+        );
+        let mut options = inherited
+            .filter(|held| !held.is_empty())
+            .unwrap_or_default();
+        if !options.is_empty() {
+            options.push(" ");
+        }
+        options.push(ours);
+        Ok(options)
+    }
+
     /// The variables that point TLS clients at these files.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         let bundle = self.bundle().display().to_string();
@@ -201,6 +252,34 @@ impl TrustFiles {
         set.push((CA_VAR, self.ca().display().to_string()));
         set
     }
+}
+
+/// The Java trust store of `system` (a PEM bundle: its certificates, up to the first that
+/// cannot be read) and `ca` (the interception CA, always last).
+fn java_store(system: &[u8], ca: &str) -> Result<Vec<u8>, String> {
+    // A bundle may hold text or a damaged block; the JVM refuses a whole store over one
+    // certificate it cannot read, so only what parses as X.509 goes in.
+    let roots: Vec<CertificateDer> = CertificateDer::pem_slice_iter(system)
+        .map_while(Result::ok)
+        .filter(|der| x509_parser::parse_x509_certificate(der).is_ok())
+        .collect();
+    let ca = CertificateDer::from_pem_slice(ca.as_bytes()).map_err(|e| format!("ca: {e}"))?;
+    let mut entries: Vec<jks::Entry> = roots
+        .iter()
+        .enumerate()
+        .map(|(n, der)| jks::Entry {
+            alias: format!("system-{n}"),
+            der,
+        })
+        .collect();
+    entries.push(jks::Entry {
+        alias: "leasegate-ca".to_owned(),
+        der: &ca,
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    jks::trust_store(&entries, JAVA_STORE_PASSWORD, now)
 }
 
 #[cfg(test)]
@@ -307,5 +386,69 @@ mod tests {
         let (files, warning) = TrustFiles::write(&ca, &[missing.to_str().unwrap()]).unwrap();
         assert!(warning.unwrap().contains("no system CA bundle"));
         assert_eq!(std::fs::read_to_string(files.bundle()).unwrap(), ca);
+        let store = std::fs::read(files.java_store()).unwrap();
+        let listed = jks::read_back(&store, JAVA_STORE_PASSWORD);
+        assert_eq!(listed.len(), 1, "the CA alone");
+    }
+
+    /// Java's store lists every root of the system bundle (text and a damaged block in it
+    /// skipped), then the CA; `JAVA_TOOL_OPTIONS` names it after what the variable held.
+    #[test]
+    fn the_java_store_lists_the_bundle_and_the_ca() {
+        let (ca, roots) = (ca(), [ca(), ca()]);
+        let dir = tempfile::tempdir().unwrap();
+        let system = dir.path().join("system.crt");
+        std::fs::write(
+            &system,
+            format!(
+                "# Roots\n{}\n{}-----BEGIN CERTIFICATE-----\nAAAA\n",
+                roots[0], roots[1]
+            ),
+        )
+        .unwrap();
+        let (files, _) = TrustFiles::write(&ca, &[system.to_str().unwrap()]).unwrap();
+        let store = std::fs::read(files.java_store()).unwrap();
+        let listed: Vec<(String, Vec<u8>)> = jks::read_back(&store, JAVA_STORE_PASSWORD)
+            .into_iter()
+            .map(|(alias, _, der)| (alias, der))
+            .collect();
+        let der = |pem: &str| {
+            CertificateDer::from_pem_slice(pem.as_bytes())
+                .unwrap()
+                .to_vec()
+        };
+        assert_eq!(
+            listed,
+            [
+                ("system-0".to_owned(), der(&roots[0])),
+                ("system-1".to_owned(), der(&roots[1])),
+                ("leasegate-ca".to_owned(), der(&ca)),
+            ]
+        );
+
+        let path = files.java_store().display().to_string();
+        let ours = format!(
+            "-Djavax.net.ssl.trustStore={path} -Djavax.net.ssl.trustStoreType=JKS \
+             -Djavax.net.ssl.trustStorePassword=changeit"
+        );
+        assert_eq!(files.java_tool_options(None).unwrap(), ours.as_str());
+        assert_eq!(
+            files.java_tool_options(Some("".into())).unwrap(),
+            ours.as_str()
+        );
+        assert_eq!(
+            files
+                .java_tool_options(Some("-Xmx1g -Dhttps.proxyHost=h".into()))
+                .unwrap(),
+            format!("-Xmx1g -Dhttps.proxyHost=h {ours}").as_str()
+        );
+        use std::os::unix::ffi::OsStringExt;
+        let held = OsString::from_vec(b"-Dodd=\xff".to_vec());
+        let mut kept = held.clone().into_vec();
+        kept.extend_from_slice(format!(" {ours}").as_bytes());
+        assert_eq!(
+            files.java_tool_options(Some(held)).unwrap().into_vec(),
+            kept
+        );
     }
 }
