@@ -88,8 +88,8 @@ fn exited(child: std::process::Child) -> std::process::Output {
         })
 }
 
-#[test]
-fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
+/// A temporary directory with a new signing key (`key`) and where a journal would go.
+fn keyed_dir() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
     succeeded(
@@ -98,6 +98,12 @@ fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
             .unwrap(),
     );
     let journal = dir.path().join("journal.jsonl");
+    (dir, key, journal)
+}
+
+#[test]
+fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
+    let (dir, key, journal) = keyed_dir();
     let secrets = secrets_file(dir.path());
     // The variable the file names is one no environment sets.
     let ca_args = secrets_args(dir.path(), "origin.test", &secrets);
@@ -142,14 +148,7 @@ fn serve_with_a_bad_secrets_file_stops_with_its_problems() {
 /// tunnels to it.
 #[test]
 fn serve_with_a_secret_the_ca_does_not_cover_stops() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("key");
-    succeeded(
-        &leasegate_command(&["keygen", "--out", s(&key)])
-            .output()
-            .unwrap(),
-    );
-    let journal = dir.path().join("journal.jsonl");
+    let (dir, key, journal) = keyed_dir();
     let uncovered = dir.path().join("uncovered.toml");
     std::fs::write(
         &uncovered,
