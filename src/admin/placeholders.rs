@@ -33,11 +33,7 @@ pub fn placeholders(state: &AdminState, id: &str, authenticated: bool) -> Respon
         );
     };
     // The key the lease is signed with derives its placeholders (as the proxy will check them).
-    let key = snapshot
-        .ledger
-        .key_fingerprint(id)
-        .and_then(|fingerprint| snapshot.ledger.keyring()?.get(fingerprint));
-    let Some(key) = key else {
+    let Some(key) = snapshot.ledger.signing_key(id) else {
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the signing key of lease {id} is not in the proxy's keyring"),

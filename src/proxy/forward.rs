@@ -126,10 +126,7 @@ pub fn inspected<'s>(
 ) -> Result<Vec<&'s Secret>, Refusal> {
     let lease = &decision.chain[0];
     let snapshot = &decision.snapshot;
-    let key = snapshot
-        .ledger
-        .key_fingerprint(&lease.id)
-        .and_then(|fp| snapshot.ledger.keyring()?.get(fp));
+    let key = snapshot.ledger.signing_key(&lease.id);
     let target = parts.uri.path_and_query().map_or("", |p| p.as_str());
     let mut scanned: Vec<&[u8]> = Vec::with_capacity(parts.headers.len() + 2);
     scanned.push(target.as_bytes());

@@ -37,10 +37,7 @@ pub fn authenticate(
     on_port: LeasePortCredentials,
     snapshot: &Snapshot,
 ) -> Result<(), Refusal> {
-    let key = snapshot
-        .ledger
-        .key_fingerprint(&identity.lease_id)
-        .and_then(|fingerprint| snapshot.ledger.keyring()?.get(fingerprint));
+    let key = snapshot.ledger.signing_key(&identity.lease_id);
     check_tags(identity, required(identity, credentials, on_port)?, key)
 }
 

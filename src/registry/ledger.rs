@@ -607,6 +607,12 @@ impl Ledger {
         }
     }
 
+    /// The key a known lease was signed with, when the keyring holds it: what checks its
+    /// tokens and derives its placeholders.
+    pub fn signing_key(&self, id: &str) -> Option<&crate::contract::Key> {
+        self.keyring()?.get(self.key_fingerprint(id)?)
+    }
+
     /// Every loaded lease (not retired), in grant order.
     pub fn leases(&self) -> impl Iterator<Item = &Arc<Lease>> {
         self.order.values()
