@@ -102,10 +102,6 @@ impl Broker {
         &self.ca_pem
     }
 
-    pub fn minter(&self) -> &Arc<LeafMinter> {
-        &self.minter
-    }
-
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         self.server.clone()
     }

@@ -105,12 +105,8 @@ async fn tunnel(
     cleared: Cleared,
     mut ex: Exchange,
 ) {
-    let upgraded = match hyper::upgrade::on(req).await {
-        Ok(upgraded) => upgraded,
-        Err(error) => {
-            ex.error = Some(format!("upgrade failed: {error}"));
-            return;
-        }
+    let Some(upgraded) = ex.upgraded(req).await else {
+        return;
     };
     let mut client = TokioIo::new(upgraded);
     let (token, decision) = (cleared.token, cleared.decision);

@@ -124,6 +124,21 @@ impl Exchange {
         self.open = Some(self.telemetry.metrics.open(lease, open));
     }
 
+    /// The client's side of a CONNECT once hyper hands it over; `None` (the failure on the
+    /// line) when it does not.
+    pub async fn upgraded(
+        &mut self,
+        req: http::Request<hyper::body::Incoming>,
+    ) -> Option<hyper::upgrade::Upgraded> {
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => Some(upgraded),
+            Err(error) => {
+                self.error = Some(format!("upgrade failed: {error}"));
+                None
+            }
+        }
+    }
+
     /// Time since the request arrived.
     pub fn elapsed(&self) -> std::time::Duration {
         self.started.elapsed()

@@ -125,12 +125,8 @@ pub async fn tunnel(
     authority: String,
     mut ex: Exchange,
 ) {
-    let upgraded = match hyper::upgrade::on(req).await {
-        Ok(upgraded) => upgraded,
-        Err(error) => {
-            ex.error = Some(format!("upgrade failed: {error}"));
-            return;
-        }
+    let Some(upgraded) = ex.upgraded(req).await else {
+        return;
     };
     // What the client sends and is sent, watched for idleness (not the exchange's bytes: those
     // are the requests', on their own lines).

@@ -452,3 +452,36 @@ async fn a_client_that_does_not_trust_the_ca_fails_closed() {
         "only the proxy's own connection, made before the 200; no request reached the origin"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_inside_naming_another_host_is_a_host_mismatch() {
+    let b = Brokered::start().await;
+    let lease = b.lease.clone();
+    // The tunnel is to HOST; the request inside names plain.origin.test.
+    let out = b
+        .curl(
+            &lease,
+            &[
+                "--http1.1",
+                "-H",
+                "Host: plain.origin.test",
+                &b.url("/request"),
+            ],
+        )
+        .await;
+    assert_eq!(out.status, 421, "{}", out.stderr);
+    assert_eq!(
+        out.header("x-leasegate-refusal").as_deref(),
+        Some("host-mismatch")
+    );
+    let lines = b.h.egress_lines(2).await;
+    let inside = lines.iter().find(|l| l["kind"] == "https").unwrap();
+    assert_eq!(inside["code"], "host-mismatch", "{lines:?}");
+    assert_eq!(
+        b.origin
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the connection made before the 200: nothing of the request reached the origin"
+    );
+}
