@@ -37,10 +37,11 @@ pub enum Code {
     SecretMisdirected,
     SecretExposed,
     CanaryTripped,
+    BudgetExhausted,
 }
 
 impl Code {
-    pub const ALL: [Code; 27] = [
+    pub const ALL: [Code; 28] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -68,6 +69,7 @@ impl Code {
         Code::SecretMisdirected,
         Code::SecretExposed,
         Code::CanaryTripped,
+        Code::BudgetExhausted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +101,7 @@ impl Code {
             Code::SecretMisdirected => "secret-misdirected",
             Code::SecretExposed => "secret-exposed",
             Code::CanaryTripped => "canary-tripped",
+            Code::BudgetExhausted => "budget-exhausted",
         }
     }
 
@@ -125,7 +128,7 @@ impl Code {
             | Code::CanaryTripped => StatusCode::FORBIDDEN,
             Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Code::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
+            Code::TooManyConnections | Code::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::DnsFailed | Code::UpstreamUnreachable | Code::UpstreamTlsFailed => {
                 StatusCode::BAD_GATEWAY
             }

@@ -1,0 +1,256 @@
+//! Model budgets: what each lease has spent on metered model calls — its own calls and its
+//! descendants', from this replica and, folded from the egress stream, every other — and
+//! whether a lease's chain has budget left for a new call.
+//!
+//! Invariants: a call is charged once, to its lease's own total and to the subtree total of the
+//! lease and of every ancestor it names; a new model call is refused when any lease of its
+//! chain with a ceiling has spent at least that ceiling (spent, not about to be: the call that
+//! passes a ceiling finishes, and so does every call already in flight). Unmetered calls are
+//! counted as such, never as zero tokens.
+
+use crate::policy::codes::{Code, Refusal};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The ceilings of one lease's budget that model calls spend (`budget.tokens`,
+/// `budget.cost_usd`); `None`: no ceiling of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ceilings {
+    pub tokens: Option<u64>,
+    pub cost_usd: Option<f64>,
+}
+
+impl Ceilings {
+    /// Whether either ceiling is set.
+    pub fn any(&self) -> bool {
+        self.tokens.is_some() || self.cost_usd.is_some()
+    }
+}
+
+/// What one call reported, as charged.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Charge {
+    /// `false`: its usage could not be read (the token fields are zero and mean nothing).
+    pub metered: bool,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// `None`: the model is not in the price table (or the call was not metered).
+    pub cost_usd: Option<f64>,
+}
+
+/// Totals of metered model calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Spent {
+    /// Model calls, metered or not.
+    pub calls: u64,
+    /// Input plus output tokens of the metered calls: what `budget.tokens` counts.
+    pub tokens: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// What the priced calls cost: what `budget.cost_usd` counts.
+    pub cost_usd: f64,
+    /// Calls whose usage could not be read.
+    pub unmetered: u64,
+    /// Metered calls of a model the price table does not name (their cost is not in `cost_usd`).
+    pub unpriced: u64,
+}
+
+impl Spent {
+    fn add(&mut self, charge: &Charge) {
+        self.calls += 1;
+        if !charge.metered {
+            self.unmetered += 1;
+            return;
+        }
+        self.input_tokens = self.input_tokens.saturating_add(charge.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(charge.output_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(charge.cached_tokens);
+        self.tokens = self
+            .tokens
+            .saturating_add(charge.input_tokens.saturating_add(charge.output_tokens));
+        match charge.cost_usd {
+            Some(cost) if cost.is_finite() && cost >= 0.0 => self.cost_usd += cost,
+            _ => self.unpriced += 1,
+        }
+    }
+}
+
+/// One lease's figures: its own calls, and its subtree's (its own and its descendants').
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LeaseSpending {
+    pub own: Spent,
+    pub subtree: Spent,
+}
+
+/// A spent budget: which lease's, which ceiling, and how much was spent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exhausted {
+    pub lease_id: String,
+    /// `tokens` or `cost_usd`.
+    pub ceiling: &'static str,
+    pub spent: f64,
+    pub limit: f64,
+}
+
+impl Exhausted {
+    /// The `budget-exhausted` refusal: the detail names the lease, the ceiling and the figures.
+    pub fn refusal(&self) -> Refusal {
+        Refusal::new(
+            Code::BudgetExhausted,
+            format!(
+                "lease {}'s budget.{} is spent: {} of {}",
+                self.lease_id, self.ceiling, self.spent, self.limit
+            ),
+        )
+    }
+}
+
+/// Every lease's spending (only leases that made model calls, or whose descendants did).
+#[derive(Debug, Default)]
+pub struct Spending {
+    leases: Mutex<HashMap<Arc<str>, LeaseSpending>>,
+}
+
+impl Spending {
+    /// Charges one call of `chain`'s first lease: its own total, and the subtree total of it
+    /// and of every ancestor after it.
+    pub fn charge<'a>(&self, chain: impl IntoIterator<Item = &'a str>, charge: &Charge) {
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, id) in chain.into_iter().enumerate() {
+            let entry = match leases.get_mut(id) {
+                Some(entry) => entry,
+                None => leases.entry(Arc::from(id)).or_default(),
+            };
+            if i == 0 {
+                entry.own.add(charge);
+            }
+            entry.subtree.add(charge);
+        }
+    }
+
+    /// What `lease_id` (and its subtree) has spent; zero for a lease with no calls.
+    pub fn of(&self, lease_id: &str) -> LeaseSpending {
+        let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        leases.get(lease_id).copied().unwrap_or_default()
+    }
+
+    /// Whether a new model call under `chain` (the lease first, then its ancestors, each with
+    /// its budget) may go: the first lease of the chain whose subtree has spent a ceiling, if
+    /// any.
+    pub fn check<'a>(
+        &self,
+        chain: impl IntoIterator<Item = (&'a str, Ceilings)>,
+    ) -> Result<(), Exhausted> {
+        let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, budget) in chain.into_iter().filter(|(_, c)| c.any()) {
+            let spent = leases.get(id).map(|s| s.subtree).unwrap_or_default();
+            if let Some(limit) = budget.tokens {
+                if spent.tokens >= limit {
+                    return Err(Exhausted {
+                        lease_id: id.to_owned(),
+                        ceiling: "tokens",
+                        spent: spent.tokens as f64,
+                        limit: limit as f64,
+                    });
+                }
+            }
+            if let Some(limit) = budget.cost_usd {
+                if spent.cost_usd >= limit {
+                    return Err(Exhausted {
+                        lease_id: id.to_owned(),
+                        ceiling: "cost_usd",
+                        spent: spent.cost_usd,
+                        limit,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets leases `keep` says no to (closed long ago): the map holds only leases that may
+    /// still spend or be asked about.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        leases.retain(|id, _| keep(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(input: u64, output: u64, cost: Option<f64>) -> Charge {
+        Charge {
+            metered: true,
+            input_tokens: input,
+            output_tokens: output,
+            cached_tokens: 0,
+            cost_usd: cost,
+        }
+    }
+
+    fn budget(tokens: Option<u64>, cost_usd: Option<f64>) -> Ceilings {
+        Ceilings { tokens, cost_usd }
+    }
+
+    #[test]
+    fn a_call_counts_against_its_lease_and_every_ancestor() {
+        let spending = Spending::default();
+        spending.charge(["child", "parent", "root"], &call(10, 5, Some(0.5)));
+        spending.charge(["parent", "root"], &call(1, 1, None));
+        assert_eq!(spending.of("child").own.tokens, 15);
+        assert_eq!(spending.of("parent").own.tokens, 2);
+        assert_eq!(spending.of("parent").subtree.tokens, 17);
+        assert_eq!(spending.of("root").subtree.calls, 2);
+        assert_eq!(spending.of("root").subtree.cost_usd, 0.5);
+        assert_eq!(spending.of("root").subtree.unpriced, 1);
+        assert_eq!(spending.of("root").own, Spent::default());
+    }
+
+    #[test]
+    fn an_unmetered_call_is_counted_as_such_not_as_zero_tokens() {
+        let spending = Spending::default();
+        let unmetered = Charge::default();
+        spending.charge(["a"], &unmetered);
+        let spent = spending.of("a").own;
+        assert_eq!((spent.calls, spent.unmetered, spent.tokens), (1, 1, 0));
+    }
+
+    #[test]
+    fn the_check_refuses_once_any_ceiling_of_the_chain_is_reached() {
+        let spending = Spending::default();
+        let parent = budget(Some(1000), None);
+        let child = budget(None, Some(1.0));
+        let chain = || [("child", child), ("parent", parent)];
+        assert_eq!(spending.check(chain()), Ok(()));
+        spending.charge(["child", "parent"], &call(600, 399, Some(0.1)));
+        assert_eq!(spending.check(chain()), Ok(()), "999 of 1000");
+        spending.charge(["sibling", "parent"], &call(1, 0, Some(0.1)));
+        let exhausted = spending.check(chain()).unwrap_err();
+        assert_eq!(
+            (exhausted.lease_id.as_str(), exhausted.ceiling),
+            ("parent", "tokens")
+        );
+        assert_eq!(exhausted.refusal().code, Code::BudgetExhausted);
+        assert_eq!(
+            exhausted.refusal().detail,
+            "lease parent's budget.tokens is spent: 1000 of 1000"
+        );
+
+        let spending = Spending::default();
+        spending.charge(["child", "parent"], &call(1, 1, Some(1.0)));
+        assert_eq!(spending.check(chain()).unwrap_err().ceiling, "cost_usd");
+    }
+
+    #[test]
+    fn a_zero_ceiling_refuses_the_first_call() {
+        let spending = Spending::default();
+        let none = budget(Some(0), None);
+        assert!(spending.check([("a", none)]).is_err());
+        assert_eq!(spending.check([("a", Ceilings::default())]), Ok(()));
+    }
+}
