@@ -10,6 +10,7 @@
 
 mod brokered;
 mod go;
+mod model_sdks;
 mod node;
 
 use crate::support::harness::{
