@@ -4,7 +4,7 @@
 //! reaches the origin with the real key, the SDK never sees it, and what the SDK's response
 //! objects report is the fake's known usage. One Python process makes all six calls.
 
-use super::{client, text};
+use super::{client_for, text};
 use crate::support::harness::{curl, eventually, CurlOutput};
 use crate::support::model_api::{Usage, ANTHROPIC_HOST, OPENAI_HOST};
 use crate::support::model_proxy::{ModelProxy, ANTHROPIC_KEY, OPENAI_KEY};
@@ -121,7 +121,10 @@ async fn openai_and_anthropic_sdks_through_terminated_hosts() {
     let env = m.agent_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let script = crate::support::data("clients/brokered/model_sdks.py");
-    let out = client("python3", &[script.to_str().unwrap()], &env, m.h.dir.path()).await;
+    // Importing the two SDKs takes seconds of CPU, many more on a busy machine.
+    let limit = Duration::from_secs(120);
+    let args = [script.to_str().unwrap()];
+    let out = client_for(limit, "python3", &args, &env, m.h.dir.path()).await;
     let (printed, warned) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{printed}{warned}");
     for key in [OPENAI_KEY, ANTHROPIC_KEY] {
