@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-type OriginBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
+pub type OriginBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 
 /// Byte `i` of every generated body.
 pub fn pattern_byte(i: u64) -> u8 {
@@ -211,11 +211,13 @@ pub async fn http_origin() -> Origin {
     .await
 }
 
-/// A TLS acceptor for `name` with a self-signed certificate made now; the certificate is
-/// written to `dir` as the CA file clients trust.
-fn tls_acceptor(name: &str, dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
-    let cert = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
-    let ca_path = dir.join(format!("{name}.pem"));
+/// A TLS acceptor for `names` with a self-signed certificate made now; the certificate is
+/// written to `dir` (named after the first name) as the CA file clients trust.
+fn tls_acceptor(names: &[&str], dir: &Path) -> (tokio_rustls::TlsAcceptor, PathBuf) {
+    let cert =
+        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let ca_path = dir.join(format!("{}.pem", names[0]));
     std::fs::write(&ca_path, cert.cert.pem()).unwrap();
     let certs = vec![cert.cert.der().clone()];
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
@@ -236,7 +238,17 @@ where
     S: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<Response<OriginBody>, Infallible>> + Send + 'static,
 {
-    let (acceptor, ca_path) = tls_acceptor(name, dir);
+    https_origin_named(&[name], dir, service).await
+}
+
+/// An HTTPS origin (HTTP/1.1) whose one certificate holds all of `names`, answering with
+/// `service`; returns it and the CA file.
+pub async fn https_origin_named<S, Fut>(names: &[&str], dir: &Path, service: S) -> (Origin, PathBuf)
+where
+    S: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<OriginBody>, Infallible>> + Send + 'static,
+{
+    let (acceptor, ca_path) = tls_acceptor(names, dir);
     let origin = spawn_origin(move |stream| {
         let acceptor = acceptor.clone();
         let service = service.clone();

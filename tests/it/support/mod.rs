@@ -3,6 +3,8 @@
 //! `CI=true`, where a missing tool or privilege fails the test).
 
 pub mod harness;
+pub mod model_api;
+pub mod model_proxy;
 pub mod nats;
 pub mod netns;
 pub mod tls_hello;

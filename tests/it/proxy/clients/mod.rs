@@ -10,6 +10,7 @@
 
 mod brokered;
 mod go;
+mod model_sdks;
 mod node;
 
 use crate::support::harness::{
@@ -67,6 +68,17 @@ async fn https_setup() -> HttpsSetup {
 
 /// Runs a client with no proxy or CA variables but `env`, for at most 30 s.
 async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
+    client_for(Duration::from_secs(30), program, args, env, cwd).await
+}
+
+/// [`client`] for at most `limit`.
+async fn client_for(
+    limit: Duration,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    cwd: &Path,
+) -> Output {
     let mut command = tokio::process::Command::new(program);
     command.args(args).current_dir(cwd).kill_on_drop(true);
     for name in [
@@ -97,10 +109,10 @@ async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) 
         command.env(name, value);
     }
     let spawned = command.output();
-    match tokio::time::timeout(Duration::from_secs(30), spawned).await {
+    match tokio::time::timeout(limit, spawned).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => panic!("cannot run {program}: {e}"),
-        Err(_) => panic!("{program} {args:?} ran for more than 30 s"),
+        Err(_) => panic!("{program} {args:?} ran for more than {limit:?}"),
     }
 }
 
