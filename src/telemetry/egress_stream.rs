@@ -444,9 +444,9 @@ impl Link {
                 tracing::warn!(
                     stream = %described,
                     duplicates = total,
-                    "egress stream: NATS already held messages under the ids of new lines; \
-                     someone else publishes to the egress stream under its key \
-                     (leasegate_egress_stream_duplicates_total)"
+                    "egress stream: NATS already held messages under the ids of new lines \
+                     (not our retries): someone holding --egress-stream-key published them \
+                     first (leasegate_egress_stream_duplicates_total)"
                 );
                 self.duplicating = true;
             }
