@@ -111,6 +111,10 @@ pub struct UsageArgs {
     /// JSON Lines (one object per lease) instead of a table.
     #[arg(long, env = "LEASEGATE_JSON")]
     pub json: bool,
+    /// The replicas' --egress-stream-key: only lines sealed with it count. Required with a
+    /// `nats://` --from.
+    #[arg(long, env = "LEASEGATE_EGRESS_STREAM_KEY")]
+    pub egress_stream_key: Option<PathBuf>,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -424,6 +428,12 @@ pub struct ServeArgs {
     /// (leasegate_egress_stream_dropped_total). Requests never wait on the stream.
     #[arg(long, env = "LEASEGATE_EGRESS_STREAM_BACKLOG", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub egress_stream_backlog: u32,
+    /// The key every --egress-stream message is sealed with, the same file on every replica
+    /// and for `usage`: mode 0600, one line of at least 32 random bytes as hex or base64
+    /// (`leasegate keygen --egress-stream --out FILE`). Required with --egress-stream
+    /// [default under --dev: .leasegate/egress-stream.key, made when missing].
+    #[arg(long, env = "LEASEGATE_EGRESS_STREAM_KEY")]
+    pub egress_stream_key: Option<PathBuf>,
     /// What a revoking refusal does: revoke the lease, or only log [default: revoke; log
     /// under --dev].
     #[arg(long, env = "LEASEGATE_ON_REFUSAL", value_enum)]
@@ -620,6 +630,9 @@ pub struct KeygenArgs {
     /// Where to write the key (default: print the key file to stdout).
     #[arg(long, env = "LEASEGATE_OUT")]
     pub out: Option<PathBuf>,
+    /// A key for --egress-stream-key (32 random bytes, hex) instead of a lease signing key.
+    #[arg(long)]
+    pub egress_stream: bool,
 }
 
 #[derive(Debug, Args)]

@@ -16,7 +16,7 @@ use crate::registry::{JournalLocation, StoreOptions, WallClock};
 use crate::resolve::Resolver;
 use crate::secrets::{Secrets, SecretsError};
 use crate::telemetry::egress::Destination;
-use crate::telemetry::egress_stream::EgressStreamConfig;
+use crate::telemetry::egress_stream::{EgressKey, EgressStreamConfig, KeyFileError, HOW_TO_MAKE};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -194,6 +194,9 @@ pub struct ServeStart {
 /// The directory `serve --dev` keeps its files in, under the working directory.
 pub const DEV_DIR: &str = ".leasegate";
 
+/// `serve --dev --egress-stream`'s key, under [`DEV_DIR`].
+pub const EGRESS_STREAM_DEV_KEY: &str = "egress-stream.key";
+
 /// A file of `serve --dev` (`dev.key`, `journal.jsonl`, `egress.jsonl`) under [`DEV_DIR`].
 pub fn dev_file(name: &str) -> PathBuf {
     Path::new(DEV_DIR).join(name)
@@ -249,6 +252,13 @@ pub enum ConfigError {
     Secrets(#[from] SecretsError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(
+        "--egress-stream needs --egress-stream-key FILE: without the replicas' shared key \
+         anyone who can publish to the stream could forge or erase usage; {HOW_TO_MAKE}"
+    )]
+    NoEgressStreamKey,
+    #[error(transparent)]
+    EgressStreamKey(#[from] KeyFileError),
 }
 
 impl TryFrom<&cli::PolicyArgs> for ProxyConfig {
@@ -406,12 +416,24 @@ impl ServeConfig {
             closed_lease_retention: Some(args.closed_lease_retention),
             ..StoreOptions::from(&args.store)
         };
-        let egress_stream = args.egress_stream.map(|location| EgressStreamConfig {
-            location,
-            nats: store.nats.clone(),
-            max_age: args.egress_max_age,
-            backlog: args.egress_stream_backlog as usize,
-        });
+        let egress_stream = match args.egress_stream {
+            None => None,
+            Some(location) => {
+                // Fail closed: unsealed lines would let anyone who can publish rewrite usage.
+                let key_path = match (args.egress_stream_key, dev) {
+                    (Some(path), _) => path,
+                    (None, true) => dev_file(EGRESS_STREAM_DEV_KEY),
+                    (None, false) => return Err(ConfigError::NoEgressStreamKey),
+                };
+                Some(EgressStreamConfig {
+                    location,
+                    nats: store.nats.clone(),
+                    max_age: args.egress_max_age,
+                    backlog: args.egress_stream_backlog as usize,
+                    key: EgressKey::load(&key_path)?,
+                })
+            }
+        };
         let egress = match egress_log.as_deref() {
             Some("off") => None,
             Some("-") => Some(Destination::Stdout),
@@ -562,6 +584,8 @@ mod tests {
         std::fs::write(&key, crate::contract::Key::generate().to_file_text()).unwrap();
         let token = dir.join("admin-token");
         std::fs::write(&token, "s3cret\n").unwrap();
+        let stream_key = dir.join("egress-stream.key");
+        crate::telemetry::egress_stream::EgressKey::write_new(&stream_key).unwrap();
         let mut argv = vec![
             "--journal".to_owned(),
             dir.join("j.jsonl").display().to_string(),
@@ -569,7 +593,10 @@ mod tests {
             key.display().to_string(),
         ];
         for arg in extra {
-            argv.push(arg.replace("TOKEN_FILE", &token.display().to_string()));
+            argv.push(
+                arg.replace("TOKEN_FILE", &token.display().to_string())
+                    .replace("STREAM_KEY", &stream_key.display().to_string()),
+            );
         }
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         Ok(serve_start(&argv)?.config)
@@ -838,10 +865,22 @@ mod tests {
     #[test]
     fn the_egress_stream_is_off_by_default_and_keeps_a_week() {
         assert!(serve_config(&[]).unwrap().egress_stream.is_none());
-        let on = serve_config(&["--egress-stream", "nats://127.0.0.1:4222,n2/EGRESS"])
-            .unwrap()
-            .egress_stream
-            .unwrap();
+        let keyless = serve_config(&["--egress-stream", "nats://127.0.0.1:4222/EGRESS"]);
+        let error = keyless.unwrap_err().to_string();
+        assert!(
+            error.starts_with("--egress-stream needs --egress-stream-key FILE")
+                && error.contains("leasegate keygen --egress-stream"),
+            "{error}"
+        );
+        let on = serve_config(&[
+            "--egress-stream",
+            "nats://127.0.0.1:4222,n2/EGRESS",
+            "--egress-stream-key",
+            "STREAM_KEY",
+        ])
+        .unwrap()
+        .egress_stream
+        .unwrap();
         assert_eq!(on.location.servers, ["127.0.0.1:4222", "n2:4222"]);
         assert_eq!(on.location.stream, "EGRESS");
         assert_eq!(on.max_age, Duration::from_secs(7 * 24 * 3600));
@@ -856,6 +895,8 @@ mod tests {
             "5",
             "--nats-replicas",
             "3",
+            "--egress-stream-key",
+            "STREAM_KEY",
         ])
         .unwrap()
         .egress_stream

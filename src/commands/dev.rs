@@ -6,10 +6,11 @@
 //! published test key never signs anything here.
 
 use crate::commands::issue::{self, IssueError, IssueRequest};
-use crate::config::{dev_file, Demo, DEV_DIR};
+use crate::config::{dev_file, Demo, DEV_DIR, EGRESS_STREAM_DEV_KEY};
 use crate::contract::keys::KeyError;
 use crate::contract::{Key, Keyring, Timestamp};
 use crate::registry::ledger::{Ledger, Status};
+use crate::telemetry::egress_stream::EgressKey;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,14 +55,19 @@ pub struct DemoLease {
 
 const DEMO_AGENT: &str = "dev-agent";
 
-/// `serve --dev`'s directory [`DEV_DIR`] and its key, made where missing; the configuration
+/// `serve --dev`'s directory [`DEV_DIR`] and its key (and, for `egress_stream`, the egress
+/// stream's key), made where missing; the configuration
 /// ([`crate::config::ServeConfig::resolve`]) then points at them where the flags say nothing.
-pub fn prepare() -> Result<(), DevError> {
+pub fn prepare(egress_stream: bool) -> Result<(), DevError> {
     let dir = Path::new(DEV_DIR);
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
     let key_path = dev_file("dev.key");
     if !key_path.exists() {
         write_key_file(&key_path, &Key::generate())?;
+    }
+    let stream_key = dev_file(EGRESS_STREAM_DEV_KEY);
+    if egress_stream && !stream_key.exists() {
+        EgressKey::write_new(&stream_key).map_err(io_error(&stream_key))?;
     }
     Ok(())
 }

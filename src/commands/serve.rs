@@ -37,7 +37,7 @@ pub fn exec(args: Box<ServeArgs>) -> CliResult {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.dev {
-        dev::prepare()?;
+        dev::prepare(args.egress_stream.is_some() && args.egress_stream_key.is_none())?;
     }
     let start = ServeConfig::resolve(args).await?;
     if let Some(demo) = &start.demo {

@@ -2,8 +2,10 @@
 //! egress log file, or the egress stream every replica publishes to (`serve --egress-stream`).
 //!
 //! Invariant: both sources feed the same [`Tally`] one line at a time, so a file and a stream
-//! holding the same lines give the same report; a line that does not read as an egress line
-//! is counted, never fatal.
+//! holding the same lines give the same report; a stream's message counts only when
+//! [`egress_stream::verify`] accepts it under the replicas' key. A line that does not count
+//! (not an egress line; from the stream: blank, unsigned, a bad MAC, filed under another
+//! lease's subject) is counted by reason and reported, never fatal.
 
 use super::{block_on, CliResult};
 use crate::cli::UsageArgs;
@@ -12,7 +14,7 @@ use crate::nats::{subject_token, NatsError, NatsOptions, NatsStream};
 use crate::registry::store::NatsLocation;
 use crate::registry::{JournalLocation, StoreOptions};
 use crate::telemetry::egress::{LoggedLine, ReadLine};
-use crate::telemetry::egress_stream::{self, EGRESS_SUBJECTS};
+use crate::telemetry::egress_stream::{self, EgressKey, Rejected, SetAside, EGRESS_SUBJECTS};
 use anyhow::Context;
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
@@ -115,8 +117,8 @@ pub struct RouteCalls {
 pub struct Report {
     /// Most calls first; ties by lease id, lines without a lease last.
     pub leases: Vec<LeaseUsage>,
-    /// Lines that are not egress lines (skipped).
-    pub unreadable: u64,
+    /// Lines that did not count, by reason.
+    pub set_aside: SetAside,
 }
 
 /// Counts as lines come in.
@@ -124,7 +126,7 @@ pub struct Report {
 pub struct Tally {
     filter: Filter,
     leases: HashMap<Option<String>, Counts>,
-    unreadable: u64,
+    set_aside: SetAside,
 }
 
 #[derive(Debug)]
@@ -150,9 +152,24 @@ impl Tally {
 
     /// Counts one egress line (without its newline; an empty line is skipped silently).
     pub fn add(&mut self, line: &[u8]) {
-        let Some((time, line)) = self.filter.take(line, &mut self.unreadable) else {
-            return;
-        };
+        if let Some((time, line)) = self.filter.take(line, &mut self.set_aside.unreadable) {
+            self.count(time, line);
+        }
+    }
+
+    /// Counts a line read and verified already, if it passes the filter.
+    pub fn add_read(&mut self, time: Timestamp, line: LoggedLine) {
+        if self.filter.admits(line.lease_id.as_deref(), time) {
+            self.count(time, line);
+        }
+    }
+
+    /// Counts a message that was set aside.
+    pub fn set_aside(&mut self, reason: Rejected) {
+        self.set_aside.count(reason);
+    }
+
+    fn count(&mut self, time: Timestamp, line: LoggedLine) {
         let challenge = line.is_challenge();
         let route = line.route();
         let counts = self.leases.entry(line.lease_id).or_insert(Counts {
@@ -218,7 +235,7 @@ impl Tally {
         });
         Report {
             leases,
-            unreadable: self.unreadable,
+            set_aside: self.set_aside,
         }
     }
 }
@@ -273,11 +290,13 @@ pub enum UsageError {
 
 /// Feeds `tally` the egress stream's lines that can pass its filter: only the filtered
 /// lease's subject, and only messages stored since `--since` (a line is stored after it is
-/// logged, so none that passes is left out; the line's own time decides in [`Tally::add`]).
+/// logged, so none that passes is left out; the line's own time decides in
+/// [`Tally::add_read`]). Each message is verified under `key` first; what fails is set aside.
 /// A stream that does not exist is an error (it is not created).
 pub async fn read_stream(
     location: &NatsLocation,
     options: &NatsOptions,
+    key: &EgressKey,
     tally: &mut Tally,
 ) -> Result<(), UsageError> {
     let stream_error = |reason: String| UsageError::Stream {
@@ -303,10 +322,8 @@ pub async fn read_stream(
     };
     let deliver_policy = match tally.filter.since {
         Some(since) => consumer::DeliverPolicy::ByStartTime {
-            start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
-                i128::from(since.as_millis()) * 1_000_000,
-            )
-            .map_err(|e| stream_error(format!("--since: {e}")))?,
+            start_time: egress_stream::start_time(since)
+                .ok_or_else(|| stream_error("--since: out of range".into()))?,
         },
         None => consumer::DeliverPolicy::All,
     };
@@ -339,7 +356,16 @@ pub async fn read_stream(
             }
             None => return Err(stream_error("the stream's consumer ended".into())),
         };
-        tally.add(&message.payload);
+        let verified = egress_stream::verify(
+            key,
+            message.subject.as_str(),
+            message.headers.as_ref(),
+            &message.payload,
+        );
+        match verified {
+            Ok(v) => tally.add_read(v.time, v.line),
+            Err(reason) => tally.set_aside(reason),
+        }
         let info = message.info().map_err(|e| stream_error(e.to_string()))?;
         // Done at the head as it was when we began, or when the filter has nothing left.
         if info.pending == 0 || info.stream_sequence >= head {
@@ -424,23 +450,34 @@ pub fn exec(args: UsageArgs) -> CliResult {
         JournalLocation::File(path) => std::fs::File::open(path)
             .and_then(|file| read_lines(std::io::BufReader::new(file), &mut tally))
             .with_context(|| format!("reading {}", path.display()))?,
-        JournalLocation::Nats(nats) => block_on(read_stream(
-            nats,
-            &StoreOptions::from(&args.store).nats,
-            &mut tally,
-        ))?,
+        JournalLocation::Nats(nats) => {
+            // Fail closed: without the key, forged lines could not be told from real ones.
+            let path = args.egress_stream_key.as_deref().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--from {}: a stream needs --egress-stream-key FILE, the replicas' key; \
+                     only lines sealed with it count",
+                    args.from
+                )
+            })?;
+            let key = EgressKey::load(path)?;
+            block_on(read_stream(
+                nats,
+                &StoreOptions::from(&args.store).nats,
+                &key,
+                &mut tally,
+            ))?
+        }
     }
     let report = tally.finish();
-    if report.unreadable > 0 {
-        eprintln!(
-            "leasegate usage: {} line(s) of {} are not egress lines; skipped",
-            report.unreadable, args.from
-        );
-    }
     let mut out = std::io::stdout().lock();
+    let set_aside = report.set_aside;
     if args.json {
         for lease in &report.leases {
             serde_json::to_writer(&mut out, lease)?;
+            writeln!(out)?;
+        }
+        if set_aside.total() > 0 {
+            serde_json::to_writer(&mut out, &serde_json::json!({ "set_aside": set_aside }))?;
             writeln!(out)?;
         }
     } else {
@@ -449,8 +486,23 @@ pub fn exec(args: UsageArgs) -> CliResult {
             writeln!(out)?;
             out.write_all(routes.as_bytes())?;
         }
+        if let Some(line) = set_aside_line(&set_aside) {
+            writeln!(out)?;
+            writeln!(out, "{line}")?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The text report's last line when lines did not count: how many, and why.
+pub fn set_aside_line(set_aside: &SetAside) -> Option<String> {
+    let total = set_aside.total();
+    (total > 0).then(|| {
+        format!(
+            "set aside: {total} line(s) not counted ({})",
+            set_aside.describe()
+        )
+    })
 }
 
 #[cfg(test)]
@@ -524,7 +576,13 @@ mod tests {
     #[test]
     fn lines_sum_per_lease_with_refusals_by_code_and_top_hosts() {
         let report = report(Filter::default());
-        assert_eq!(report.unreadable, 2);
+        assert_eq!(report.set_aside.unreadable, 2);
+        assert_eq!(report.set_aside.total(), 2);
+        assert_eq!(
+            set_aside_line(&report.set_aside).as_deref(),
+            Some("set aside: 2 line(s) not counted (unreadable 2)")
+        );
+        assert_eq!(set_aside_line(&SetAside::default()), None);
         assert_eq!(
             report.leases,
             vec![

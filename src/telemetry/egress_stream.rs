@@ -8,10 +8,23 @@
 //!   (`leasegate_egress_stream_dropped_total`), never stalled on.
 //! - A message is byte-identical to the egress file's line (one serialisation,
 //!   [`write_line`]), without its newline.
+//! - Every message is sealed ([`seal`]): headers carry a nonce unique to it and a MAC under
+//!   the replicas' shared key ([`EgressKey`]); its `Nats-Msg-Id` comes from the MAC, so nobody
+//!   without the key can plant a message under an id a replica will use. Readers count only
+//!   what [`verify`] accepts.
 //! - A batch NATS did not acknowledge is kept and sent again, with the same `Nats-Msg-Id`s, so
 //!   a message whose ack was lost is stored once (within the stream's duplicate window). While
 //!   the publisher retries it takes nothing new: lines wait in the channel, up to its bound.
+//!   A duplicate ack on a message's first send is not our retry: counted and warned about.
 //! - Reachability is logged once per change, not once per line; so is the start of dropping.
+
+mod follow;
+mod key;
+mod seal;
+
+pub use follow::{follow, start_time, Followed, Follower};
+pub use key::{EgressKey, KeyFileError, HOW_TO_MAKE, MIN_KEY_BYTES};
+pub use seal::{seal, verify, Rejected, Sealed, SetAside, Verified, MAC_HEADER, NONCE_HEADER};
 
 use super::egress::{write_line, EgressEvent};
 use crate::nats::{subject_token, NatsOptions, NatsStream, StreamSpec};
@@ -66,6 +79,8 @@ pub struct EgressStreamConfig {
     pub max_age: Duration,
     /// `--egress-stream-backlog`: the channel's bound (at least 1).
     pub backlog: usize,
+    /// `--egress-stream-key`: what every message is sealed with.
+    pub key: EgressKey,
 }
 
 /// The sending side of the egress stream (cheap to clone).
@@ -78,6 +93,8 @@ pub struct EgressStream {
     closing: CancellationToken,
     /// The publisher, awaited by [`EgressStream::close`].
     task: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// This process's publisher id, the first part of its nonces.
+    publisher: Option<Arc<str>>,
 }
 
 /// What the publisher and the metrics share.
@@ -89,6 +106,8 @@ struct Shared {
     up: AtomicBool,
     /// Lines taken from the channel and not yet acknowledged.
     in_flight: AtomicUsize,
+    /// Duplicate acks on a first send: a message of someone else held the line's id.
+    duplicates: AtomicU64,
 }
 
 /// How the egress stream stands, for `/metrics`.
@@ -98,6 +117,8 @@ pub struct StreamFigures {
     pub up: bool,
     /// Lines waiting: in the channel, or sent and not yet acknowledged.
     pub backlog: u64,
+    /// Lines NATS called duplicates on their first send (not our retries).
+    pub duplicates: u64,
 }
 
 impl EgressStream {
@@ -108,6 +129,7 @@ impl EgressStream {
             shared: Arc::default(),
             closing: CancellationToken::new(),
             task: Arc::default(),
+            publisher: None,
         }
     }
 
@@ -118,13 +140,27 @@ impl EgressStream {
         let (tx, rx) = mpsc::channel(config.backlog.max(1));
         let shared = Arc::new(Shared::default());
         let closing = CancellationToken::new();
-        let task = tokio::spawn(publish(config, rx, shared.clone(), closing.clone()));
+        let publisher: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        let task = tokio::spawn(publish(
+            config,
+            publisher.clone(),
+            rx,
+            shared.clone(),
+            closing.clone(),
+        ));
         EgressStream {
             tx: Some(tx),
             shared,
             closing,
             task: Arc::new(Mutex::new(Some(task))),
+            publisher: Some(publisher),
         }
+    }
+
+    /// This process's publisher id (in every nonce it writes, and in [`Followed::publisher`]):
+    /// a follower skips the lines it counts itself. `None` when the stream is off.
+    pub fn publisher_id(&self) -> Option<&str> {
+        self.publisher.as_deref()
     }
 
     /// Whether `--egress-stream` is on.
@@ -161,6 +197,7 @@ impl EgressStream {
             dropped: self.shared.dropped.load(Ordering::Relaxed),
             up: self.shared.up.load(Ordering::Relaxed),
             backlog: (queued + self.shared.in_flight.load(Ordering::Relaxed)) as u64,
+            duplicates: self.shared.duplicates.load(Ordering::Relaxed),
         })
     }
 }
@@ -168,9 +205,17 @@ impl EgressStream {
 /// One line ready to publish.
 struct Outgoing {
     subject: String,
-    /// `Nats-Msg-Id`: `<publisher>-<n>`, unique across replicas and restarts.
-    id: String,
+    /// Its nonce (`<publisher>-<n>`, unique across replicas and restarts) and MAC.
+    sealed: Sealed,
     payload: Bytes,
+    /// Sends so far: a duplicate ack after one of them may be our own retry.
+    sends: u32,
+}
+
+/// Whether a duplicate ack means a message that is not ours held the line's id: on the
+/// line's first send it cannot be our retry (only a send before it could have been stored).
+fn foreign_duplicate(duplicate: bool, earlier_sends: u32) -> bool {
+    duplicate && earlier_sends == 0
 }
 
 /// The publisher: takes a batch, publishes it until NATS acknowledges every line, takes the
@@ -178,6 +223,7 @@ struct Outgoing {
 /// [`CLOSE_LIMIT`].
 async fn publish(
     config: EgressStreamConfig,
+    publisher: Arc<str>,
     mut rx: mpsc::Receiver<EgressEvent>,
     shared: Arc<Shared>,
     closing: CancellationToken,
@@ -188,13 +234,13 @@ async fn publish(
         stream: None,
         state: LinkState::Starting,
         dropping: false,
+        duplicating: false,
     };
     // Connect before the first line, so that it does not wait for the connection and a
     // misconfigured stream shows in the log at start.
     let connected = link.connect().await.map(drop);
     shared.up.store(connected.is_ok(), Ordering::Relaxed);
     link.note(connected.as_ref().err(), &described);
-    let publisher = uuid::Uuid::new_v4().simple().to_string();
     let mut sent = 0u64;
     let mut events = Vec::with_capacity(BATCH);
     let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
@@ -225,18 +271,28 @@ async fn publish(
                     continue;
                 }
                 sent += 1;
+                let subject = format!(
+                    "{EGRESS_SUBJECTS}.{}",
+                    subject_token(event.lease_id.as_deref())
+                );
+                let sealed = seal(
+                    &link.config.key,
+                    &subject,
+                    format!("{publisher}-{sent}"),
+                    &line,
+                );
                 batch.push(Outgoing {
-                    subject: format!(
-                        "{EGRESS_SUBJECTS}.{}",
-                        subject_token(event.lease_id.as_deref())
-                    ),
-                    id: format!("{publisher}-{sent}"),
+                    subject,
+                    sealed,
                     payload: Bytes::copy_from_slice(&line),
+                    sends: 0,
                 });
             }
             shared.in_flight.store(batch.len(), Ordering::Relaxed);
         }
-        let outcome = link.publish(&mut batch).await;
+        let mut foreign = 0;
+        let outcome = link.publish(&mut batch, &mut foreign).await;
+        link.note_duplicates(foreign, outcome.is_ok(), &shared, &described);
         shared.in_flight.store(batch.len(), Ordering::Relaxed);
         shared.up.store(outcome.is_ok(), Ordering::Relaxed);
         link.note(outcome.as_ref().err(), &described);
@@ -300,6 +356,8 @@ struct Link {
     state: LinkState,
     /// Dropping was logged in this outage.
     dropping: bool,
+    /// Foreign duplicates were logged in this burst.
+    duplicating: bool,
 }
 
 impl Link {
@@ -318,8 +376,13 @@ impl Link {
     }
 
     /// Publishes `batch`, every send first and then every ack together; what is acknowledged
-    /// leaves `batch`. `Err` when anything is left.
-    async fn publish(&mut self, batch: &mut Vec<Outgoing>) -> Result<(), String> {
+    /// leaves `batch`, and `foreign` counts the duplicate acks that were not our retries.
+    /// `Err` when anything is left.
+    async fn publish(
+        &mut self,
+        batch: &mut Vec<Outgoing>,
+        foreign: &mut u64,
+    ) -> Result<(), String> {
         let stream = self.connect().await?;
         if stream.client.connection_state() != State::Connected {
             // The client reconnects on its own; sending now would only fill its buffer.
@@ -327,15 +390,18 @@ impl Link {
         }
         let mut acks = Vec::with_capacity(batch.len());
         let mut failure = None;
-        for (i, line) in batch.iter().enumerate() {
+        for (i, line) in batch.iter_mut().enumerate() {
             let message = PublishMessage::build()
                 .payload(line.payload.clone())
-                .message_id(&line.id);
+                .headers(line.sealed.headers());
+            let earlier_sends = line.sends;
+            // Counted before the send: a send that times out may still reach the stream.
+            line.sends = line.sends.saturating_add(1);
             let send = stream.jetstream.send_publish(line.subject.clone(), message);
             match tokio::time::timeout(SEND_TIMEOUT, send).await {
                 Ok(Ok(ack)) => acks.push(async move {
                     match tokio::time::timeout(SEND_TIMEOUT, ack).await {
-                        Ok(Ok(_)) => Ok(i),
+                        Ok(Ok(ack)) => Ok((i, foreign_duplicate(ack.duplicate, earlier_sends))),
                         Ok(Err(e)) => Err(e.to_string()),
                         Err(_) => Err("no ack from JetStream".to_owned()),
                     }
@@ -353,7 +419,10 @@ impl Link {
         let mut taken = vec![false; batch.len()];
         for result in futures_util::future::join_all(acks).await {
             match result {
-                Ok(i) => taken[i] = true,
+                Ok((i, duplicate)) => {
+                    taken[i] = true;
+                    *foreign += u64::from(duplicate);
+                }
                 Err(e) => failure = failure.or(Some(e)),
             }
         }
@@ -363,6 +432,26 @@ impl Link {
             None if batch.is_empty() => Ok(()),
             None => Err("some lines were not acknowledged".into()),
             Some(e) => Err(e),
+        }
+    }
+
+    /// Counts the duplicate acks of a batch that were not our retries and warns once per
+    /// burst: a burst ends with a batch published without any.
+    fn note_duplicates(&mut self, foreign: u64, published: bool, shared: &Shared, described: &str) {
+        if foreign > 0 {
+            let total = shared.duplicates.fetch_add(foreign, Ordering::Relaxed) + foreign;
+            if !self.duplicating {
+                tracing::warn!(
+                    stream = %described,
+                    duplicates = total,
+                    "egress stream: NATS already held messages under the ids of new lines \
+                     (not our retries): someone holding --egress-stream-key published them \
+                     first (leasegate_egress_stream_duplicates_total)"
+                );
+                self.duplicating = true;
+            }
+        } else if published {
+            self.duplicating = false;
         }
     }
 
@@ -387,5 +476,19 @@ impl Link {
                 self.state = LinkState::Down;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::foreign_duplicate;
+
+    #[test]
+    fn only_a_duplicate_of_a_line_sent_before_can_be_our_retry() {
+        assert!(foreign_duplicate(true, 0));
+        assert!(!foreign_duplicate(true, 1));
+        assert!(!foreign_duplicate(true, 5));
+        assert!(!foreign_duplicate(false, 0));
+        assert!(!foreign_duplicate(false, 3));
     }
 }

@@ -761,6 +761,13 @@ impl Collector for Scrape {
                 None,
                 gauge.metric_type(),
             )?)?;
+            let counter = ConstCounter::new(stream.duplicates);
+            counter.encode(encoder.encode_descriptor(
+                "leasegate_egress_stream_duplicates",
+                "Egress lines NATS called duplicates on their first send: a message not this replica's held their id",
+                None,
+                counter.metric_type(),
+            )?)?;
             let gauge = ConstGauge::new(i64::from(stream.up));
             gauge.encode(encoder.encode_descriptor(
                 "leasegate_egress_stream_up",

@@ -134,6 +134,7 @@ fn every_metric_family_the_renderer_knows_is_documented_and_no_other() {
             dropped: 0,
             up: true,
             backlog: 0,
+            duplicates: 0,
         }),
         open_fds: Some(10),
         ..RegistryFigures::default()

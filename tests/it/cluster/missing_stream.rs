@@ -38,6 +38,7 @@ async fn read_only_commands_do_not_create_a_missing_stream() {
     // As the operator, who may create streams: only the command decides not to.
     let journal = cluster.url_as(Role::Operator, "NOPE");
     let egress = cluster.url_as(Role::Operator, "NOPE_EGRESS");
+    let stream_key = super::usage::stream_key(&h).0.display().to_string();
     let lease = "00000000-0000-4000-8000-000000000000";
     let commands: [(&str, Vec<&str>); 5] = [
         (
@@ -59,7 +60,16 @@ async fn read_only_commands_do_not_create_a_missing_stream() {
         ),
         ("verify", vec!["verify", &journal]),
         ("journal export", vec!["journal", "export", &journal]),
-        ("usage", vec!["usage", "--from", &egress]),
+        (
+            "usage",
+            vec![
+                "usage",
+                "--from",
+                &egress,
+                "--egress-stream-key",
+                &stream_key,
+            ],
+        ),
     ];
     for (name, args) in commands {
         let out = leasegate(&args).await;

@@ -3,6 +3,7 @@
 
 pub mod bridges;
 pub mod catch_up;
+pub mod egress_forgery;
 pub mod failover;
 pub mod missing_stream;
 pub mod purge;

@@ -2,7 +2,7 @@
 //! (`--egress-stream`), `leasegate usage` sums them; the request path does not depend on NATS.
 
 use crate::support::harness::through;
-use crate::support::harness::{curl, eventually, http_origin, proxy_url, raw, Harness};
+use crate::support::harness::{curl, eventually, http_origin, proxy_url, raw, Harness, Origin};
 use crate::support::leasegate_ok;
 use crate::support::nats::{publish_file, NatsCluster, Role};
 use crate::support::nats_missing;
@@ -10,26 +10,38 @@ use leasegate::nats::{NatsOptions, NatsStream};
 use leasegate::registry::{JournalLocation, StoreOptions};
 use leasegate::server::Server;
 use leasegate::telemetry::egress::Destination;
-use leasegate::telemetry::egress_stream::{self, EgressStreamConfig};
+use leasegate::telemetry::egress_stream::{self, EgressKey, EgressStreamConfig};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The egress stream's name in these tests.
-const EGRESS: &str = "EGRESS";
+pub const EGRESS: &str = "EGRESS";
 
-fn stream_config(cluster: &NatsCluster, backlog: usize) -> EgressStreamConfig {
+/// The replicas' shared key (`--egress-stream-key`), made in the harness's directory on first
+/// use: its file and the key.
+pub fn stream_key(h: &Harness) -> (PathBuf, EgressKey) {
+    let path = h.dir.path().join("egress-stream.key");
+    if !path.exists() {
+        EgressKey::write_new(&path).unwrap();
+    }
+    let key = EgressKey::load(&path).unwrap();
+    (path, key)
+}
+
+pub fn stream_config(h: &Harness, cluster: &NatsCluster, backlog: usize) -> EgressStreamConfig {
     EgressStreamConfig {
         location: cluster.location_as(Role::Replica, EGRESS),
         nats: NatsOptions::default(),
         max_age: egress_stream::DEFAULT_MAX_AGE,
         backlog,
+        key: stream_key(h).1,
     }
 }
 
 /// A replica on `cluster`'s journal stream `LG`, with its own egress log file, publishing to
 /// the egress stream.
-async fn replica(h: &Harness, cluster: &NatsCluster, name: &str) -> (Server, PathBuf) {
+pub async fn replica(h: &Harness, cluster: &NatsCluster, name: &str) -> (Server, PathBuf) {
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
     config.journal = JournalLocation::Nats(cluster.location_as(Role::Replica, "LG"));
     config.store = StoreOptions {
@@ -38,12 +50,12 @@ async fn replica(h: &Harness, cluster: &NatsCluster, name: &str) -> (Server, Pat
     };
     let egress = h.dir.path().join(format!("{name}-egress.jsonl"));
     config.egress = Some(Destination::File(egress.clone()));
-    config.egress_stream = Some(stream_config(cluster, egress_stream::DEFAULT_BACKLOG));
+    config.egress_stream = Some(stream_config(h, cluster, egress_stream::DEFAULT_BACKLOG));
     (Server::start(config).await.unwrap(), egress)
 }
 
 /// Opens the egress stream (retrying while the server comes up).
-async fn egress_stream(cluster: &NatsCluster) -> NatsStream {
+pub async fn egress_stream(cluster: &NatsCluster) -> NatsStream {
     let spec = egress_stream::spec(egress_stream::DEFAULT_MAX_AGE);
     eventually(Duration::from_secs(20), || async {
         NatsStream::connect(&cluster.location(EGRESS), &NatsOptions::default(), &spec)
@@ -54,22 +66,97 @@ async fn egress_stream(cluster: &NatsCluster) -> NatsStream {
     .expect("the egress stream never opened")
 }
 
-/// Runs `leasegate usage ARGS`; its stdout, asserting success.
-async fn usage(args: &[&str]) -> String {
-    let mut argv = vec!["usage"];
+/// A one-node cluster whose journal stream `LG` grants `leases` leases to origin.test, and an
+/// origin to call.
+pub struct Scene {
+    pub cluster: NatsCluster,
+    pub h: Harness,
+    pub origin: Origin,
+    pub leases: Vec<String>,
+}
+
+pub async fn scene(leases: usize) -> Scene {
+    let cluster = NatsCluster::start(1);
+    let journal = cluster.journal("LG").await;
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let leases = (0..leases)
+        .map(|_| h.lease(&["origin.test"], &[]))
+        .collect();
+    publish_file(&journal, &h.journal).await;
+    Scene {
+        cluster,
+        h,
+        origin,
+        leases,
+    }
+}
+
+/// A request for `url` through `server` under `lease`, which must be answered 200.
+pub async fn fetch(server: &Server, lease: &str, url: &str) {
+    let out = through(server, lease, url).await;
+    assert_eq!(out.status, 200, "{}", out.stderr);
+}
+
+/// The egress stream, once it holds the first line.
+pub async fn first_line_stored(cluster: &NatsCluster) -> NatsStream {
+    let stream = egress_stream(cluster).await;
+    assert!(
+        holds(&stream, 1).await,
+        "the first line was never published"
+    );
+    stream
+}
+
+/// Whether `stream` comes to hold `n` messages (its last sequence) within 10 seconds.
+pub async fn holds(stream: &NatsStream, n: u64) -> bool {
+    eventually(Duration::from_secs(10), || async {
+        (stream.last_sequence().await.ok()? == n).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+/// Runs `leasegate usage --egress-stream-key KEY ARGS` with `h`'s stream key; its stdout,
+/// asserting success.
+pub async fn usage(h: &Harness, args: &[&str]) -> String {
+    let key = stream_key(h).0;
+    let mut argv = vec!["usage", "--egress-stream-key", key.to_str().unwrap()];
     argv.extend_from_slice(args);
     leasegate_ok(&argv).await
 }
 
+/// Publishes `payload` on `subject` as a replica holding `key` would, under `nonce`.
+pub async fn publish_sealed(
+    stream: &NatsStream,
+    key: &EgressKey,
+    subject: String,
+    nonce: &str,
+    payload: &[u8],
+) {
+    let sealed = egress_stream::seal(key, &subject, nonce.to_owned(), payload);
+    stream
+        .jetstream
+        .publish_with_headers(
+            subject,
+            sealed.headers(),
+            bytes::Bytes::copy_from_slice(payload),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
 /// `usage --json` output, parsed: one object per lease.
-fn rows(json_lines: &str) -> Vec<Value> {
+pub fn rows(json_lines: &str) -> Vec<Value> {
     json_lines
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
 
-fn row<'a>(rows: &'a [Value], lease: &str) -> &'a Value {
+pub fn row<'a>(rows: &'a [Value], lease: &str) -> &'a Value {
     rows.iter()
         .find(|r| r["lease_id"] == lease)
         .unwrap_or_else(|| panic!("no row for {lease}: {rows:?}"))
@@ -85,7 +172,7 @@ fn file_lines(path: &std::path::Path) -> Vec<Value> {
 }
 
 /// One sample of Prometheus text from the admin API.
-async fn metric(server: &Server, series: &str) -> Option<f64> {
+pub async fn metric(server: &Server, series: &str) -> Option<f64> {
     let answer = raw(
         server.admin_addr.unwrap(),
         b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
@@ -102,13 +189,13 @@ async fn usage_sums_the_egress_of_every_replica() {
     if nats_missing() {
         return;
     }
-    let cluster = NatsCluster::start(1);
-    let journal = cluster.journal("LG").await;
-    let h = Harness::new();
-    let origin = http_origin().await;
-    let a = h.lease(&["origin.test"], &[]);
-    let b = h.lease(&["origin.test"], &[]);
-    publish_file(&journal, &h.journal).await;
+    let Scene {
+        cluster,
+        h,
+        origin,
+        leases,
+    } = scene(2).await;
+    let [a, b] = [&leases[0], &leases[1]].map(String::clone);
     let (one, one_egress) = replica(&h, &cluster, "one").await;
     let (two, two_egress) = replica(&h, &cluster, "two").await;
     let base = format!("http://origin.test:{}", origin.addr.port());
@@ -190,7 +277,7 @@ async fn usage_sums_the_egress_of_every_replica() {
     assert_eq!(published, logged);
 
     let url = cluster.url_as(Role::Reader, EGRESS);
-    let report = usage(&["--from", &url, "--json"]).await;
+    let report = usage(&h, &["--from", &url, "--json"]).await;
     let all = rows(&report);
     assert_eq!(all.len(), 2, "{report}");
     let row_a = row(&all, &a);
@@ -239,12 +326,12 @@ async fn usage_sums_the_egress_of_every_replica() {
     let both = h.dir.path().join("both.jsonl");
     std::fs::write(&both, logged.join("\n") + "\n").unwrap();
     assert_eq!(
-        usage(&["--from", both.to_str().unwrap(), "--json"]).await,
+        usage(&h, &["--from", both.to_str().unwrap(), "--json"]).await,
         report
     );
 
     // --lease filters.
-    let only_b = rows(&usage(&["--from", &url, "--lease", &b, "--json"]).await);
+    let only_b = rows(&usage(&h, &["--from", &url, "--lease", &b, "--json"]).await);
     assert_eq!(only_b, vec![row_b.clone()]);
 
     // --since: a line logged two hours ago (published now) counts without it, not within 1h.
@@ -257,20 +344,30 @@ async fn usage_sums_the_egress_of_every_replica() {
     .unwrap();
     let two_hours_ago = leasegate::contract::Timestamp::now().saturating_add_millis(-7_200_000);
     old["time"] = two_hours_ago.to_string().into();
-    stream
-        .publish(stream.subject(Some(&b)), old.to_string().as_bytes(), None)
-        .await
-        .unwrap();
-    let with_old = rows(&usage(&["--from", &url, "--lease", &b, "--json"]).await);
+    publish_sealed(
+        &stream,
+        &stream_key(&h).1,
+        stream.subject(Some(&b)),
+        "test-1",
+        old.to_string().as_bytes(),
+    )
+    .await;
+    let with_old = rows(&usage(&h, &["--from", &url, "--lease", &b, "--json"]).await);
     assert_eq!(with_old[0]["calls"], 2);
     assert_eq!(with_old[0]["bytes_down"], 2 * summed(&b, "bytes_down"));
-    let recent = rows(&usage(&["--from", &url, "--lease", &b, "--since", "1h", "--json"]).await);
+    let recent = rows(
+        &usage(
+            &h,
+            &["--from", &url, "--lease", &b, "--since", "1h", "--json"],
+        )
+        .await,
+    );
     assert_eq!(recent, vec![row_b.clone()]);
-    let none = usage(&["--from", &url, "--since", "1ms", "--json"]).await;
+    let none = usage(&h, &["--from", &url, "--since", "1ms", "--json"]).await;
     assert_eq!(none, "");
 
     // The table: a header and a row per lease, busiest first.
-    let table = usage(&["--from", &url]).await;
+    let table = usage(&h, &["--from", &url]).await;
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
     assert!(lines[0].starts_with("LEASE"), "{table}");
@@ -289,22 +386,13 @@ async fn requests_go_on_while_nats_is_down_and_what_overflows_is_counted() {
     let lease = h.lease(&["origin.test"], &[]);
     // The journal is the harness's file: only the egress stream depends on NATS.
     let mut config = h.serve_config(h.config(&[("origin.test", "127.0.0.1")]), None);
-    config.egress_stream = Some(stream_config(&cluster, 8));
+    config.egress_stream = Some(stream_config(&h, &cluster, 8));
     let server = Server::start(config).await.unwrap();
     let url = format!("http://origin.test:{}/", origin.addr.port());
-    let get = || async {
-        let out = through(&server, &lease, &url).await;
-        assert_eq!(out.status, 200, "{}", out.stderr);
-    };
+    let get = || fetch(&server, &lease, &url);
 
     get().await;
-    let stream = egress_stream(&cluster).await;
-    let published = eventually(Duration::from_secs(10), || async {
-        (stream.last_sequence().await.ok()? == 1).then_some(())
-    })
-    .await;
-    assert!(published.is_some(), "the first line was never published");
-    drop(stream);
+    drop(first_line_stored(&cluster).await);
 
     cluster.nodes[0].kill();
     // This line is the publisher's batch, retried until NATS is back.
