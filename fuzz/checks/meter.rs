@@ -33,7 +33,7 @@ fn reading(flags: u8, body: &[u8], cuts: &[usize]) -> Reading {
     for &to in cuts.iter().chain(std::iter::once(&body.len())) {
         meter.feed(&body[from..to]);
         from = to;
-        assert!(meter.held() <= 512, "held {}", meter.held());
+        assert!(meter.held() <= Meter::MOST_HELD, "held {}", meter.held());
     }
     meter.finish()
 }

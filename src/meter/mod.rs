@@ -347,6 +347,9 @@ fn framing_of(headers: &http::HeaderMap) -> Framing {
 }
 
 impl Meter {
+    /// The most bytes of a body a meter ever holds (three captured strings).
+    pub const MOST_HELD: usize = 3 * json::CAPTURE;
+
     /// The meter for a request, or `None` when it is not a metered call (another method or
     /// path, e.g. `GET /v1/models`). `path` is the request target's path (a query is ignored);
     /// it matches when it ends with the call's path (`/v1/chat/completions`, `/v1/responses`,
@@ -393,8 +396,9 @@ impl Meter {
         }
     }
 
-    /// Bytes of the body the meter holds now (a model name being read): never more than a
-    /// few hundred, whatever the body.
+    /// Bytes of the body the meter holds now (a string being read, the model names of the
+    /// current event and of the response): never more than [`Meter::MOST_HELD`], whatever
+    /// the body.
     pub fn held(&self) -> usize {
         self.body.scanner.held() + self.body.doc.name.len() + self.body.model.len()
     }
