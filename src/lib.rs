@@ -14,6 +14,7 @@ pub mod durable;
 pub mod intercept;
 pub mod log_gate;
 pub mod memory;
+pub mod meter;
 pub mod nats;
 pub mod policy;
 pub mod proxy;

@@ -229,6 +229,16 @@ pub fn parse(text: &str) -> Result<SecretsFile, Vec<Problem>> {
 /// A TOML syntax error at its line and column, with the parser's words and without the quoted
 /// source line (which may hold a canary).
 fn syntax(text: &str, error: &toml::de::Error) -> Problem {
+    let (line, column) = line_column(text, error);
+    Problem {
+        place: Place::Syntax { line, column },
+        why: error.message().trim_end().to_owned(),
+    }
+}
+
+/// Where in `text` a TOML error is: its 1-based line and column (in characters). Also the
+/// price table's.
+pub(crate) fn line_column(text: &str, error: &toml::de::Error) -> (usize, usize) {
     let at = error.span().map_or(0, |span| span.start).min(text.len());
     let before = &text.as_bytes()[..at];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
@@ -240,10 +250,7 @@ fn syntax(text: &str, error: &toml::de::Error) -> Problem {
         .chars()
         .count()
         + 1;
-    Problem {
-        place: Place::Syntax { line, column },
-        why: error.message().trim_end().to_owned(),
-    }
+    (line, column)
 }
 
 fn schema_problems(json: &Value) -> Result<(), Vec<Problem>> {

@@ -17,6 +17,8 @@ mod identify;
 mod inspect;
 #[path = "../../../fuzz/checks/journal_fold.rs"]
 mod journal_fold;
+#[path = "../../../fuzz/checks/meter.rs"]
+mod meter;
 #[path = "../../../fuzz/checks/run_answer.rs"]
 mod run_answer;
 #[path = "../../../fuzz/checks/secrets_file.rs"]
@@ -59,6 +61,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("inspect", inspect::check, 15),
         ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
+        ("meter", meter::check, 10),
         ("run_answer", run_answer::check, 10),
         ("secrets_file", secrets_file::check, 15),
         ("snapshot", snapshot::check, 5),
