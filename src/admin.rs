@@ -28,7 +28,7 @@ pub mod walks;
 pub use origin::AdminHosts;
 
 use crate::config::{Credentials, LeasePortCredentials};
-use crate::contract::lease::lease_id;
+use crate::contract::lease::{lease_id, WALL_CLOCK_BUDGET};
 use crate::contract::{token, Event, Lease, Timestamp};
 use crate::descriptors;
 use crate::log_gate::{Flood, Say};
@@ -844,6 +844,10 @@ pub fn lease_view(
             "open_connections": counters.open_connections,
         },
     });
+    // The end shown is the effective one; say when the wall-clock budget set it.
+    if lease.ends_by_wall_clock() {
+        view["expires_by"] = WALL_CLOCK_BUDGET.into();
+    }
     if top > 0 {
         view["top_hosts"] = counters
             .top_hosts(top)

@@ -117,6 +117,62 @@ pub struct UsageArgs {
     pub egress_stream_key: Option<PathBuf>,
     #[command(flatten)]
     pub store: StoreArgs,
+    /// `table` (the default), `json` (as --json), or `record`: the lease record's `usage`
+    /// object for --lease (with --subtree, summed over it and its descendants).
+    #[arg(
+        long,
+        env = "LEASEGATE_USAGE_FORMAT",
+        value_enum,
+        conflicts_with = "json",
+        requires_if("record", "lease")
+    )]
+    pub format: Option<UsageFormat>,
+    /// The lease given by --lease and every lease below it in the journal (needs --journal).
+    #[arg(long, env = "LEASEGATE_SUBTREE", requires_all = ["lease", "journal"])]
+    pub subtree: bool,
+    /// The journal --subtree reads the parent links from.
+    #[command(flatten)]
+    pub lease_journal: LeaseJournalArgs,
+}
+
+/// A lease journal a command that reads egress lines may consult (`suggest --agent`, `usage
+/// --subtree`), with the keys its leases are signed with: signatures are checked.
+#[derive(Debug, Args)]
+pub struct LeaseJournalArgs {
+    /// The lease journal: a file or `nats://HOST:PORT[,...]/STREAM`.
+    #[arg(long, env = "LEASEGATE_JOURNAL", requires = "key_files")]
+    pub journal: Option<JournalLocation>,
+    /// Keys the journal's leases are signed with (repeatable).
+    #[arg(
+        long = "key-file",
+        env = "LEASEGATE_KEY_FILE",
+        value_delimiter = ',',
+        requires = "journal"
+    )]
+    pub key_files: Vec<PathBuf>,
+    /// Accept leases signed with the published test key.
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
+}
+
+impl LeaseJournalArgs {
+    /// What [`crate::commands::load_ledger`] takes, when a journal was given.
+    pub fn ledger(&self, store: &StoreArgs) -> Option<LedgerArgs> {
+        Some(LedgerArgs {
+            journal: self.journal.clone()?,
+            store: store.clone(),
+            key_files: self.key_files.clone(),
+            allow_test_key: self.allow_test_key,
+            require_record_signatures: false,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UsageFormat {
+    Table,
+    Json,
+    Record,
 }
 
 #[derive(Debug, Args)]
@@ -142,23 +198,12 @@ pub struct SuggestArgs {
     /// leases of different manifest agents is warned about.
     #[arg(long, env = "LEASEGATE_LABEL")]
     pub label: Option<String>,
-    /// The lease journal, for the manifest agent of each lease (--agent; --label warns from
-    /// it): a file or `nats://HOST:PORT[,...]/STREAM`.
-    #[arg(long, env = "LEASEGATE_JOURNAL", requires = "key_files")]
-    pub journal: Option<JournalLocation>,
+    /// The journal the manifest agent of each lease is read from (--agent; --label warns
+    /// from it).
+    #[command(flatten)]
+    pub lease_journal: LeaseJournalArgs,
     #[command(flatten)]
     pub store: StoreArgs,
-    /// Keys the journal's leases are signed with (repeatable).
-    #[arg(
-        long = "key-file",
-        env = "LEASEGATE_KEY_FILE",
-        value_delimiter = ',',
-        requires = "journal"
-    )]
-    pub key_files: Vec<PathBuf>,
-    /// Accept leases signed with the published test key.
-    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
-    pub allow_test_key: bool,
     /// Only lines logged within this long before now, e.g. `1h`, `30m`, `7d`.
     #[arg(long, env = "LEASEGATE_SINCE", value_parser = parse_duration)]
     pub since: Option<std::time::Duration>,

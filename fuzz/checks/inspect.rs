@@ -71,6 +71,7 @@ fn lease(agent: &str) -> Lease {
         allow_hosts: vec![HOST.into()],
         deny_hosts: vec![],
         key_fingerprint: key().fingerprint().into(),
+        budget: None,
     }
 }
 

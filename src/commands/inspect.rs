@@ -4,6 +4,7 @@
 //! `check` decides through the proxy's own [`decide_and_guard`], never a copy of it.
 
 use crate::config::ProxyConfig;
+use crate::contract::lease::WALL_CLOCK_BUDGET;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
 use crate::policy::codes::{Code, Refusal};
@@ -74,6 +75,14 @@ fn verify_lease(value: Value, keyring: Option<&Keyring>, now: Timestamp) -> Vec<
                 Lifetime::NotYetValid => problems.push(problem(
                     "/issued_at",
                     format!("not valid until {} (now {now})", lease.issued_at),
+                )),
+                Lifetime::Expired if lease.ends_by_wall_clock() => problems.push(problem(
+                    "/manifest/budget/wall_clock_ms",
+                    format!(
+                        "expired at {} (now {now}): {}",
+                        lease.expires_at,
+                        lease.wall_clock_note().unwrap_or_default()
+                    ),
                 )),
                 Lifetime::Expired => problems.push(problem(
                     "/expires_at",
@@ -169,6 +178,9 @@ pub struct LeaseRow {
     pub agent: String,
     pub status: &'static str,
     pub expires_at: Timestamp,
+    /// `budget.wall_clock_ms` when that, not the signed `expires_at`, sets the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_by: Option<&'static str>,
     pub allow_hosts: Vec<String>,
     pub deny_hosts: Vec<String>,
     /// Entries of either list that are not host patterns (they match nothing).
@@ -189,6 +201,7 @@ pub fn lease_row(ledger: &Ledger, lease: &Lease, status: Status, now: Timestamp)
         agent: lease.agent_name.clone(),
         status: status.as_str(),
         expires_at: lease.expires_at,
+        expires_by: lease.ends_by_wall_clock().then_some(WALL_CLOCK_BUDGET),
         allow_hosts: lease.allow_hosts.clone(),
         deny_hosts: lease.deny_hosts.clone(),
         malformed_hosts: malformed_patterns(lease)

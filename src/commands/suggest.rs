@@ -10,7 +10,7 @@
 //! client chose); a label group names every lease that contributed to it.
 
 use super::{load_ledger, require_journal, CliResult};
-use crate::cli::{LedgerArgs, SuggestArgs, SuggestFormat};
+use crate::cli::{SuggestArgs, SuggestFormat};
 use crate::commands::usage::Filter;
 use crate::policy::pattern::HostPattern;
 use anyhow::Context;
@@ -497,15 +497,8 @@ pub fn render_json(suggestions: &[Suggestion]) -> String {
 pub fn exec(args: SuggestArgs) -> CliResult {
     let since = args.since.map(super::ago);
     // The manifest agent of every lease the journal holds, signatures verified.
-    let agents = match args.journal {
-        Some(journal) => {
-            let ledger = LedgerArgs {
-                journal,
-                store: args.store,
-                key_files: args.key_files,
-                allow_test_key: args.allow_test_key,
-                require_record_signatures: false,
-            };
+    let agents = match args.lease_journal.ledger(&args.store) {
+        Some(ledger) => {
             require_journal(&ledger.journal)?;
             let ledger = load_ledger(&ledger)?;
             let agents = ledger

@@ -7,19 +7,19 @@
 //! (not an egress line; from the stream: blank, unsigned, a bad MAC, filed under another
 //! lease's subject) is counted by reason and reported, never fatal.
 
-use super::{block_on, CliResult};
-use crate::cli::UsageArgs;
+use super::{block_on, load_ledger, require_journal, CliResult};
+use crate::cli::{UsageArgs, UsageFormat};
 use crate::contract::Timestamp;
 use crate::nats::{subject_token, NatsError, NatsOptions, NatsStream};
 use crate::registry::store::NatsLocation;
 use crate::registry::{JournalLocation, StoreOptions};
-use crate::telemetry::egress::{LoggedLine, ReadLine};
+use crate::telemetry::egress::{LoggedLine, LoggedModel, ReadLine};
 use crate::telemetry::egress_stream::{self, EgressKey, Rejected, SetAside, EGRESS_SUBJECTS};
 use anyhow::Context;
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::io::{self, BufRead};
 use std::process::ExitCode;
@@ -75,7 +75,7 @@ impl Filter {
 }
 
 /// One lease's usage, as printed (a JSON line with `--json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeaseUsage {
     /// `null`: lines whose client presented no lease (or none that could be read).
     pub lease_id: Option<String>,
@@ -98,6 +98,100 @@ pub struct LeaseUsage {
     /// The first and last line's time.
     pub first: Timestamp,
     pub last: Timestamp,
+    /// Its model calls (lines with a `model` object); absent when it made none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelUsage>,
+}
+
+/// One lease's model calls: what their egress lines' `model` objects add up to.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ModelUsage {
+    /// Lines with a `model` object, metered or not.
+    pub calls: u64,
+    /// Sums over the metered calls.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// Input plus output: what the budget's `tokens` counts.
+    pub tokens: u64,
+    /// The sum over the priced calls; `null` when none was priced.
+    pub cost_usd: Option<f64>,
+    /// Calls whose usage could not be read (their tokens are unknown, not zero).
+    pub unmetered: u64,
+    /// Metered calls of a model the price table lacks (their cost is unknown).
+    pub unpriced: u64,
+}
+
+impl ModelUsage {
+    fn add(&mut self, model: &LoggedModel) {
+        self.calls += 1;
+        let Some((input, output)) = model.tokens() else {
+            self.unmetered += 1;
+            return;
+        };
+        self.input_tokens = self.input_tokens.saturating_add(input);
+        self.output_tokens = self.output_tokens.saturating_add(output);
+        self.cached_tokens = self
+            .cached_tokens
+            .saturating_add(model.cached_tokens.unwrap_or(0));
+        self.tokens = self.input_tokens.saturating_add(self.output_tokens);
+        match model.cost() {
+            Some(cost) => self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + cost),
+            None => self.unpriced += 1,
+        }
+    }
+
+    /// Calls whose tokens were read.
+    pub fn metered(&self) -> u64 {
+        self.calls - self.unmetered
+    }
+
+    /// The sum of `usages` (a lease and its descendants).
+    pub fn sum<'a>(usages: impl IntoIterator<Item = &'a ModelUsage>) -> ModelUsage {
+        usages
+            .into_iter()
+            .fold(ModelUsage::default(), |mut sum, u| {
+                sum.calls += u.calls;
+                sum.input_tokens = sum.input_tokens.saturating_add(u.input_tokens);
+                sum.output_tokens = sum.output_tokens.saturating_add(u.output_tokens);
+                sum.cached_tokens = sum.cached_tokens.saturating_add(u.cached_tokens);
+                sum.tokens = sum.tokens.saturating_add(u.tokens);
+                sum.cost_usd = match (sum.cost_usd, u.cost_usd) {
+                    (None, None) => None,
+                    (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+                };
+                sum.unmetered += u.unmetered;
+                sum.unpriced += u.unpriced;
+                sum
+            })
+    }
+
+    /// The contract's `usage` object (lease-record `definitions.usage`), where an absent
+    /// member is unmeasured, not zero: `tokens` once a call was metered, `cost_usd` only when
+    /// every metered call was priced; the call counts beside them say how complete they are.
+    pub fn record(&self) -> UsageRecord {
+        let metered = self.metered() > 0;
+        UsageRecord {
+            tokens: metered.then_some(self.tokens),
+            cost_usd: (metered && self.unpriced == 0)
+                .then(|| rounded(self.cost_usd.unwrap_or(0.0))),
+            model_calls: self.calls,
+            unmetered_calls: self.unmetered,
+            unpriced_calls: self.unpriced,
+        }
+    }
+}
+
+/// The `usage` object as printed: the contract's members first, then the call counts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UsageRecord {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    pub model_calls: u64,
+    pub unmetered_calls: u64,
+    pub unpriced_calls: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -113,7 +207,7 @@ pub struct RouteCalls {
 }
 
 /// The whole report.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Report {
     /// Most calls first; ties by lease id, lines without a lease last.
     pub leases: Vec<LeaseUsage>,
@@ -140,6 +234,7 @@ struct Counts {
     routes: HashMap<String, u64>,
     first: Timestamp,
     last: Timestamp,
+    model: Option<ModelUsage>,
 }
 
 impl Tally {
@@ -182,8 +277,12 @@ impl Tally {
             routes: HashMap::new(),
             first: time,
             last: time,
+            model: None,
         });
         counts.calls += 1;
+        if let Some(model) = &line.model {
+            counts.model.get_or_insert_default().add(model);
+        }
         if challenge {
             counts.challenges += 1;
         } else if line.verdict == "refuse" {
@@ -224,6 +323,10 @@ impl Tally {
                     top_routes: routes,
                     first: c.first,
                     last: c.last,
+                    model: c.model.map(|mut m| {
+                        m.cost_usd = m.cost_usd.map(rounded);
+                        m
+                    }),
                 }
             })
             .collect();
@@ -415,7 +518,58 @@ pub fn render_table(leases: &[LeaseUsage]) -> String {
             ]
         })
         .collect();
-    crate::table::render(header, &cells)
+    if leases.iter().all(|u| u.model.is_none()) {
+        return crate::table::render(header, &cells);
+    }
+    with_model_columns(header, cells, leases)
+}
+
+/// Columns shown after the others once any lease made model calls.
+const MODEL_HEADER: [&str; 8] = [
+    "MODEL_CALLS",
+    "TOKENS_IN",
+    "TOKENS_OUT",
+    "CACHED",
+    "TOKENS",
+    "COST_USD",
+    "UNMETERED",
+    "UNPRICED",
+];
+
+/// The usage table with [`MODEL_HEADER`]'s columns appended (`-` for a lease without model
+/// calls, and for the cost of one whose calls were never priced).
+fn with_model_columns(header: [&str; 8], cells: Vec<[String; 8]>, leases: &[LeaseUsage]) -> String {
+    let header: [&str; 16] = std::array::from_fn(|i| match i {
+        0..8 => header[i],
+        _ => MODEL_HEADER[i - 8],
+    });
+    let rows: Vec<[String; 16]> = cells
+        .into_iter()
+        .zip(leases)
+        .map(|(cells, u)| {
+            let model: [String; 8] = match &u.model {
+                None => std::array::from_fn(|_| "-".to_owned()),
+                Some(m) => [
+                    m.calls.to_string(),
+                    m.input_tokens.to_string(),
+                    m.output_tokens.to_string(),
+                    m.cached_tokens.to_string(),
+                    m.tokens.to_string(),
+                    m.cost_usd.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+                    m.unmetered.to_string(),
+                    m.unpriced.to_string(),
+                ],
+            };
+            let mut both = cells.into_iter().chain(model);
+            std::array::from_fn(|_| both.next().unwrap_or_default())
+        })
+        .collect();
+    crate::table::render(header, &rows)
+}
+
+/// `cost` to the nano-dollar: sums of prices print without float noise.
+fn rounded(cost: f64) -> f64 {
+    (cost * 1e9).round() / 1e9
 }
 
 /// Calls per route of terminated hosts, a row per lease and route; `None` when no lease has
@@ -436,11 +590,46 @@ pub fn render_routes(leases: &[LeaseUsage]) -> Option<String> {
     (!rows.is_empty()).then(|| crate::table::render(["LEASE", "ROUTE", "CALLS"], &rows))
 }
 
+/// The ids of `--lease` and every lease below it in `--journal` (signatures verified).
+fn subtree(args: &UsageArgs) -> anyhow::Result<HashSet<String>> {
+    let (Some(root), Some(ledger)) = (
+        args.lease.as_deref(),
+        args.lease_journal.ledger(&args.store),
+    ) else {
+        anyhow::bail!("--subtree needs --lease and --journal");
+    };
+    if root == NO_LEASE {
+        anyhow::bail!("--subtree needs a lease id as --lease, not {NO_LEASE}");
+    }
+    require_journal(&ledger.journal)?;
+    let ledger = load_ledger(&ledger)?;
+    let mut ids: HashSet<String> = ledger
+        .leases()
+        .filter(|lease| ledger.ancestors(&lease.id).any(|a| a.id == root))
+        .map(|lease| lease.id.clone())
+        .collect();
+    ids.insert(root.to_owned());
+    Ok(ids)
+}
+
 /// `usage`: one report from an egress stream or an egress log file.
 pub fn exec(args: UsageArgs) -> CliResult {
     let since = args.since.map(super::ago);
+    let format = match (args.format, args.json) {
+        (Some(format), _) => format,
+        (None, true) => UsageFormat::Json,
+        (None, false) => UsageFormat::Table,
+    };
+    if format == UsageFormat::Record && args.lease.as_deref() == Some(NO_LEASE) {
+        anyhow::bail!("--format record needs a lease id as --lease, not {NO_LEASE}");
+    }
+    let subtree = match args.subtree {
+        true => Some(subtree(&args)?),
+        false => None,
+    };
+    // A subtree's lines are read whole and kept to its leases once counted.
     let mut tally = Tally::new(Filter {
-        lease: args.lease,
+        lease: args.lease.clone().filter(|_| subtree.is_none()),
         since,
     });
     match &args.from {
@@ -468,10 +657,19 @@ pub fn exec(args: UsageArgs) -> CliResult {
             ))?
         }
     }
-    let report = tally.finish();
+    let mut report = tally.finish();
+    if let Some(subtree) = &subtree {
+        report
+            .leases
+            .retain(|u| u.lease_id.as_ref().is_some_and(|id| subtree.contains(id)));
+    }
     let mut out = std::io::stdout().lock();
     let set_aside = report.set_aside;
-    if args.json {
+    if format == UsageFormat::Record {
+        let usage = ModelUsage::sum(report.leases.iter().filter_map(|u| u.model.as_ref()));
+        serde_json::to_writer(&mut out, &usage.record())?;
+        writeln!(out)?;
+    } else if format == UsageFormat::Json {
         for lease in &report.leases {
             serde_json::to_writer(&mut out, lease)?;
             writeln!(out)?;
@@ -614,6 +812,7 @@ mod tests {
                     top_routes: vec![],
                     first: t("2026-01-01T10:00:00.000Z"),
                     last: t("2026-01-01T10:00:04.000Z"),
+                    model: None,
                 },
                 LeaseUsage {
                     lease_id: Some(B.into()),
@@ -630,6 +829,7 @@ mod tests {
                     top_routes: vec![],
                     first: t("2026-01-01T11:00:00.000Z"),
                     last: t("2026-01-01T11:00:00.000Z"),
+                    model: None,
                 },
                 LeaseUsage {
                     lease_id: None,
@@ -643,6 +843,7 @@ mod tests {
                     top_routes: vec![],
                     first: t("2026-01-01T11:00:01.000Z"),
                     last: t("2026-01-01T11:00:01.000Z"),
+                    model: None,
                 },
             ]
         );
@@ -761,5 +962,120 @@ mod tests {
             "LEASE  ROUTE                 CALLS\nL      GET api.test/repos/a  2\nL      POST api.test/issues  1\n"
         );
         assert_eq!(render_routes(&[]), None);
+    }
+
+    /// A model call's line for lease `lease` with this `model` object.
+    fn model_line(lease: &str, model: serde_json::Value) -> String {
+        serde_json::json!({
+            "time": "2026-12-01T10:00:00.000Z", "lease_id": lease, "host": "api.test",
+            "verdict": "allow", "code": null, "bytes_up": 1, "bytes_down": 2,
+            "kind": "https", "method": "POST", "path": "/v1/chat/completions", "model": model,
+        })
+        .to_string()
+    }
+
+    fn model_report() -> Report {
+        let lines = [
+            model_line(
+                A,
+                serde_json::json!({"api": "openai", "name": "gpt-4o-mini", "input_tokens": 12, "output_tokens": 30, "cached_tokens": 4, "cost_usd": 0.000123}),
+            ),
+            model_line(
+                A,
+                serde_json::json!({"api": "openai", "name": "gpt-4o-mini", "input_tokens": 100, "output_tokens": 1, "cached_tokens": 0, "cost_usd": 0.000246}),
+            ),
+            model_line(
+                A,
+                serde_json::json!({"api": "openai", "name": "mystery", "input_tokens": 5, "output_tokens": 5, "cached_tokens": 0, "cost_usd": null, "unpriced": true}),
+            ),
+            model_line(
+                A,
+                serde_json::json!({"api": "openai", "name": null, "unmetered": "no usage in the response"}),
+            ),
+            // Present but not a model object: a call whose usage is unknown, not a lost line.
+            model_line(A, serde_json::json!({"input_tokens": -3})),
+            line("2026-12-01T10:00:01.000Z", Some(B), Some("c.test"), None),
+        ];
+        aggregate(lines.iter().map(|l| l.as_bytes()), Filter::default())
+    }
+
+    #[test]
+    fn model_calls_sum_tokens_and_priced_cost_and_count_the_rest() {
+        let report = model_report();
+        assert_eq!(report.unreadable, 0);
+        assert_eq!(report.leases[0].calls, 5);
+        assert_eq!(
+            report.leases[0].model,
+            Some(ModelUsage {
+                calls: 5,
+                input_tokens: 117,
+                output_tokens: 36,
+                cached_tokens: 4,
+                tokens: 153,
+                cost_usd: Some(0.000369),
+                unmetered: 2,
+                unpriced: 1,
+            })
+        );
+        assert_eq!(report.leases[1].model, None);
+        let json = serde_json::to_value(&report.leases[0]).unwrap();
+        assert_eq!(json["model"]["tokens"], 153);
+        assert_eq!(json["model"]["cost_usd"], 0.000369);
+        let plain = serde_json::to_value(&report.leases[1]).unwrap();
+        assert!(plain.get("model").is_none(), "{plain}");
+    }
+
+    #[test]
+    fn the_record_leaves_out_what_was_not_measured() {
+        let report = model_report();
+        let usage = report.leases[0].model.clone().unwrap();
+        // One metered call was not priced: its cost is unknown, so the sum is no cost.
+        assert_eq!(
+            serde_json::to_value(usage.record()).unwrap(),
+            serde_json::json!({"tokens": 153, "model_calls": 5, "unmetered_calls": 2, "unpriced_calls": 1})
+        );
+        let priced = ModelUsage {
+            unpriced: 0,
+            ..usage.clone()
+        };
+        assert_eq!(priced.record().cost_usd, Some(0.000369));
+        let unmetered = ModelUsage {
+            calls: 1,
+            unmetered: 1,
+            ..ModelUsage::default()
+        };
+        assert_eq!(
+            serde_json::to_value(unmetered.record()).unwrap(),
+            serde_json::json!({"model_calls": 1, "unmetered_calls": 1, "unpriced_calls": 0})
+        );
+        let both = ModelUsage::sum([&usage, &unmetered]);
+        assert_eq!((both.calls, both.tokens, both.unmetered), (6, 153, 3));
+    }
+
+    #[test]
+    fn model_columns_appear_only_when_a_lease_made_model_calls() {
+        let plain = render_table(&report(Filter::default()).leases);
+        assert!(!plain.contains("MODEL_CALLS"), "{plain}");
+        let table = render_table(&model_report().leases);
+        let rows: Vec<&str> = table.lines().collect();
+        assert!(
+            rows[0].ends_with("REFUSALS  MODEL_CALLS  TOKENS_IN  TOKENS_OUT  CACHED  TOKENS  COST_USD  UNMETERED  UNPRICED"),
+            "{}",
+            rows[0]
+        );
+        assert!(
+            rows[1].ends_with(
+                "5            117        36          4       153     0.000369  2          1"
+            ),
+            "{}",
+            rows[1]
+        );
+        assert!(
+            rows[2].ends_with(
+                "-            -          -           -       -       -         -          -"
+            ),
+            "{}",
+            rows[2]
+        );
     }
 }

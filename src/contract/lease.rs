@@ -5,6 +5,9 @@
 //! parsed JSON value as received (every member but `signature`), never a re-serialised struct;
 //! once checked, the JSON is dropped: a lease keeps only the facts leasegate acts on (a
 //! journal of a million leases must not hold a million parsed JSON trees).
+//! `expires_at` is the lease's effective end: the signed `expires_at`, or `issued_at` +
+//! `budget.wall_clock_ms` when that is earlier (folded in once L1 has passed on the signed
+//! values), so every check that reads the end honours the wall-clock budget.
 
 use super::canonical::{canonical_bytes_without, CanonError};
 use super::keys::{Key, Keyring, TEST_KEY_FINGERPRINT};
@@ -39,6 +42,8 @@ pub struct Lease {
     pub id: String,
     pub parent: Option<String>,
     pub issued_at: Timestamp,
+    /// The effective end (see the module's invariant): never later than the signed
+    /// `expires_at`, nor than `issued_at` + `budget.wall_clock_ms`.
     pub expires_at: Timestamp,
     pub agent_name: String,
     pub allow_hosts: Vec<String>,
@@ -46,6 +51,39 @@ pub struct Lease {
     /// Shared with the keyring's key once the signature verified (one copy for every lease
     /// signed with it).
     pub key_fingerprint: Arc<str>,
+    /// The manifest's budget ceilings leasegate reads; `None` when it sets none of them (the
+    /// usual case: a million leases pay one pointer each, not the struct).
+    pub budget: Option<Box<Budget>>,
+}
+
+/// How the views that show a lease's end name the wall-clock budget when it set that end.
+pub const WALL_CLOCK_BUDGET: &str = "budget.wall_clock_ms";
+
+/// The manifest's `budget` ceilings leasegate reads (each absent when the manifest leaves it
+/// out). `steps` is carried, not enforced: the proxy sees requests, not tool calls or turns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Budget {
+    /// Model tokens, input plus output.
+    pub tokens: Option<u64>,
+    /// Spend in US dollars.
+    pub cost_usd: Option<f64>,
+    /// Lifetime in milliseconds from `issued_at`.
+    pub wall_clock_ms: Option<u64>,
+    /// Tool calls or turns.
+    pub steps: Option<u64>,
+}
+
+impl Budget {
+    /// The ceilings of a schema-valid `budget` object; `None` when it sets none.
+    fn read(value: &Value) -> Option<Box<Budget>> {
+        let budget = Budget {
+            tokens: value["tokens"].as_u64(),
+            cost_usd: value["cost_usd"].as_f64(),
+            wall_clock_ms: value["wall_clock_ms"].as_u64(),
+            steps: value["steps"].as_u64(),
+        };
+        (budget != Budget::default()).then(|| Box::new(budget))
+    }
 }
 
 impl Lease {
@@ -69,8 +107,12 @@ impl Lease {
     }
 
     fn check_rules(value: &Value) -> Result<Lease, LeaseError> {
-        let lease = Lease::from_valid(value);
+        let mut lease = Lease::from_valid(value);
         rules::check_l1(lease.issued_at, lease.expires_at)?;
+        // After L1: a wall-clock budget of 0 ends the lease at once, it does not break L1.
+        if let Some(end) = lease.wall_clock_end() {
+            lease.expires_at = lease.expires_at.min(end);
+        }
         rules::check_l2(&lease.id, lease.parent.as_deref())?;
         if let Some(manifest_parent) = value["manifest"]["parent_lease_id"].as_str() {
             rules::check_l2(&lease.id, Some(manifest_parent))?;
@@ -103,6 +145,31 @@ impl Lease {
         rules::lifetime(self.issued_at, self.expires_at, now)
     }
 
+    /// `issued_at` + `budget.wall_clock_ms`, when the manifest sets it.
+    pub fn wall_clock_end(&self) -> Option<Timestamp> {
+        let ms = self.budget.as_ref()?.wall_clock_ms?;
+        Some(
+            self.issued_at
+                .saturating_add_millis(i64::try_from(ms).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// Whether the wall-clock budget is what ends this lease (its end is
+    /// `issued_at` + `budget.wall_clock_ms`, not a later signed `expires_at`).
+    pub fn ends_by_wall_clock(&self) -> bool {
+        self.wall_clock_end() == Some(self.expires_at)
+    }
+
+    /// What a detailed view says of the end when the wall-clock budget sets it:
+    /// `budget.wall_clock_ms (1500 ms) spent`; `None` otherwise.
+    pub fn wall_clock_note(&self) -> Option<String> {
+        if !self.ends_by_wall_clock() {
+            return None;
+        }
+        let ms = self.budget.as_ref()?.wall_clock_ms?;
+        Some(format!("{WALL_CLOCK_BUDGET} ({ms} ms) spent"))
+    }
+
     fn from_valid(value: &Value) -> Lease {
         // The schema has vouched for every member read here.
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
@@ -132,6 +199,7 @@ impl Lease {
             allow_hosts: hosts(&manifest["allow"]["hosts"]),
             deny_hosts: hosts(&manifest["deny"]["hosts"]),
             key_fingerprint: value["key_fingerprint"].as_str().unwrap_or_default().into(),
+            budget: Budget::read(&manifest["budget"]),
         }
     }
 }

@@ -244,6 +244,7 @@ env_name = "GITHUB_TOKEN"
             allow_hosts: vec![],
             deny_hosts: vec![],
             key_fingerprint: Arc::from("k"),
+            budget: None,
         }
     }
 

@@ -690,7 +690,8 @@ impl Ledger {
                 event: Event::Expired,
                 at: lease.expires_at,
                 by: None,
-                reason: None,
+                // No record says why; the wall-clock budget is named when it set the end.
+                reason: lease.wall_clock_note(),
             })),
         }
     }

@@ -112,7 +112,7 @@ pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
 
 /// What a reader of egress lines needs (`leasegate usage`); fields it does not need are
 /// ignored, so lines from newer versions still read.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct LoggedLine {
     pub time: String,
     pub lease_id: Option<String>,
@@ -132,6 +132,58 @@ pub struct LoggedLine {
     /// A terminated request's path, query values redacted.
     #[serde(default)]
     pub path: Option<String>,
+    /// A model call's usage (absent on other lines, and in lines that predate metering).
+    #[serde(default, deserialize_with = "lenient_model")]
+    pub model: Option<LoggedModel>,
+}
+
+/// The `model` object of a metered call's egress line, as a reader takes it (each member
+/// optional: what a line leaves out is unknown, never zero).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LoggedModel {
+    pub api: Option<String>,
+    pub name: Option<String>,
+    /// Every input token, cached ones included.
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    /// The cached part of `input_tokens`.
+    pub cached_tokens: Option<u64>,
+    /// Null when the model is not in the price table.
+    pub cost_usd: Option<f64>,
+    pub unpriced: bool,
+    /// Why the response's usage could not be read.
+    pub unmetered: Option<String>,
+}
+
+impl LoggedModel {
+    /// Input and output tokens, when the call was metered: `None` for an `unmetered` call
+    /// or one whose line lacks either count (never read as zero).
+    pub fn tokens(&self) -> Option<(u64, u64)> {
+        match self.unmetered {
+            Some(_) => None,
+            None => Some((self.input_tokens?, self.output_tokens?)),
+        }
+    }
+
+    /// The call's price in US dollars, when it was metered and priced.
+    pub fn cost(&self) -> Option<f64> {
+        self.tokens()?;
+        let cost = self.cost_usd.filter(|c| c.is_finite() && *c >= 0.0)?;
+        (!self.unpriced).then_some(cost)
+    }
+}
+
+/// A `model` member that is present but does not read is an unmetered call (the call still
+/// counts, its usage is not guessed); `null` is no model call.
+fn lenient_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LoggedModel>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.map(|value| {
+        serde_json::from_value(value).unwrap_or_else(|_| LoggedModel {
+            unmetered: Some("unreadable model object".into()),
+            ..LoggedModel::default()
+        })
+    }))
 }
 
 /// A terminated request's route as `usage`, the admin API and the dashboard show it:
@@ -142,7 +194,7 @@ pub fn route(method: &str, host: &str, path: &str) -> String {
 }
 
 /// One egress line as a reader takes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ReadLine {
     /// Empty or whitespace: skipped silently.
     Blank,

@@ -65,7 +65,7 @@ pub fn seal(key: &EgressKey, subject: &str, nonce: String, payload: &[u8]) -> Se
 }
 
 /// A line that counts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
     /// The publisher's id, from the nonce (`EgressStream::publisher_id` of the replica).
     pub publisher: String,

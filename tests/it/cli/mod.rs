@@ -11,3 +11,4 @@ pub mod run_java;
 pub mod run_trust;
 pub mod secrets;
 pub mod suggest;
+pub mod usage_model;

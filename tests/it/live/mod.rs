@@ -5,3 +5,4 @@ pub mod clock_step;
 pub mod follow;
 pub mod lease_ports;
 pub mod starvation;
+pub mod wall_clock;
