@@ -86,3 +86,58 @@ fn a_spent_wall_clock_budget_loads_and_is_expired_at_once() {
         Err(LeaseError::Rule(RuleViolation::L1 { .. }))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_verify_show_the_end_the_wall_clock_budget_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = key(7);
+    let mut signed = lease(
+        &key,
+        &id(1),
+        None,
+        (ISSUED, "2099-01-01T00:00:00.000Z"),
+        &["a.test"],
+        &[],
+    );
+    signed["manifest"]["budget"] = json!({"wall_clock_ms": 1500});
+    sign(&mut signed, &key).unwrap();
+    let [journal, lease_file, key_file] =
+        ["journal.jsonl", "lease.json", "lease.key"].map(|name| dir.path().join(name));
+    std::fs::write(
+        &journal,
+        crate::support::granted_line(&signed, ISSUED) + "\n",
+    )
+    .unwrap();
+    std::fs::write(&lease_file, signed.to_string()).unwrap();
+    std::fs::write(&key_file, key.to_file_text()).unwrap();
+    let [journal, lease_file, key_file] =
+        [journal, lease_file, key_file].map(|p| p.to_str().unwrap().to_owned());
+
+    let out = crate::support::leasegate_ok(&[
+        "leases",
+        "--journal",
+        &journal,
+        "--key-file",
+        &key_file,
+        "--json",
+    ])
+    .await;
+    let row: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(row["status"], "expired");
+    assert_eq!(row["expires_at"], "2026-01-01T10:00:01.500Z");
+    assert_eq!(row["expires_by"], "budget.wall_clock_ms");
+    assert_eq!(
+        row["closed"]["reason"],
+        "budget.wall_clock_ms (1500 ms) spent"
+    );
+
+    let out = crate::support::leasegate(&["verify", &lease_file, "--key-file", &key_file]).await;
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("/manifest/budget/wall_clock_ms"), "{said}");
+    assert!(
+        said.contains("expired at 2026-01-01T10:00:01.500Z"),
+        "{said}"
+    );
+}
