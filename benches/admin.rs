@@ -101,6 +101,7 @@ fn event(lease: &str) -> EgressEvent {
         duration_ms: 1.0,
         path: None,
         secrets: Vec::new(),
+        model: None,
         error: None,
         revoked: None,
     }

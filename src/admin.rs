@@ -848,6 +848,17 @@ pub fn lease_view(
     if lease.ends_by_wall_clock() {
         view["expires_by"] = WALL_CLOCK_BUDGET.into();
     }
+    // Model budgets: the ceilings model calls spend, and what the lease and its subtree have
+    // spent (every replica's calls, as this replica has folded them).
+    let ceilings = crate::proxy::metering::ceilings(lease);
+    let spent = state.proxy.telemetry.spending.of(id);
+    if ceilings.any() || spent.subtree.calls > 0 {
+        view["model"] = json!({
+            "budget": {"tokens": ceilings.tokens, "cost_usd": ceilings.cost_usd},
+            "spent": spent.own,
+            "subtree_spent": spent.subtree,
+        });
+    }
     if top > 0 {
         view["top_hosts"] = counters
             .top_hosts(top)

@@ -9,9 +9,14 @@
 //! counted as such, never as zero tokens.
 
 use crate::policy::codes::{Code, Refusal};
+use crate::registry::Registry;
+use crate::telemetry::egress::LoggedModel;
+use crate::telemetry::egress_stream::Follower;
+use futures_util::StreamExt;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The ceilings of one lease's budget that model calls spend (`budget.tokens`,
 /// `budget.cost_usd`); `None`: no ceiling of that kind.
@@ -78,6 +83,23 @@ impl Spent {
     }
 }
 
+impl Charge {
+    /// The charge of a call as its egress line tells it (another replica's, read from the
+    /// egress stream): unmetered unless both token counts are there.
+    pub fn of_line(model: &LoggedModel) -> Charge {
+        match model.tokens() {
+            Some((input_tokens, output_tokens)) => Charge {
+                metered: true,
+                input_tokens,
+                output_tokens,
+                cached_tokens: model.cached_tokens.unwrap_or(0),
+                cost_usd: model.cost(),
+            },
+            None => Charge::default(),
+        }
+    }
+}
+
 /// One lease's figures: its own calls, and its subtree's (its own and its descendants').
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct LeaseSpending {
@@ -85,26 +107,35 @@ pub struct LeaseSpending {
     pub subtree: Spent,
 }
 
-/// A spent budget: which lease's, which ceiling, and how much was spent.
+/// Why a model call may not go: a spent budget (which lease's, which ceiling, how much was
+/// spent), or budgets that cannot be checked.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exhausted {
-    pub lease_id: String,
-    /// `tokens` or `cost_usd`.
-    pub ceiling: &'static str,
-    pub spent: f64,
-    pub limit: f64,
+pub enum Exhausted {
+    Spent {
+        lease_id: String,
+        /// `tokens` or `cost_usd`.
+        ceiling: &'static str,
+        spent: f64,
+        limit: f64,
+    },
+    /// The chain has a budget, and the other replicas' usage is not being read (the egress
+    /// stream is down, or not read up to its end yet): spending is unknown, so it is refused.
+    OthersUnknown,
 }
 
 impl Exhausted {
     /// The `budget-exhausted` refusal: the detail names the lease, the ceiling and the figures.
     pub fn refusal(&self) -> Refusal {
-        Refusal::new(
-            Code::BudgetExhausted,
-            format!(
-                "lease {}'s budget.{} is spent: {} of {}",
-                self.lease_id, self.ceiling, self.spent, self.limit
-            ),
-        )
+        let detail = match self {
+            Exhausted::Spent {
+                lease_id,
+                ceiling,
+                spent,
+                limit,
+            } => format!("lease {lease_id}'s budget.{ceiling} is spent: {spent} of {limit}"),
+            Exhausted::OthersUnknown => "the budget cannot be checked: the other replicas' usage is not being read from the egress stream".to_owned(),
+        };
+        Refusal::new(Code::BudgetExhausted, detail)
     }
 }
 
@@ -112,6 +143,9 @@ impl Exhausted {
 #[derive(Debug, Default)]
 pub struct Spending {
     leases: Mutex<HashMap<Arc<str>, LeaseSpending>>,
+    /// With replicas: whether every other replica's usage is being folded in (see
+    /// [`Spending::follow_others`]); unset: this proxy is the only one.
+    others: OnceLock<Arc<AtomicBool>>,
 }
 
 impl Spending {
@@ -146,10 +180,17 @@ impl Spending {
     ) -> Result<(), Exhausted> {
         let leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         for (id, budget) in chain.into_iter().filter(|(_, c)| c.any()) {
+            if self
+                .others
+                .get()
+                .is_some_and(|live| !live.load(Ordering::Acquire))
+            {
+                return Err(Exhausted::OthersUnknown);
+            }
             let spent = leases.get(id).map(|s| s.subtree).unwrap_or_default();
             if let Some(limit) = budget.tokens {
                 if spent.tokens >= limit {
-                    return Err(Exhausted {
+                    return Err(Exhausted::Spent {
                         lease_id: id.to_owned(),
                         ceiling: "tokens",
                         spent: spent.tokens as f64,
@@ -159,7 +200,7 @@ impl Spending {
             }
             if let Some(limit) = budget.cost_usd {
                 if spent.cost_usd >= limit {
-                    return Err(Exhausted {
+                    return Err(Exhausted::Spent {
                         lease_id: id.to_owned(),
                         ceiling: "cost_usd",
                         spent: spent.cost_usd,
@@ -171,11 +212,41 @@ impl Spending {
         Ok(())
     }
 
+    /// From now on budgets are checked only while `live` says every other replica's usage
+    /// is being folded in (the egress stream's follower is connected and caught up).
+    pub fn follow_others(&self, live: Arc<AtomicBool>) {
+        let _ = self.others.set(live);
+    }
+
     /// Forgets leases `keep` says no to (closed long ago): the map holds only leases that may
     /// still spend or be asked about.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
         leases.retain(|id, _| keep(id));
+    }
+}
+
+/// Folds the metered calls other replicas (and this one's earlier runs) published on the
+/// egress stream into `spending`, each charged to its lease and the ancestors the registry
+/// knows for it; `own`: this process's publisher id, whose calls were charged as they ended.
+/// Budgets are checked only while the follower is live (see [`Spending::follow_others`]).
+pub async fn fold_others(
+    mut follower: Follower,
+    own: Option<String>,
+    spending: Arc<Spending>,
+    registry: Arc<Registry>,
+) {
+    spending.follow_others(follower.live());
+    while let Some(followed) = follower.next().await {
+        if own.as_deref() == Some(followed.publisher.as_str()) {
+            continue;
+        }
+        let (Some(lease_id), Some(model)) = (&followed.line.lease_id, &followed.line.model) else {
+            continue;
+        };
+        let ancestors = registry.snapshot().ledger.ancestor_ids(lease_id);
+        let chain = std::iter::once(lease_id.as_str()).chain(ancestors.iter().map(String::as_str));
+        spending.charge(chain, &Charge::of_line(model));
     }
 }
 
@@ -231,10 +302,10 @@ mod tests {
         assert_eq!(spending.check(chain()), Ok(()), "999 of 1000");
         spending.charge(["sibling", "parent"], &call(1, 0, Some(0.1)));
         let exhausted = spending.check(chain()).unwrap_err();
-        assert_eq!(
-            (exhausted.lease_id.as_str(), exhausted.ceiling),
-            ("parent", "tokens")
-        );
+        assert!(matches!(
+            &exhausted,
+            Exhausted::Spent { lease_id, ceiling: "tokens", .. } if lease_id == "parent"
+        ));
         assert_eq!(exhausted.refusal().code, Code::BudgetExhausted);
         assert_eq!(
             exhausted.refusal().detail,
@@ -243,7 +314,32 @@ mod tests {
 
         let spending = Spending::default();
         spending.charge(["child", "parent"], &call(1, 1, Some(1.0)));
-        assert_eq!(spending.check(chain()).unwrap_err().ceiling, "cost_usd");
+        assert!(matches!(
+            spending.check(chain()),
+            Err(Exhausted::Spent {
+                ceiling: "cost_usd",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn with_replicas_a_budget_is_not_checked_blind() {
+        let spending = Spending::default();
+        let live = Arc::new(AtomicBool::new(false));
+        spending.follow_others(live.clone());
+        let ceiling = budget(Some(10), None);
+        assert_eq!(
+            spending.check([("a", ceiling)]),
+            Err(Exhausted::OthersUnknown)
+        );
+        assert_eq!(
+            spending.check([("a", Ceilings::default())]),
+            Ok(()),
+            "no budget, nothing to check"
+        );
+        live.store(true, Ordering::Release);
+        assert_eq!(spending.check([("a", ceiling)]), Ok(()));
     }
 
     #[test]

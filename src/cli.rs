@@ -611,6 +611,11 @@ pub struct ServeArgs {
     /// roots: for private origins and tests.
     #[arg(long, env = "LEASEGATE_UPSTREAM_CA", requires = "secrets")]
     pub upstream_ca: Option<PathBuf>,
+    /// The price table (TOML) that turns metered model calls' tokens into `cost_usd`: model
+    /// names or `prefix*` patterns, prices per million input, output and cached tokens. A
+    /// model it does not name is reported unpriced, never priced at zero.
+    #[arg(long, env = "LEASEGATE_PRICES", requires = "secrets")]
+    pub prices: Option<PathBuf>,
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,

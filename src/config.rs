@@ -252,6 +252,8 @@ pub enum ConfigError {
     Secrets(#[from] SecretsError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Prices(#[from] crate::meter::prices::PricesError),
     #[error(
         "--egress-stream needs --egress-stream-key FILE: without the replicas' shared key \
          anyone who can publish to the stream could forge or erase usage; {HOW_TO_MAKE}"
@@ -465,11 +467,18 @@ impl ServeConfig {
             drain_timeout: args.drain_timeout,
             wall: WallClock::system(),
             broker: match (&args.secrets, &args.ca_dir) {
-                (Some(path), Some(ca_dir)) => Some(Arc::new(Broker::new(
-                    Arc::new(Secrets::load(path)?),
-                    ca_dir,
-                    args.upstream_ca.as_deref(),
-                )?)),
+                (Some(path), Some(ca_dir)) => {
+                    let broker = Broker::new(
+                        Arc::new(Secrets::load(path)?),
+                        ca_dir,
+                        args.upstream_ca.as_deref(),
+                    )?;
+                    Some(Arc::new(match &args.prices {
+                        Some(prices) => broker
+                            .with_prices(Arc::new(crate::meter::prices::Prices::load(prices)?)),
+                        None => broker,
+                    }))
+                }
                 _ => None,
             },
         };

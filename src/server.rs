@@ -17,7 +17,7 @@ use crate::registry::follower::Follower;
 use crate::registry::open::{clock_path, open_registry};
 use crate::registry::{Clock, ClockError, OpenError};
 use crate::telemetry::egress::Destination;
-use crate::telemetry::{EgressLog, EgressStream, Telemetry};
+use crate::telemetry::{egress_stream, EgressLog, EgressStream, Telemetry};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -72,6 +72,25 @@ pub struct Server {
     background: CancellationToken,
     /// The journal follower's own thread (the store lives there too); stops when dropped.
     _follower: Follower,
+}
+
+/// When the oldest lease open now was issued (now, when none is): budgets need every model
+/// call of the open leases and their subtrees, and a child is issued after its parent.
+fn oldest_open(registry: &crate::registry::Registry) -> crate::contract::Timestamp {
+    let now = crate::contract::Timestamp::now();
+    let snapshot = registry.snapshot();
+    snapshot
+        .ledger
+        .leases()
+        .filter(|lease| {
+            snapshot
+                .ledger
+                .status(&lease.id, now)
+                .is_some_and(|status| status == crate::registry::Status::Open)
+        })
+        .map(|lease| lease.issued_at)
+        .min()
+        .unwrap_or(now)
 }
 
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -192,6 +211,11 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
                     .telemetry
                     .metrics
                     .prune(|id| snapshot.ledger.check_chain(id, now).is_ok());
+                // A retired lease spends nothing more, nor does anything under it.
+                proxy
+                    .telemetry
+                    .spending
+                    .retain(|id| snapshot.ledger.retired(id).is_none());
             }
         }
     }
@@ -322,6 +346,25 @@ impl Server {
         let local = proxy_config.guard.local.clone();
         read_local_addrs(&local).await;
         let registry = Arc::new(registry);
+        // With metered hosts, every replica's model calls count against budgets: followed
+        // from the egress stream, from the oldest open lease's start on.
+        let meters = config.broker.as_ref().is_some_and(|broker| {
+            broker
+                .secrets
+                .current()
+                .secrets()
+                .iter()
+                .any(|s| s.spec().meter.is_some())
+        });
+        let follow = match &config.egress_stream {
+            Some(stream) if meters => Some(egress_stream::follow(
+                stream.location.clone(),
+                stream.nats.clone(),
+                stream.key.clone(),
+                oldest_open(&registry),
+            )),
+            _ => None,
+        };
         let stream = match config.egress_stream {
             Some(stream) => {
                 tracing::info!(stream = %stream.location, "publishing egress lines to the egress stream");
@@ -337,6 +380,14 @@ impl Server {
             )
             .with_stream(stream),
         );
+        if let Some(follower) = follow {
+            tokio::spawn(crate::budget::fold_others(
+                follower,
+                telemetry.stream.publisher_id().map(str::to_owned),
+                telemetry.spending.clone(),
+                registry.clone(),
+            ));
+        }
         let workers = proxy_config.workers;
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
         proxy.tls = tls;

@@ -48,6 +48,8 @@ pub struct Broker {
     /// The origin-facing side: verified, ALPN http/1.1.
     upstream: Arc<rustls::ClientConfig>,
     ca_pem: String,
+    /// `--prices`: what metered calls cost; `None`: every metered call is unpriced.
+    prices: Option<Arc<crate::meter::prices::Prices>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -89,6 +91,7 @@ impl Broker {
             server,
             upstream: Arc::new(upstream),
             ca_pem,
+            prices: None,
         })
     }
 
@@ -98,6 +101,19 @@ impl Broker {
     }
 
     /// The interception CA's certificate, PEM: what an agent's clients must trust.
+    /// The broker, pricing metered calls with `prices`.
+    pub fn with_prices(self, prices: Arc<crate::meter::prices::Prices>) -> Broker {
+        Broker {
+            prices: Some(prices),
+            ..self
+        }
+    }
+
+    /// The price table, if one was given.
+    pub fn prices(&self) -> Option<Arc<crate::meter::prices::Prices>> {
+        self.prices.clone()
+    }
+
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
     }
@@ -117,6 +133,17 @@ impl Broker {
             return false;
         };
         set.secrets().iter().any(|s| is_for(s, name))
+    }
+
+    /// The model API `host` is, when a secret for it has `meter` (the first such secret's).
+    pub fn meter_for(set: &SecretSet, host: &TargetHost) -> Option<crate::meter::Api> {
+        let TargetHost::Name(name) = host else {
+            return None;
+        };
+        set.secrets()
+            .iter()
+            .filter(|s| is_for(s, name))
+            .find_map(|s| s.spec().meter)
     }
 
     /// The placeholders `lease` may hold, each with the variable `run` sets: the secrets whose

@@ -95,6 +95,9 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    if let Some(tap) = self.exchange.as_mut().and_then(|ex| ex.model.as_mut()) {
+                        tap.feed(data);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

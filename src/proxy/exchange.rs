@@ -50,6 +50,8 @@ pub struct Exchange {
     pub path: Option<String>,
     /// Inside a terminated tunnel: the secrets put into the request.
     pub secrets: Vec<String>,
+    /// A metered model call: its response is read for its usage, charged when the exchange ends.
+    pub model: Option<Box<super::metering::Tap>>,
     /// The lease's token: if it fired, the line says the lease closed the exchange.
     pub token: Option<CancellationToken>,
     /// Counted open with its lease's figures since it was cleared (see [`Exchange::count_open`]).
@@ -98,6 +100,7 @@ impl Exchange {
             revoked: None,
             path: None,
             secrets: Vec::new(),
+            model: None,
             token: None,
             open: None,
         }
@@ -193,6 +196,7 @@ impl Drop for Exchange {
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             path: self.path.take(),
             secrets: std::mem::take(&mut self.secrets),
+            model: self.model.take().map(|tap| Box::new(tap.finish())),
             error: self.error.take(),
             revoked: self.revoked,
         };

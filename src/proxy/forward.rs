@@ -367,6 +367,9 @@ impl Forwarded {
         strip_hop_by_hop(&mut parts.headers, false);
         ex.bytes_down
             .fetch_add(response_head_len(&parts), Ordering::Relaxed);
+        if let Some(tap) = ex.model.as_mut() {
+            tap.head(parts.status, &parts.headers);
+        }
         let counter = ex.bytes_down.clone();
         let body = Metered::new(body, counter, self.token, Some(ex));
         Response::from_parts(parts, body.boxed_unsync())

@@ -10,15 +10,18 @@
 //! own egress line (kind `https`).
 
 use super::body::{Counted, RelayEnd};
-use super::decision::Asked;
+use super::decision::{Asked, Decision};
 use super::exchange::{Counter, Exchange};
 use super::forward::{self, Forwarded, Upstream};
+use super::metering;
 use super::pipeline::Cleared;
 use super::{Body, ClientConn, Proxy};
 use crate::intercept::inspect;
 use crate::intercept::Broker;
+use crate::meter::Meter;
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::{Target, TargetHost, UpstreamAddr};
+use crate::secrets::SecretSet;
 use crate::telemetry::egress::Kind;
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
@@ -323,15 +326,46 @@ impl Inside {
         if let (false, Some(named)) = (parts.headers.contains_key(header::HOST), named) {
             parts.headers.insert(header::HOST, named);
         }
+        let tap = self.model_call(&set, &decision, &parts)?;
+        if tap.is_some() {
+            metering::ask_identity(&mut parts.headers);
+        }
         let to = upstream(&self.cleared, &decision.target, &self.upstream, host);
-        forward::send(
+        let forwarded = forward::send(
             proxy,
             Request::from_parts(parts, body),
             client_upgrade,
             to,
             ex,
         )
-        .await
+        .await?;
+        ex.model = tap.map(Box::new);
+        Ok(forwarded)
+    }
+
+    /// A call to a metered host's model API: refused when the lease's chain has spent a
+    /// budget, else the tap that will read its usage. `None` for anything else.
+    fn model_call(
+        &self,
+        set: &SecretSet,
+        decision: &Decision,
+        parts: &http::request::Parts,
+    ) -> Result<Option<metering::Tap>, Refusal> {
+        let Some(api) = Broker::meter_for(set, &decision.target.host) else {
+            return Ok(None);
+        };
+        let Some(meter) = Meter::for_call(api, &parts.method, parts.uri.path()) else {
+            return Ok(None);
+        };
+        let spending = &self.proxy.telemetry.spending;
+        metering::check(spending, &decision.chain)?;
+        Ok(Some(metering::Tap::new(
+            api,
+            meter,
+            &decision.chain,
+            spending.clone(),
+            self.broker.prices(),
+        )))
     }
 }
 

@@ -635,7 +635,7 @@ impl Ledger {
     }
 
     /// The ids of the known ancestors of `id` (loaded or retired), nearest first.
-    fn ancestor_ids(&self, id: &str) -> Vec<String> {
+    pub fn ancestor_ids(&self, id: &str) -> Vec<String> {
         let parent_of = |id: &str| match self.lease(id) {
             Some(lease) => lease.parent.clone(),
             None => self.retired(id).and_then(Retired::parent),

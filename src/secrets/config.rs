@@ -40,6 +40,8 @@ pub struct SecretSpec {
     pub agents: Vec<String>,
     /// The variable `leasegate run` sets to the placeholder.
     pub env_name: String,
+    /// Its hosts are a model API whose calls are metered against lease budgets.
+    pub meter: Option<crate::meter::Api>,
 }
 
 /// Where the value goes in a request.
@@ -189,6 +191,7 @@ struct RawSecret {
     routes: Option<Vec<RawRoute>>,
     agents: Vec<String>,
     env_name: String,
+    meter: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -508,6 +511,8 @@ fn check(raw: RawFile) -> Result<SecretsFile, Vec<Problem>> {
                 Err(why) => problem("routes", why),
             }
         }
+        // The schema holds `meter` to the names this parse knows.
+        let meter = secret.meter.as_deref().and_then(|name| name.parse().ok());
         if let (Some(placement), Some(format), Some(source)) = (placement, format, source) {
             secrets.push(SecretSpec {
                 id: secret.id,
@@ -518,6 +523,7 @@ fn check(raw: RawFile) -> Result<SecretsFile, Vec<Problem>> {
                 routes,
                 agents: secret.agents,
                 env_name: secret.env_name,
+                meter,
             });
         }
     }

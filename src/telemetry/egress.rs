@@ -76,10 +76,35 @@ pub struct EgressEvent {
     /// The secrets the proxy put into the request (ids).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// A model call to a metered host: its model and usage, or why it could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<Box<ModelCall>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked: Option<bool>,
+}
+
+/// The `model` object of a metered call's line: the token fields and `cost_usd` when its
+/// usage was read (`cost_usd` null and `unpriced` when the price table has no such model),
+/// `unmetered` with the reason when it was not — never zeros in place of an unread usage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelCall {
+    pub api: &'static str,
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    /// `Some(None)`: metered but unpriced (written as null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unpriced: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmetered: Option<&'static str>,
 }
 
 /// Serialises `value` as the string its `Display` writes.

@@ -105,6 +105,7 @@ mod tests {
             duration_ms: 0.0,
             path: None,
             secrets: Vec::new(),
+            model: None,
             error: None,
             revoked: None,
         }

@@ -71,6 +71,41 @@ pub struct HostCounters {
     pub bytes_down: u64,
 }
 
+/// Model calls to metered hosts and the tokens they reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ModelCounters {
+    pub metered: u64,
+    pub unmetered: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// What the priced calls cost.
+    pub cost_usd: f64,
+}
+
+impl ModelCounters {
+    fn count(&mut self, call: &super::egress::ModelCall) {
+        if call.unmetered.is_some() {
+            self.unmetered += 1;
+            return;
+        }
+        self.metered += 1;
+        self.input_tokens += call.input_tokens.unwrap_or(0);
+        self.output_tokens += call.output_tokens.unwrap_or(0);
+        self.cached_tokens += call.cached_tokens.unwrap_or(0);
+        self.cost_usd += call.cost_usd.flatten().unwrap_or(0.0);
+    }
+
+    fn add(&mut self, other: &ModelCounters) {
+        self.metered += other.metered;
+        self.unmetered += other.unmetered;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cost_usd += other.cost_usd;
+    }
+}
+
 /// What one lease did.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseCounters {
@@ -84,6 +119,8 @@ pub struct LeaseCounters {
     /// Requests inside terminated tunnels by route (`GET api.example.com/repos/a`, the query
     /// left out), once ended.
     pub routes: HashMap<String, HostCounters>,
+    /// Metered model calls (those that ended on this replica).
+    pub model: ModelCounters,
     /// Exchanges still open, oldest first (by ticket): added to the figures above only by
     /// [`LeaseCounters::live`] and a render, so ending one moves it into them once.
     pub open: BTreeMap<u64, OpenExchange>,
@@ -161,6 +198,7 @@ impl LeaseCounters {
             open_connections: self.open_connections,
             hosts: self.hosts.clone(),
             routes: self.routes.clone(),
+            model: self.model,
             open: BTreeMap::new(),
             closed_at: self.closed_at,
         };
@@ -275,6 +313,9 @@ impl Metrics {
                 let route = super::egress::route(event.method.as_str(), host, path);
                 count_in(&mut c.routes, MAX_ROUTES, &route, event);
             }
+            if let Some(call) = &event.model {
+                c.model.count(call);
+            }
         });
     }
 
@@ -357,6 +398,7 @@ struct Series {
     open_tunnels: u64,
     open_connections: u64,
     open_requests: u64,
+    model: ModelCounters,
 }
 
 impl Series {
@@ -376,6 +418,7 @@ impl Series {
         }
         self.open_tunnels += c.open_tunnels;
         self.open_connections += c.open_connections;
+        self.model.add(&c.model);
         self.open_requests += c.open.len() as u64;
     }
 
@@ -566,6 +609,58 @@ impl Collector for Scrape {
                     family.encode_family(&[("lease_id", id.as_str()), ("direction", direction)])?,
                 )?;
             }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "leasegate_model_calls",
+            "Calls to metered model APIs by lease and whether their usage was read (unmetered: it could not be)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, c) in series
+            .iter()
+            .filter(|(_, c)| c.model != ModelCounters::default())
+        {
+            for (usage, n) in [
+                ("metered", c.model.metered),
+                ("unmetered", c.model.unmetered),
+            ] {
+                ConstCounter::new(n).encode(
+                    family.encode_family(&[("lease_id", id.as_str()), ("usage", usage)])?,
+                )?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "leasegate_model_tokens",
+            "Tokens metered model calls reported, by lease and kind (cached: the cached part of input)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, c) in series
+            .iter()
+            .filter(|(_, c)| c.model != ModelCounters::default())
+        {
+            for (kind, n) in [
+                ("input", c.model.input_tokens),
+                ("output", c.model.output_tokens),
+                ("cached", c.model.cached_tokens),
+            ] {
+                ConstCounter::new(n)
+                    .encode(family.encode_family(&[("lease_id", id.as_str()), ("kind", kind)])?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "leasegate_model_cost_usd",
+            "What the priced model calls cost, by lease (calls of models not in --prices add nothing)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, c) in series
+            .iter()
+            .filter(|(_, c)| c.model != ModelCounters::default())
+        {
+            ConstCounter::new(c.model.cost_usd)
+                .encode(family.encode_family(&[("lease_id", id.as_str())])?)?;
         }
 
         for (name, help, pick) in [
@@ -809,6 +904,7 @@ mod tests {
             duration_ms: 1.0,
             path: None,
             secrets: Vec::new(),
+            model: None,
             error: None,
             revoked: None,
         }

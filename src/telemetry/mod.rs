@@ -32,6 +32,9 @@ pub struct Telemetry {
     pub lease_requests: lease_requests::LeaseRequests,
     /// Requests per second of the last minutes (`GET /rates`).
     pub rates: rates::Rates,
+    /// What each lease has spent on metered model calls (and its subtree): what budgets are
+    /// checked against.
+    pub spending: Arc<crate::budget::Spending>,
     /// One token per live exchange (released after its line is queued): what a shutdown waits
     /// for before it closes the egress log.
     pub exchanges: tokio_util::task::TaskTracker,
@@ -52,6 +55,7 @@ impl Telemetry {
             refusals: recent_refusals::RefusalRing::default(),
             lease_requests: lease_requests::LeaseRequests::default(),
             rates: rates::Rates::default(),
+            spending: Arc::default(),
             exchanges: tokio_util::task::TaskTracker::new(),
         }
     }

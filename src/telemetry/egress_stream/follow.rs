@@ -16,6 +16,7 @@ use async_nats::jetstream::consumer;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -48,6 +49,7 @@ pub struct Followed {
 pub struct Follower {
     rx: mpsc::Receiver<Followed>,
     set_aside: Arc<Mutex<SetAside>>,
+    live: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -55,6 +57,13 @@ impl Follower {
     /// What was set aside so far, by reason.
     pub fn set_aside(&self) -> SetAside {
         *self.set_aside.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether it is connected and has read every line stored when its consumer started (or
+    /// restarted): what it has handed over is then the stream's whole content but for the
+    /// lines in flight.
+    pub fn live(&self) -> Arc<AtomicBool> {
+        self.live.clone()
     }
 }
 
@@ -82,7 +91,9 @@ pub fn follow(
 ) -> Follower {
     let (tx, rx) = mpsc::channel(BUFFER);
     let set_aside = Arc::new(Mutex::new(SetAside::default()));
+    let live = Arc::new(AtomicBool::new(false));
     let reader = Reader {
+        live: live.clone(),
         location,
         options,
         key,
@@ -94,6 +105,7 @@ pub fn follow(
     Follower {
         rx,
         set_aside,
+        live,
         task: tokio::spawn(reader.run()),
     }
 }
@@ -107,6 +119,8 @@ struct Reader {
     next: Option<u64>,
     tx: mpsc::Sender<Followed>,
     set_aside: Arc<Mutex<SetAside>>,
+    /// See [`Follower::live`].
+    live: Arc<AtomicBool>,
 }
 
 /// Why one consumer stopped.
@@ -125,7 +139,9 @@ impl Reader {
         let mut down = false;
         loop {
             let before = self.next;
-            match self.read(&mut stream).await {
+            let stopped = self.read(&mut stream).await;
+            self.live.store(false, Ordering::Release);
+            match stopped {
                 Stop::Dropped => return,
                 Stop::Failed(error) => {
                     if self.next != before {
@@ -176,10 +192,15 @@ impl Reader {
             })
             .await;
         let mut messages = match created {
-            Ok(consumer) => match consumer.messages().await {
-                Ok(messages) => messages,
-                Err(e) => return Stop::Failed(e.to_string()),
-            },
+            Ok(consumer) => {
+                if consumer.cached_info().num_pending == 0 {
+                    self.live.store(true, Ordering::Release);
+                }
+                match consumer.messages().await {
+                    Ok(messages) => messages,
+                    Err(e) => return Stop::Failed(e.to_string()),
+                }
+            }
             Err(e) => return Stop::Failed(e.to_string()),
         };
         loop {
@@ -188,8 +209,8 @@ impl Reader {
                 Some(Err(e)) => return Stop::Failed(e.to_string()),
                 None => return Stop::Failed("the consumer ended".into()),
             };
-            let sequence = match message.info() {
-                Ok(info) => info.stream_sequence,
+            let (sequence, pending) = match message.info() {
+                Ok(info) => (info.stream_sequence, info.pending),
                 Err(e) => return Stop::Failed(e.to_string()),
             };
             if self.next.is_some_and(|next| sequence < next) {
@@ -220,6 +241,9 @@ impl Reader {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .count(reason),
+            }
+            if pending == 0 {
+                self.live.store(true, Ordering::Release);
             }
         }
     }

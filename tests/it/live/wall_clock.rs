@@ -4,13 +4,10 @@
 use crate::support::harness::{
     admin_get, http_origin, raw, streaming_tunnel, until_closed, Harness, AT_ONCE,
 };
-use crate::support::{granted_line, id, lease};
-use leasegate::contract::lease::sign;
 use leasegate::contract::Timestamp;
 use std::time::{Duration, Instant};
 
-/// A lease signed by `h`'s key, valid from `issued` for an hour, allowing `origin.test`, with
-/// the manifest budget `budget`; appended to `h`'s journal.
+/// A lease of `h` allowing `origin.test`, with the manifest budget `budget`.
 async fn grant(
     h: &Harness,
     n: u32,
@@ -18,20 +15,8 @@ async fn grant(
     issued: Timestamp,
     budget: serde_json::Value,
 ) -> String {
-    let until = issued.saturating_add_millis(3_600_000);
-    let window = (issued.to_string(), until.to_string());
-    let mut signed = lease(
-        &h.key,
-        &id(n),
-        parent,
-        (&window.0, &window.1),
-        &["origin.test"],
-        &[],
-    );
-    signed["manifest"]["budget"] = budget;
-    sign(&mut signed, &h.key).unwrap();
-    h.append(&granted_line(&signed, &window.0)).await;
-    id(n)
+    h.grant_budgeted(n, parent, issued, &["origin.test"], budget)
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

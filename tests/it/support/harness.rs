@@ -427,6 +427,26 @@ impl Harness {
         Arc::new(Broker::new(Arc::new(secrets), &ca_dir, upstream_ca).unwrap())
     }
 
+    /// Grants lease [`super::id`]`(n)`, signed by this harness's key, valid from `issued` for
+    /// an hour, allowing `allow`, with the manifest budget `budget`: appended to the journal.
+    pub async fn grant_budgeted(
+        &self,
+        n: u32,
+        parent: Option<&str>,
+        issued: Timestamp,
+        allow: &[&str],
+        budget: Value,
+    ) -> String {
+        let until = issued.saturating_add_millis(3_600_000);
+        let window = (issued.to_string(), until.to_string());
+        let id = super::id(n);
+        let mut signed = super::lease(&self.key, &id, parent, (&window.0, &window.1), allow, &[]);
+        signed["manifest"]["budget"] = budget;
+        leasegate::contract::lease::sign(&mut signed, &self.key).unwrap();
+        self.append(&super::granted_line(&signed, &window.0)).await;
+        id
+    }
+
     /// Appends a raw journal line (off the runtime's threads).
     pub async fn append(&self, line: &str) {
         use tokio::io::AsyncWriteExt;

@@ -25,8 +25,6 @@ pub struct ModelProxy {
 }
 
 fn secrets_toml() -> String {
-    // Where `meter = "openai"` / `meter = "anthropic"` go once the secrets file has the field:
-    // one line in each secret below (the metering tests want it, the SDK test works either way).
     format!(
         r#"[[secret]]
 id = "openai"
@@ -39,6 +37,7 @@ routes = [
 ]
 agents = ["tester"]
 env_name = "OPENAI_API_KEY"
+meter = "openai"
 
 [[secret]]
 id = "anthropic"
@@ -49,6 +48,7 @@ env = "LG_ANTHROPIC_KEY"
 routes = [{{ method = "POST", path = "/v1/messages" }}]
 agents = ["tester"]
 env_name = "ANTHROPIC_API_KEY"
+meter = "anthropic"
 "#
     )
 }

@@ -205,9 +205,28 @@ async fn openai_and_anthropic_sdks_through_terminated_hosts() {
         ],
         "{inside:?}"
     );
-    // TO ADD WITH METERING: leasegate's egress lines record the same tokens — with the secrets
-    // marked `meter = ...` (see `model_proxy.rs`), each line's `model` object has `reported`'s
-    // model and usage, call for call.
+    // leasegate read the same usage from the answers it relayed, call for call: each line's
+    // `model` object holds what the SDK's response object reported.
+    let metered: Vec<_> = inside
+        .iter()
+        .map(|l| {
+            let m = &l["model"];
+            let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("a count in {l}"));
+            (
+                m["name"].as_str().unwrap_or_default().to_owned(),
+                Usage {
+                    input_tokens: n(&m["input_tokens"]),
+                    cached_tokens: n(&m["cached_tokens"]),
+                    output_tokens: n(&m["output_tokens"]),
+                },
+            )
+        })
+        .collect();
+    let reported: Vec<_> = reported
+        .iter()
+        .map(|r| (r.model.clone(), r.usage))
+        .collect();
+    assert_eq!(metered, reported, "{inside:?}");
 }
 
 /// The egress lines of the requests inside the tunnels (kind `https`), once there are `n`
