@@ -83,6 +83,11 @@ pub fn response(
             HeaderValue::from_static("Basic realm=\"leasegate\""),
         );
     }
+    // A spent budget does not come back: the model SDKs (OpenAI's, Anthropic's) retry a 429
+    // unless told not to.
+    if refusal.code == Code::BudgetExhausted {
+        headers.insert("x-should-retry", HeaderValue::from_static("false"));
+    }
     if matches!(
         refusal.code,
         Code::BadTarget | Code::NotAProxyRequest | Code::LeaseConflict | Code::TooManyConnections
@@ -94,6 +99,15 @@ pub fn response(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spent_budget_tells_the_sdks_not_to_retry() {
+        let refusal = Refusal::new(Code::BudgetExhausted, "spent");
+        let answer = response(&refusal, "POST", "https://api.test", Some("l"));
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(answer.headers()["x-should-retry"], "false");
+        assert_eq!(answer.headers()["x-leasegate-refusal"], "budget-exhausted");
+    }
+
     use super::*;
 
     /// The 429 is written raw: its framing must be exact, or the client reads garbage.
