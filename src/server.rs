@@ -346,18 +346,11 @@ impl Server {
         let local = proxy_config.guard.local.clone();
         read_local_addrs(&local).await;
         let registry = Arc::new(registry);
-        // With metered hosts, every replica's model calls count against budgets: followed
-        // from the egress stream, from the oldest open lease's start on.
-        let meters = config.broker.as_ref().is_some_and(|broker| {
-            broker
-                .secrets
-                .current()
-                .secrets()
-                .iter()
-                .any(|s| s.spec().meter.is_some())
-        });
+        // With secrets (some metered now, or after a reload), every replica's model calls
+        // count against budgets: followed from the egress stream, from the oldest open lease's
+        // start on.
         let follow = match &config.egress_stream {
-            Some(stream) if meters => Some(egress_stream::follow(
+            Some(stream) if config.broker.is_some() => Some(egress_stream::follow(
                 stream.location.clone(),
                 stream.nats.clone(),
                 stream.key.clone(),
