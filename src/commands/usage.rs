@@ -1002,7 +1002,7 @@ mod tests {
     #[test]
     fn model_calls_sum_tokens_and_priced_cost_and_count_the_rest() {
         let report = model_report();
-        assert_eq!(report.unreadable, 0);
+        assert_eq!(report.set_aside.unreadable, 0);
         assert_eq!(report.leases[0].calls, 5);
         assert_eq!(
             report.leases[0].model,
