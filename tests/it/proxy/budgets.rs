@@ -174,6 +174,21 @@ async fn budgeted(prices: Option<&str>, budget: Value) -> (Staged, String) {
     (staged, lease)
 }
 
+/// A proxy not started yet, lease 1 granted with `budget.tokens` 1,000, and `n` children of
+/// it (leases 2, 3, …) with no budget of their own.
+async fn family(n: u32) -> (Staged, String, Vec<String>) {
+    let (staged, parent) = budgeted(None, json!({"tokens": 1000})).await;
+    let mut children = Vec::new();
+    for i in 2..n + 2 {
+        let issued = Timestamp::now();
+        let child = staged
+            .h
+            .grant_budgeted(i, Some(&parent), issued, &HOSTS, json!({}));
+        children.push(child.await);
+    }
+    (staged, parent, children)
+}
+
 /// A metered line's `model` object for a [`CALL`] chat completion of gpt-4o-mini.
 fn mini_call(cost: Value) -> Value {
     let mut model = json!({"api": "openai", "name": "gpt-4o-mini-2024-07-18",
@@ -186,18 +201,8 @@ fn mini_call(cost: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_calling_at_once_spend_the_parents_tokens_then_only_model_calls_are_refused() {
-    let staged = Staged::new(None).await;
-    let now = Timestamp::now();
-    let h = &staged.h;
-    let parent = h
-        .grant_budgeted(1, None, now, &HOSTS, json!({"tokens": 1000}))
-        .await;
-    let a = h
-        .grant_budgeted(2, Some(&parent), now, &HOSTS, json!({}))
-        .await;
-    let b = h
-        .grant_budgeted(3, Some(&parent), now, &HOSTS, json!({}))
-        .await;
+    let (staged, parent, children) = family(2).await;
+    let (a, b) = (children[0].clone(), children[1].clone());
     let m = staged.start(|_| {}).await;
 
     // Two workers per child, each calling until refused.
@@ -460,22 +465,17 @@ async fn three_replicas_share_a_budget_through_the_egress_stream() {
     }
     let cluster = NatsCluster::start(1);
     let journal = cluster.journal("LG").await;
-    let staged = Staged::new(None).await;
-    let now = Timestamp::now();
+    let (staged, parent, children) = family(3).await;
     let h = &staged.h;
-    let parent = h
-        .grant_budgeted(1, None, now, &HOSTS, json!({"tokens": 1000}))
-        .await;
-    let mut children = Vec::new();
-    for n in 2..=4 {
-        children.push(
-            h.grant_budgeted(n, Some(&parent), now, &HOSTS, json!({}))
-                .await,
-        );
-    }
     // A lease of its own, with a budget far away, to see when the replicas read each other.
     let probe = h
-        .grant_budgeted(5, None, now, &HOSTS, json!({"tokens": 1_000_000}))
+        .grant_budgeted(
+            9,
+            None,
+            Timestamp::now(),
+            &HOSTS,
+            json!({"tokens": 1_000_000}),
+        )
         .await;
     let stream = stream_config(h, &cluster, egress_stream::DEFAULT_BACKLOG);
     let dir = h.dir.path().to_owned();
