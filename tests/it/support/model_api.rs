@@ -11,11 +11,15 @@
 //! many, so every answer is complete; a model of [`CACHING_MODELS`] reports half its input
 //! (rounded down) as read from the cache. OpenAI names the dated snapshot of an alias it knows
 //! ([`answered_model`]), as the real API does; Anthropic echoes the model asked for.
+//! `GET /v1/models` lists the models (a call that is not a model call). A streamed request
+//! with the header [`HOLD`] sends half its events, then waits for [`ModelApi::release`]: a
+//! test knows the stream is in flight.
 
 mod shapes;
 
 use super::harness::{https_origin_named, Origin, OriginBody};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -36,6 +40,8 @@ pub const DEFAULT_OUTPUT: u64 = 8;
 pub const MAX_OUTPUT: u64 = 100_000;
 /// Models whose answers report half their input tokens as cached.
 pub const CACHING_MODELS: [&str; 2] = ["gpt-4o", "claude-sonnet-4-5"];
+/// A streamed request with this header (any value) is held halfway until released.
+pub const HOLD: &str = "x-fake-hold";
 /// The largest request body read.
 const MAX_BODY: usize = 1 << 20;
 /// `created` / `created_at` of every answer: answers are byte-for-byte deterministic.
@@ -110,23 +116,37 @@ pub struct ModelApi {
     /// The origin's certificate, as a CA file.
     pub ca: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Opens the gate held streams wait at.
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 impl ModelApi {
     /// Starts the fake on a loopback port, writing its CA file into `dir`.
     pub async fn start(dir: &Path, keys: Keys) -> ModelApi {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let (gate, _) = tokio::sync::watch::channel(false);
         let state = Arc::new(State {
             keys,
             seen: seen.clone(),
             next_id: AtomicU64::new(1),
+            gate: gate.clone(),
         });
         let service = move |req: Request<Incoming>| {
             let state = state.clone();
             async move { Ok::<_, Infallible>(state.answer(req).await) }
         };
         let (origin, ca) = https_origin_named(&[OPENAI_HOST, ANTHROPIC_HOST], dir, service).await;
-        ModelApi { origin, ca, seen }
+        ModelApi {
+            origin,
+            ca,
+            seen,
+            gate,
+        }
+    }
+
+    /// Lets every held stream (see [`HOLD`]) go on to its end, now and from now on.
+    pub fn release(&self) {
+        self.gate.send_replace(true);
     }
 
     /// Every request so far, in order of arrival.
@@ -221,6 +241,7 @@ struct State {
     keys: Keys,
     seen: Arc<Mutex<Vec<Seen>>>,
     next_id: AtomicU64,
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 /// What one request asked for, once read and checked.
@@ -231,6 +252,8 @@ struct Call {
     usage: Usage,
     stream: bool,
     body: Value,
+    /// Held halfway until the gate opens (see [`HOLD`]).
+    hold: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl State {
@@ -245,7 +268,12 @@ impl State {
             model: None,
             usage: None,
         };
-        let answer = match self.call(&parts, body).await {
+        let listing = parts.method == "GET" && parts.uri.path() == "/v1/models";
+        let called = match listing {
+            true => Err(json_response(StatusCode::OK, &models())),
+            false => self.call(&parts, body).await,
+        };
+        let answer = match called {
             Ok(call) => {
                 seen.stream = call.stream;
                 seen.model = Some(call.model.clone());
@@ -309,8 +337,19 @@ impl State {
             usage: usage_for(api, &body),
             stream: body["stream"] == true,
             body,
+            hold: parts
+                .headers
+                .contains_key(HOLD)
+                .then(|| self.gate.subscribe()),
         })
     }
+}
+
+/// The model list `GET /v1/models` answers (OpenAI's shape).
+fn models() -> Value {
+    let model =
+        |id: &str| json!({"id": id, "object": "model", "created": CREATED, "owned_by": "system"});
+    json!({"object": "list", "data": [model("gpt-4o-mini"), model("gpt-4o")]})
 }
 
 /// An error in the API's own shape.
@@ -356,10 +395,25 @@ fn respond(call: &Call) -> Response<OriginBody> {
         Api::Responses => shapes::response_events(call),
         Api::Messages => shapes::message_events(call),
     };
-    let frames = events
+    let mut frames: Vec<_> = events
         .into_iter()
-        .map(|event| Ok::<_, BoxError>(Frame::data(Bytes::from(event))));
-    let body = StreamBody::new(futures_util::stream::iter(frames));
+        .map(|event| Ok::<_, BoxError>(Frame::data(Bytes::from(event))))
+        .collect();
+    let rest = frames.split_off(match call.hold {
+        Some(_) => frames.len() / 2,
+        None => frames.len(),
+    });
+    let gate = call.hold.clone();
+    let wait = futures_util::stream::once(async move {
+        if let Some(mut gate) = gate {
+            let _ = gate.wait_for(|open| *open).await;
+        }
+    })
+    .filter_map(|()| async { None });
+    let events = futures_util::stream::iter(frames)
+        .chain(wait)
+        .chain(futures_util::stream::iter(rest));
+    let body = StreamBody::new(events);
     let mut response = Response::new(BodyExt::boxed(body));
     let headers = response.headers_mut();
     headers.insert(
