@@ -611,42 +611,38 @@ impl Collector for Scrape {
             }
         }
 
-        let mut family = encoder.encode_descriptor(
-            "leasegate_model_calls",
-            "Calls to metered model APIs by lease and whether their usage was read (unmetered: it could not be)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (id, c) in series
+        // Model families: series only for leases that made a model call.
+        let callers: Vec<&(String, Series)> = series
             .iter()
             .filter(|(_, c)| c.model != ModelCounters::default())
-        {
-            for (usage, n) in [
-                ("metered", c.model.metered),
-                ("unmetered", c.model.unmetered),
-            ] {
-                ConstCounter::new(n).encode(
-                    family.encode_family(&[("lease_id", id.as_str()), ("usage", usage)])?,
-                )?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            "leasegate_model_tokens",
-            "Tokens metered model calls reported, by lease and kind (cached: the cached part of input)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (id, c) in series
-            .iter()
-            .filter(|(_, c)| c.model != ModelCounters::default())
-        {
-            for (kind, n) in [
-                ("input", c.model.input_tokens),
-                ("output", c.model.output_tokens),
-                ("cached", c.model.cached_tokens),
-            ] {
-                ConstCounter::new(n)
-                    .encode(family.encode_family(&[("lease_id", id.as_str()), ("kind", kind)])?)?;
+            .collect();
+        type Split = fn(&ModelCounters) -> [(&'static str, u64); 3];
+        for (name, help, label, split) in [
+            (
+                "leasegate_model_calls",
+                "Calls to metered model APIs by lease and whether their usage was read (unmetered: it could not be)",
+                "usage",
+                (|m: &ModelCounters| [("metered", m.metered), ("unmetered", m.unmetered), ("", 0)]) as Split,
+            ),
+            (
+                "leasegate_model_tokens",
+                "Tokens metered model calls reported, by lease and kind (cached: the cached part of input)",
+                "kind",
+                |m: &ModelCounters| {
+                    [
+                        ("input", m.input_tokens),
+                        ("output", m.output_tokens),
+                        ("cached", m.cached_tokens),
+                    ]
+                },
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (id, c) in &callers {
+                for (value, n) in split(&c.model).into_iter().filter(|(v, _)| !v.is_empty()) {
+                    ConstCounter::new(n)
+                        .encode(family.encode_family(&[("lease_id", id.as_str()), (label, value)])?)?;
+                }
             }
         }
         let mut family = encoder.encode_descriptor(
@@ -655,10 +651,7 @@ impl Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for (id, c) in series
-            .iter()
-            .filter(|(_, c)| c.model != ModelCounters::default())
-        {
+        for (id, c) in &callers {
             ConstCounter::new(c.model.cost_usd)
                 .encode(family.encode_family(&[("lease_id", id.as_str())])?)?;
         }

@@ -264,6 +264,39 @@ async fn children_calling_at_once_spend_the_parents_tokens_then_only_model_calls
     assert_eq!(view["subtree_spent"]["calls"], calls);
     assert_eq!(view["spent"]["tokens"], 0, "the parent made no call itself");
     assert_eq!(view["budget"], json!({"tokens": 1000, "cost_usd": null}));
+
+    // /metrics counts the same per lease: each child's output tokens and metered calls.
+    let (status, metrics) = admin_text(&m.server, "/metrics").await;
+    assert_eq!(status, 200);
+    for child in [&a, &b] {
+        let output: u64 = lines
+            .iter()
+            .filter(|l| l["lease_id"] == json!(child))
+            .map(|l| l["model"]["output_tokens"].as_u64().unwrap())
+            .sum();
+        let metered = lines
+            .iter()
+            .filter(|l| l["lease_id"] == json!(child))
+            .count();
+        let series = [
+            format!(
+                "leasegate_model_tokens_total{{lease_id=\"{child}\",kind=\"output\"}} {output}"
+            ),
+            format!(
+                "leasegate_model_calls_total{{lease_id=\"{child}\",usage=\"metered\"}} {metered}"
+            ),
+            format!("leasegate_model_calls_total{{lease_id=\"{child}\",usage=\"unmetered\"}} 0"),
+        ];
+        for line in series {
+            assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+        }
+    }
+    assert!(
+        !metrics.contains(&format!(
+            "leasegate_model_calls_total{{lease_id=\"{parent}\""
+        )),
+        "no model series for a lease without calls"
+    );
 }
 
 /// Every gpt-4o-mini token costs $0.001: a [`CALL`] costs $0.1. Claude models are unpriced.
