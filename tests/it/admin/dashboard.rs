@@ -1061,6 +1061,13 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
             on_api.to_string()
         ])
     );
+    // No model budget and no metered call: the model table says so, with no rows.
+    assert_eq!(
+        browser
+            .script("return [document.querySelectorAll('#lp-model tr').length, document.getElementById('lp-no-model').style.display];")
+            .await,
+        json!([0, "block"])
+    );
     let requests = browser.script(&texts("#lp-requests tr")).await;
     assert_eq!(
         requests.as_array().unwrap().len(),
