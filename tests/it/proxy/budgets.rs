@@ -484,7 +484,7 @@ fn on_nats(
             data_dir: data,
             ..StoreOptions::default()
         };
-        config.store.nats.replicas = 1;
+        config.store.nats.replicas = 3;
         config.egress = Some(Destination::File(file));
         config.egress_stream = Some(stream);
     };
@@ -496,7 +496,7 @@ async fn three_replicas_share_a_budget_through_the_egress_stream() {
     if nats_missing() {
         return;
     }
-    let cluster = NatsCluster::start(1);
+    let cluster = NatsCluster::start(3);
     let journal = cluster.journal("LG").await;
     let (staged, parent, children) = family(3).await;
     let h = &staged.h;
@@ -510,7 +510,11 @@ async fn three_replicas_share_a_budget_through_the_egress_stream() {
             json!({"tokens": 1_000_000}),
         )
         .await;
-    let stream = stream_config(h, &cluster, egress_stream::DEFAULT_BACKLOG);
+    let witness = h
+        .grant_budgeted(10, None, Timestamp::now(), &HOSTS, json!({}))
+        .await;
+    let mut stream = stream_config(h, &cluster, egress_stream::DEFAULT_BACKLOG);
+    stream.nats.replicas = 3;
     let dir = h.dir.path().to_owned();
     let (first, egress_a) = on_nats(&cluster, &stream, &dir, "a");
     let m = staged.start(first).await;
@@ -533,14 +537,14 @@ async fn three_replicas_share_a_budget_through_the_egress_stream() {
     }
     // The propagation delay: from a call's end on A to B's view showing it.
     let (a, b) = (replicas[0], replicas[1]);
-    let seen_on_b = model_view(b, &probe).await["spent"]["calls"]
-        .as_u64()
-        .unwrap();
-    assert_eq!(chat(&m, a, &probe).await.status, 200);
+    // A lease only A carries calls of: B knows of its first call once it folded A's line.
+    let seen_on_b = model_view(b, &witness).await["spent"]["calls"].as_u64();
+    assert_eq!(seen_on_b, None, "no call of the witness yet");
+    assert_eq!(chat(&m, a, &witness).await.status, 200);
     let ended = Instant::now();
     let shown = eventually(AT_ONCE * 2, || async {
-        let calls = model_view(b, &probe).await["spent"]["calls"].as_u64();
-        (calls == Some(seen_on_b + 1)).then_some(ended.elapsed())
+        let calls = model_view(b, &witness).await["spent"]["calls"].as_u64();
+        (calls == Some(1)).then_some(ended.elapsed())
     });
     let delay = shown.await.expect("B never saw A's call");
     println!("propagation delay from replica A to replica B: {delay:?}");
