@@ -229,14 +229,24 @@ impl Spending {
 /// Folds the metered calls other replicas (and this one's earlier runs) published on the
 /// egress stream into `spending`, each charged to its lease and the ancestors the registry
 /// knows for it; `own`: this process's publisher id, whose calls were charged as they ended.
-/// Budgets are checked only while the follower is live (see [`Spending::follow_others`]).
-pub async fn fold_others(
+/// Budgets are checked only while the follower is live: set before this returns its future,
+/// so no model call is checked before the gate is in place.
+pub fn fold_others(
     mut follower: Follower,
     own: Option<String>,
     spending: Arc<Spending>,
     registry: Arc<Registry>,
-) {
+) -> impl std::future::Future<Output = ()> {
     spending.follow_others(follower.live());
+    async move { fold(&mut follower, own, &spending, &registry).await }
+}
+
+async fn fold(
+    follower: &mut Follower,
+    own: Option<String>,
+    spending: &Spending,
+    registry: &Registry,
+) {
     while let Some(followed) = follower.next().await {
         if own.as_deref() == Some(followed.publisher.as_str()) {
             continue;
