@@ -38,8 +38,8 @@ declare -A ADMIN=([metered]=13429 [unmetered]=13431)
 VARIANTS=(metered unmetered)
 CALL_PATH="/v1/chat/completions?tokens=$TOKENS"
 
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 for tool in curl python3; do command -v $tool >/dev/null || die "$tool is needed"; done
 
 START_EPOCH=$(date +%s)
@@ -47,36 +47,8 @@ TMP=$(mktemp -d /tmp/leasegate-metered.XXXXXX)
 RUNS="$TMP/runs"
 mkdir -p "$RUNS"
 
-declare -A PID=()
-stop_pid() { # stop_pid NAME: SIGTERM, then SIGKILL after 10 s
-  local name=$1 pid=${PID[$1]:-}
-  [[ -n $pid ]] || return 0
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
-  unset "PID[$name]"
-}
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  for name in "${!PID[@]}"; do stop_pid "$name"; done
-  if [[ $rc == 0 && ${KEEP_TMP:-0} != 1 ]]; then rm -rf "$TMP"; else log "logs and raw runs kept in $TMP"; fi
-  exit "$rc"
-}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-wait_port() { # wait_port PORT NAME
-  for _ in $(seq 300); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    kill -0 "${PID[$2]}" 2>/dev/null || die "$2 exited; see $TMP/$2.err"
-    sleep 0.1
-  done
-  die "$2 is not listening on 127.0.0.1:$1 after 30 s; see $TMP/$2.err"
-}
 for p in $ORIGIN_HTTP $ORIGIN_HTTPS "${PORT[@]}" "${ADMIN[@]}"; do
   ss -Hltn "( sport = :$p )" | grep -q . && die "127.0.0.1:$p is already in use"
 done

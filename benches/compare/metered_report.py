@@ -12,6 +12,8 @@ import os
 import re
 import statistics
 
+from brokered_report import write_section
+
 BEGIN, END = "<!-- metered:begin -->", "<!-- metered:end -->"
 VARIANTS = ["metered", "unmetered"]
 TITLES = {"metered": 'leasegate, `meter = "openai"`', "unmetered": "leasegate, no `meter`"}
@@ -160,14 +162,7 @@ def main():
         END,
     ]
     section = "\n".join(lines_md) + "\n"
-    try:
-        with open(a.out_md) as f:
-            old = f.read()
-    except FileNotFoundError:
-        old = ""
-    old = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", "", old, flags=re.S).rstrip("\n")
-    with open(a.out_md, "w") as f:
-        f.write((old + "\n\n" if old else "") + section)
+    write_section(a.out_md, BEGIN, END, section)
     print(section)
 
 
