@@ -40,8 +40,8 @@ TOKEN="bench-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 VARIANTS=(direct lg-terminated lg-blind mitmproxy squid-bump)
 HANDSHAKE_VARIANTS=(direct lg-terminated lg-blind)
 
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 [[ $(id -u) == 0 ]] || die "run as root (apt-get, squid's cache_effective_user, a mount namespace for mitmproxy)"
 
 START_EPOCH=$(date +%s)
@@ -50,36 +50,8 @@ chmod 755 "$TMP" # squid drops to the proxy user and writes here
 RUNS="$TMP/runs"
 mkdir -p "$RUNS"
 
-declare -A PID=()
-stop_pid() { # stop_pid NAME: SIGTERM, then SIGKILL after 10 s
-  local name=$1 pid=${PID[$1]:-}
-  [[ -n $pid ]] || return 0
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
-  unset "PID[$name]"
-}
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  for name in "${!PID[@]}"; do stop_pid "$name"; done
-  if [[ $rc == 0 && ${KEEP_TMP:-0} != 1 ]]; then rm -rf "$TMP"; else log "logs and raw runs kept in $TMP"; fi
-  exit "$rc"
-}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-wait_port() { # wait_port PORT NAME
-  for _ in $(seq 300); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    kill -0 "${PID[$2]}" 2>/dev/null || die "$2 exited; see $TMP/$2.err"
-    sleep 0.1
-  done
-  die "$2 is not listening on 127.0.0.1:$1 after 30 s; see $TMP/$2.err"
-}
 for p in $ORIGIN_HTTP $ORIGIN_HTTPS $LG_PORT $LG_ADMIN $MITM_PORT $SQUID_PORT; do
   ss -Hltn "( sport = :$p )" | grep -q . && die "127.0.0.1:$p is already in use"
 done

@@ -169,15 +169,20 @@ def main():
         END,
     ]
     section = "\n".join(lines) + "\n"
+    write_section(a.out_md, BEGIN, END, section)
+    print(section)
+
+
+def write_section(out_md, begin, end, section):
+    """Replaces the part of OUT_MD between the markers BEGIN and END by SECTION (or appends it)."""
     try:
-        with open(a.out_md) as f:
+        with open(out_md) as f:
             old = f.read()
     except FileNotFoundError:
         old = ""
-    old = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", "", old, flags=re.S).rstrip("\n")
-    with open(a.out_md, "w") as f:
+    old = re.sub(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", "", old, flags=re.S).rstrip("\n")
+    with open(out_md, "w") as f:
         f.write((old + "\n\n" if old else "") + section)
-    print(section)
 
 
 def errors(runs, v, figs):

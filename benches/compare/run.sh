@@ -543,8 +543,9 @@ report() { # report PASS OUT_MD OUT_JSON
     --bulk-bytes "$BULK_BYTES" --bulk-repeat "$BULK_REPEAT" \
     --command "$COMMAND_LINE" --notes "$NOTES" >/dev/null
 }
-# brokered.sh's section of the file (between its markers) outlives this report.
+# brokered.sh's and metered.sh's sections of the file (between their markers) outlive this report.
 BROKERED_SECTION=$(sed -n '/^<!-- brokered:begin -->$/,/^<!-- brokered:end -->$/p' "$OUT_MD" 2>/dev/null || true)
+METERED_SECTION=$(sed -n '/^<!-- metered:begin -->$/,/^<!-- metered:end -->$/p' "$OUT_MD" 2>/dev/null || true)
 if [[ ${#PASSES[@]} == 1 ]]; then
   report "${PASSES[0]}" "$OUT_MD" "$OUT_JSON"
 else
@@ -557,5 +558,6 @@ else
   OUT_JSON="${OUT_JSON%.json}.{$(IFS=,; echo "${PASSES[*]}")}core.json"
 fi
 if [[ -n $BROKERED_SECTION ]]; then printf '\n%s\n' "$BROKERED_SECTION" >>"$OUT_MD"; fi
+if [[ -n $METERED_SECTION ]]; then printf '\n%s\n' "$METERED_SECTION" >>"$OUT_MD"; fi
 log "wrote $OUT_MD and $OUT_JSON"
 cat "$OUT_MD"

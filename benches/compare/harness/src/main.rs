@@ -12,16 +12,21 @@
 //!                              [--settle S] [--threads N]
 //! compare-harness https-load   --proxy ADDR|direct [--addr IP:PORT] --target HOST:PORT --ca PEM
 //!                              [--auth ...] [--path P] [--expect-bytes N] --concurrency N
-//!                              --duration S [--threads N]  (kept-alive HTTPS requests)
+//!                              --duration S [--threads N]  (kept-alive HTTPS requests;
+//!                              [--body-file F]: POSTs F as JSON; time to first byte too)
 //! compare-harness https-handshakes  (the same flags, and --resume on|off: a new connection
 //!                              and TLS handshake per request)
 //! compare-harness report       --runs DIR --out-md FILE --out-json FILE [metadata flags]
 //! ```
 //!
+//! The origin's `POST /v1/chat/completions[?tokens=N]` streams an OpenAI Chat Completions
+//! answer of N tokens (2,000 by default; see `sse.rs`).
+//!
 //! Every client subcommand prints one JSON object on stdout. Traffic goes only where the
 //! addresses given point (the script passes loopback addresses only).
 
 mod report;
+mod sse;
 mod tls_load;
 
 use bytes::Bytes;
@@ -212,7 +217,52 @@ struct Bodies {
     big: Bytes,
 }
 
-fn route(bodies: &Bodies, req: &Request<Incoming>) -> Response<Chunked> {
+/// What the origin answers with: a whole body in slices, or a streamed model answer.
+enum OriginBody {
+    Whole(Chunked),
+    Events(sse::Events),
+}
+
+impl Body for OriginBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            OriginBody::Whole(b) => Pin::new(b).poll_frame(cx),
+            OriginBody::Events(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            OriginBody::Whole(b) => b.is_end_stream(),
+            OriginBody::Events(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            OriginBody::Whole(b) => b.size_hint(),
+            OriginBody::Events(b) => b.size_hint(),
+        }
+    }
+}
+
+fn route(bodies: &Bodies, req: &Request<()>) -> Response<OriginBody> {
+    // `POST /v1/chat/completions[?tokens=N]`: a streamed Chat Completions answer of N tokens.
+    if req.uri().path() == "/v1/chat/completions" && req.method() == hyper::Method::POST {
+        if let Some(n) = sse::tokens_of(req.uri().query()) {
+            return Response::builder()
+                .header("content-type", "text/event-stream; charset=utf-8")
+                .header("cache-control", "no-cache")
+                .body(OriginBody::Events(sse::Events::new(sse::events(n))))
+                .expect("static response parts");
+        }
+    }
     let data = match req.uri().path() {
         "/small" => Some(bodies.small.clone()),
         "/big" => {
@@ -242,7 +292,7 @@ fn route(bodies: &Bodies, req: &Request<Incoming>) -> Response<Chunked> {
     Response::builder()
         .status(status)
         .header("content-type", "application/octet-stream")
-        .body(Chunked { data, chunk: CHUNK })
+        .body(OriginBody::Whole(Chunked { data, chunk: CHUNK }))
         .expect("static response parts")
 }
 
@@ -375,8 +425,17 @@ async fn accept_loop(
         let tls = tls.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = route(&bodies, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let bodies = bodies.clone();
+                async move {
+                    // The request's body (a model call's JSON) is read and dropped first, so
+                    // the connection stays reusable.
+                    let (parts, mut body) = req.into_parts();
+                    while let Some(Ok(_)) =
+                        std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+                    {
+                    }
+                    Ok::<_, Infallible>(route(&bodies, &Request::from_parts(parts, ())))
+                }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             let _ = match tls {

@@ -2,7 +2,8 @@
 //! straight to the origin), and new connections each with a TLS handshake, resumed or not.
 //!
 //! Invariant: a request counts only when the answer is a 200 with exactly `--expect-bytes` of
-//! body; anything else is an error, counted and named, never a latency sample.
+//! body; anything else is an error, counted and named, never a latency sample. The time to
+//! first byte is taken at the first body byte (the head alone is not the answer).
 
 use super::{open, percentile, runtime, Opts, Result};
 use bytes::Bytes;
@@ -29,6 +30,8 @@ struct Setup {
     name: ServerName<'static>,
     auth: String,
     path: String,
+    /// `--body-file`: sent with `POST` (as JSON); none: `GET`.
+    body: Option<Bytes>,
     expect: usize,
     tls: tokio_rustls::TlsConnector,
 }
@@ -75,6 +78,10 @@ impl Setup {
             name,
             auth: opts.auth_line(),
             path: opts.opt("path").unwrap_or("/small").to_owned(),
+            body: match opts.opt("body-file") {
+                Some(f) => Some(Bytes::from(std::fs::read(f)?)),
+                None => None,
+            },
             expect: opts.num("expect-bytes", 64)?,
             tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
         })
@@ -116,34 +123,47 @@ async fn http1(tls: TlsStream<TcpStream>) -> Result<Sender> {
     Ok(sender)
 }
 
-/// One GET; Ok only for a 200 with the expected body length.
-async fn get(setup: &Setup, sender: &mut Sender) -> Result<()> {
+/// One GET (or POST with `--body-file`); Ok only for a 200 with the expected body length,
+/// with the time from `t0` to the first body byte.
+async fn get(setup: &Setup, sender: &mut Sender, t0: Instant) -> Result<Duration> {
     sender.ready().await?;
-    let req = Request::get(&setup.path)
-        .header("host", &setup.target)
-        .body(super::Chunked {
-            data: Bytes::new(),
-            chunk: 1,
-        })?;
+    let req = match &setup.body {
+        None => Request::get(&setup.path),
+        Some(_) => Request::post(&setup.path).header("content-type", "application/json"),
+    };
+    let req = req.header("host", &setup.target).body(super::Chunked {
+        data: setup.body.clone().unwrap_or_default(),
+        chunk: 1 << 20,
+    })?;
     let resp = sender.send_request(req).await?;
     let status = resp.status();
     let mut body = resp.into_body();
     let mut n = 0usize;
+    let mut first = None;
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         if let Ok(data) = frame?.into_data() {
+            if !data.is_empty() {
+                first.get_or_insert_with(|| t0.elapsed());
+            }
             n += data.len();
         }
     }
     if status != 200 || n != setup.expect {
-        return Err(format!("GET {}: status {status}, {n} bytes", setup.path).into());
+        return Err(format!(
+            "{} {}: status {status}, {n} bytes",
+            if setup.body.is_some() { "POST" } else { "GET" },
+            setup.path
+        )
+        .into());
     }
-    Ok(())
+    Ok(first.unwrap_or_else(|| t0.elapsed()))
 }
 
 /// A worker's tally: latencies (µs), errors, the first error, resumed and full handshakes.
 #[derive(Default)]
 struct Tally {
     lat_us: Vec<u64>,
+    ttfb_us: Vec<u64>,
     errors: u64,
     first_error: Option<String>,
     resumed: u64,
@@ -158,6 +178,7 @@ impl Tally {
 
     fn merge(&mut self, other: Tally) {
         self.lat_us.extend(other.lat_us);
+        self.ttfb_us.extend(other.ttfb_us);
         self.errors += other.errors;
         self.resumed += other.resumed;
         self.full += other.full;
@@ -190,8 +211,11 @@ async fn keepalive_loop(setup: Arc<Setup>, deadline: Instant) -> Tally {
             },
         };
         let t0 = Instant::now();
-        match get(&setup, s).await {
-            Ok(()) => tally.lat_us.push(t0.elapsed().as_micros() as u64),
+        match get(&setup, s, t0).await {
+            Ok(ttfb) => {
+                tally.lat_us.push(t0.elapsed().as_micros() as u64);
+                tally.ttfb_us.push(ttfb.as_micros() as u64);
+            }
             Err(e) => {
                 tally.error(e);
                 sender = None;
@@ -211,7 +235,7 @@ async fn handshake_loop(setup: Arc<Setup>, deadline: Instant) -> Tally {
             let tls = setup.connect().await?;
             let kind = tls.get_ref().1.handshake_kind();
             let mut sender = http1(tls).await?;
-            get(&setup, &mut sender).await?;
+            get(&setup, &mut sender, t0).await?;
             Ok::<_, super::Error>(kind)
         }
         .await;
@@ -270,6 +294,8 @@ fn run(opts: &Opts, mode: &str) -> Result<()> {
     let secs = start.elapsed().as_secs_f64();
     let mut lat = tally.lat_us;
     lat.sort_unstable();
+    let mut ttfb = tally.ttfb_us;
+    ttfb.sort_unstable();
     let mut out: Value = json!({
         "mode": mode,
         "proxy": opts.req("proxy")?,
@@ -284,6 +310,10 @@ fn run(opts: &Opts, mode: &str) -> Result<()> {
         "p50_us": percentile(&lat, 50.0),
         "p99_us": percentile(&lat, 99.0),
     });
+    if mode == "https-load" {
+        out["ttfb_p50_us"] = json!(percentile(&ttfb, 50.0));
+        out["ttfb_p99_us"] = json!(percentile(&ttfb, 99.0));
+    }
     if mode == "https-handshakes" {
         out["resume"] = json!(resume);
         out["resumed"] = json!(tally.resumed);
