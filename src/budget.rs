@@ -10,7 +10,7 @@
 
 use crate::policy::codes::{Code, Refusal};
 use crate::registry::Registry;
-use crate::telemetry::egress::LoggedModel;
+use crate::telemetry::egress::{LoggedModel, ModelCall};
 use crate::telemetry::egress_stream::Follower;
 use futures_util::StreamExt;
 use serde::Serialize;
@@ -64,7 +64,8 @@ pub struct Spent {
 }
 
 impl Spent {
-    fn add(&mut self, charge: &Charge) {
+    /// Counts one call.
+    pub fn add(&mut self, charge: &Charge) {
         self.calls += 1;
         if !charge.metered {
             self.unmetered += 1;
@@ -84,6 +85,18 @@ impl Spent {
 }
 
 impl Charge {
+    /// The charge of a call as this replica's egress line holds it: unmetered when the line
+    /// says so.
+    pub fn of_call(call: &ModelCall) -> Charge {
+        Charge {
+            metered: call.unmetered.is_none(),
+            input_tokens: call.input_tokens.unwrap_or(0),
+            output_tokens: call.output_tokens.unwrap_or(0),
+            cached_tokens: call.cached_tokens.unwrap_or(0),
+            cost_usd: call.cost_usd.flatten(),
+        }
+    }
+
     /// The charge of a call as its egress line tells it (another replica's, read from the
     /// egress stream): unmetered unless both token counts are there.
     pub fn of_line(model: &LoggedModel) -> Charge {
@@ -97,6 +110,20 @@ impl Charge {
             },
             None => Charge::default(),
         }
+    }
+}
+
+impl Spent {
+    /// Adds `other`'s figures (a sum over leases).
+    pub fn merge(&mut self, other: &Spent) {
+        self.calls += other.calls;
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.cost_usd += other.cost_usd;
+        self.unmetered += other.unmetered;
+        self.unpriced += other.unpriced;
     }
 }
 
@@ -350,6 +377,37 @@ mod tests {
         );
         live.store(true, Ordering::Release);
         assert_eq!(spending.check([("a", ceiling)]), Ok(()));
+    }
+
+    #[test]
+    fn a_lines_model_call_charges_what_it_says() {
+        let call = |tokens: Option<u64>, cost, unmetered| ModelCall {
+            api: "openai",
+            name: None,
+            input_tokens: tokens,
+            output_tokens: tokens,
+            cached_tokens: tokens,
+            cost_usd: cost,
+            unpriced: None,
+            unmetered,
+        };
+        let priced = Charge::of_call(&call(Some(3), Some(Some(0.5)), None));
+        assert_eq!(
+            priced,
+            Charge {
+                metered: true,
+                input_tokens: 3,
+                output_tokens: 3,
+                cached_tokens: 3,
+                cost_usd: Some(0.5)
+            }
+        );
+        let unpriced = Charge::of_call(&call(Some(3), Some(None), None));
+        assert_eq!((unpriced.metered, unpriced.cost_usd), (true, None));
+        assert_eq!(
+            Charge::of_call(&call(None, None, Some("cut"))),
+            Charge::default()
+        );
     }
 
     #[test]

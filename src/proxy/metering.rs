@@ -102,62 +102,38 @@ impl Tap {
     pub fn finish(self) -> ModelCall {
         let api = api_name(self.api);
         let answered_in_error = self.status.is_some_and(|s| !s.is_success());
-        let (call, charge) = match self.meter.finish() {
+        let metered = |name, input, output, cached, cost: Option<f64>| ModelCall {
+            api,
+            name,
+            input_tokens: Some(input),
+            output_tokens: Some(output),
+            cached_tokens: Some(cached),
+            cost_usd: Some(cost),
+            unpriced: cost.is_none().then_some(true),
+            unmetered: None,
+        };
+        let call = match self.meter.finish() {
             // An error answer spends nothing: a call of no tokens, costing nothing.
-            Reading::Unmetered { model, .. } if answered_in_error => (
-                ModelCall {
-                    api,
-                    name: model,
-                    input_tokens: Some(0),
-                    output_tokens: Some(0),
-                    cached_tokens: Some(0),
-                    cost_usd: Some(Some(0.0)),
-                    unpriced: None,
-                    unmetered: None,
-                },
-                Charge {
-                    metered: true,
-                    cost_usd: Some(0.0),
-                    ..Charge::default()
-                },
-            ),
+            Reading::Unmetered { model, .. } if answered_in_error => {
+                metered(model, 0, 0, 0, Some(0.0))
+            }
             Reading::Metered(usage) => {
                 let cost = self.prices.as_ref().and_then(|p| p.cost(&usage));
-                let charge = Charge {
-                    metered: true,
-                    input_tokens: usage.input,
-                    output_tokens: usage.output,
-                    cached_tokens: usage.cached,
-                    cost_usd: cost,
-                };
-                let call = ModelCall {
-                    api,
-                    name: usage.model,
-                    input_tokens: Some(usage.input),
-                    output_tokens: Some(usage.output),
-                    cached_tokens: Some(usage.cached),
-                    cost_usd: Some(cost),
-                    unpriced: cost.is_none().then_some(true),
-                    unmetered: None,
-                };
-                (call, charge)
+                metered(usage.model, usage.input, usage.output, usage.cached, cost)
             }
-            Reading::Unmetered { model, reason } => {
-                let call = ModelCall {
-                    api,
-                    name: model,
-                    input_tokens: None,
-                    output_tokens: None,
-                    cached_tokens: None,
-                    cost_usd: None,
-                    unpriced: None,
-                    unmetered: Some(reason),
-                };
-                (call, Charge::default())
-            }
+            Reading::Unmetered { model, reason } => ModelCall {
+                api,
+                name: model,
+                input_tokens: None,
+                output_tokens: None,
+                cached_tokens: None,
+                cost_usd: None,
+                unpriced: None,
+                unmetered: Some(reason),
+            },
         };
         self.spending
-            .charge(self.chain.iter().map(|id| &**id), &charge);
+            .charge(self.chain.iter().map(|id| &**id), &Charge::of_call(&call));
         call
     }
 }

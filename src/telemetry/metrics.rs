@@ -8,6 +8,7 @@
 //! total is kept and `/metrics` stays small whatever the number of open leases.
 
 use super::egress::{EgressEvent, Kind, LoggedVerdict};
+use crate::budget::{Charge, Spent};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -71,41 +72,6 @@ pub struct HostCounters {
     pub bytes_down: u64,
 }
 
-/// Model calls to metered hosts and the tokens they reported.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ModelCounters {
-    pub metered: u64,
-    pub unmetered: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cached_tokens: u64,
-    /// What the priced calls cost.
-    pub cost_usd: f64,
-}
-
-impl ModelCounters {
-    fn count(&mut self, call: &super::egress::ModelCall) {
-        if call.unmetered.is_some() {
-            self.unmetered += 1;
-            return;
-        }
-        self.metered += 1;
-        self.input_tokens += call.input_tokens.unwrap_or(0);
-        self.output_tokens += call.output_tokens.unwrap_or(0);
-        self.cached_tokens += call.cached_tokens.unwrap_or(0);
-        self.cost_usd += call.cost_usd.flatten().unwrap_or(0.0);
-    }
-
-    fn add(&mut self, other: &ModelCounters) {
-        self.metered += other.metered;
-        self.unmetered += other.unmetered;
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cached_tokens += other.cached_tokens;
-        self.cost_usd += other.cost_usd;
-    }
-}
-
 /// What one lease did.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseCounters {
@@ -119,8 +85,8 @@ pub struct LeaseCounters {
     /// Requests inside terminated tunnels by route (`GET api.example.com/repos/a`, the query
     /// left out), once ended.
     pub routes: HashMap<String, HostCounters>,
-    /// Metered model calls (those that ended on this replica).
-    pub model: ModelCounters,
+    /// Model calls that ended on this replica, summed as budgets sum them.
+    pub model: Spent,
     /// Exchanges still open, oldest first (by ticket): added to the figures above only by
     /// [`LeaseCounters::live`] and a render, so ending one moves it into them once.
     pub open: BTreeMap<u64, OpenExchange>,
@@ -314,7 +280,7 @@ impl Metrics {
                 count_in(&mut c.routes, MAX_ROUTES, &route, event);
             }
             if let Some(call) = &event.model {
-                c.model.count(call);
+                c.model.add(&Charge::of_call(call));
             }
         });
     }
@@ -398,7 +364,7 @@ struct Series {
     open_tunnels: u64,
     open_connections: u64,
     open_requests: u64,
-    model: ModelCounters,
+    model: Spent,
 }
 
 impl Series {
@@ -418,7 +384,7 @@ impl Series {
         }
         self.open_tunnels += c.open_tunnels;
         self.open_connections += c.open_connections;
-        self.model.add(&c.model);
+        self.model.merge(&c.model);
         self.open_requests += c.open.len() as u64;
     }
 
@@ -612,24 +578,22 @@ impl Collector for Scrape {
         }
 
         // Model families: series only for leases that made a model call.
-        let callers: Vec<&(String, Series)> = series
-            .iter()
-            .filter(|(_, c)| c.model != ModelCounters::default())
-            .collect();
-        type Split = fn(&ModelCounters) -> [(&'static str, u64); 3];
+        let callers: Vec<&(String, Series)> =
+            series.iter().filter(|(_, c)| c.model.calls > 0).collect();
+        type Split = fn(&Spent) -> Vec<(&'static str, u64)>;
         for (name, help, label, split) in [
             (
                 "leasegate_model_calls",
                 "Calls to metered model APIs by lease and whether their usage was read (unmetered: it could not be)",
                 "usage",
-                (|m: &ModelCounters| [("metered", m.metered), ("unmetered", m.unmetered), ("", 0)]) as Split,
+                (|m: &Spent| vec![("metered", m.calls - m.unmetered), ("unmetered", m.unmetered)]) as Split,
             ),
             (
                 "leasegate_model_tokens",
                 "Tokens metered model calls reported, by lease and kind (cached: the cached part of input)",
                 "kind",
-                |m: &ModelCounters| {
-                    [
+                |m: &Spent| {
+                    vec![
                         ("input", m.input_tokens),
                         ("output", m.output_tokens),
                         ("cached", m.cached_tokens),
@@ -639,7 +603,7 @@ impl Collector for Scrape {
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (id, c) in &callers {
-                for (value, n) in split(&c.model).into_iter().filter(|(v, _)| !v.is_empty()) {
+                for (value, n) in split(&c.model) {
                     ConstCounter::new(n)
                         .encode(family.encode_family(&[("lease_id", id.as_str()), (label, value)])?)?;
                 }
