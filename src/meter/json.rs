@@ -4,7 +4,9 @@
 //! Invariant: it never allocates and never holds more than [`CAPTURE`] bytes of any string or
 //! more than [`DEPTH`] levels of nesting, whatever the input; a document deeper than that fails.
 //! Only values whose path is made of known keys (at most [`TRACK`] levels) are captured; the
-//! rest, a model's output text included, is skipped with `memchr`.
+//! rest, a model's output text included, is skipped with `memchr`, and a container no tracked
+//! path can reach (a chunk's `choices`, a response's `output`) is skipped whole, checking only
+//! its strings and the pairing of its brackets.
 //!
 //! Written by hand rather than with a push parser crate (`actson` was the candidate): actson
 //! copies every string and number into its own buffer and returns an event per token, so a
@@ -119,8 +121,39 @@ enum State {
     Unicode,
     Number,
     Literal,
+    /// Inside a container no tracked path reaches: only strings and brackets are looked at,
+    /// until the bracket that closes it (the one that brings `depth` back to `skip_to`).
+    Skip,
+    /// A string inside a skipped container.
+    SkipStr,
+    /// After a backslash in such a string.
+    SkipEscape,
     Done,
     Failed,
+}
+
+/// The bytes [`State::Skip`] stops at: quotes and brackets; everything else inside a skipped
+/// container is passed over without a look at the state.
+static SKIP_STOPS: [bool; 256] = {
+    let mut stops = [false; 256];
+    stops[b'"' as usize] = true;
+    stops[b'{' as usize] = true;
+    stops[b'}' as usize] = true;
+    stops[b'[' as usize] = true;
+    stops[b']' as usize] = true;
+    stops
+};
+
+/// Where the next `"` or `\\` in `bytes` is. Most strings here are short (keys, ids, a chunk's
+/// text), for which a plain loop beats `memchr2`'s setup; a longer run goes to `memchr2`.
+fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const SHORT: usize = 32;
+    let head = &bytes[..bytes.len().min(SHORT)];
+    if let Some(found) = head.iter().position(|&b| b == b'"' || b == b'\\') {
+        return Some(found);
+    }
+    let tail = bytes.get(SHORT..).filter(|tail| !tail.is_empty())?;
+    memchr::memchr2(b'"', b'\\', tail).map(|found| found + SHORT)
 }
 
 /// The scanner of one JSON document; [`Scanner::reset`] readies it for the next.
@@ -130,6 +163,8 @@ pub struct Scanner {
     /// Container kinds, one bit per level (set: object).
     kinds: u128,
     depth: usize,
+    /// In [`State::Skip`]: the depth outside the skipped container.
+    skip_to: usize,
     /// The key (or `Index`) of each of the first [`TRACK`] levels.
     path: [Key; TRACK],
     /// Whether the string or number now being read is kept (its path is tracked).
@@ -156,6 +191,7 @@ impl Default for Scanner {
             state: State::Start,
             kinds: 0,
             depth: 0,
+            skip_to: 0,
             path: [Key::Other; TRACK],
             capturing: false,
             in_key: false,
@@ -200,9 +236,31 @@ impl Scanner {
         self.state = State::Failed;
     }
 
+    /// Opens a container; one no tracked path can reach is skipped whole ([`State::Skip`]).
     fn push(&mut self, object: bool) {
+        if !self.open(object) {
+            return;
+        }
+        if !self.tracked(self.depth - 1) {
+            self.skip_to = self.depth - 1;
+            self.state = State::Skip;
+            return;
+        }
+        if self.depth - 1 < TRACK {
+            self.path[self.depth - 1] = if object { Key::Other } else { Key::Index };
+        }
+        self.state = if object {
+            State::KeyOrClose
+        } else {
+            State::ValueOrClose
+        };
+    }
+
+    /// Records a container's kind one level deeper; `false` (and failed) past [`DEPTH`].
+    fn open(&mut self, object: bool) -> bool {
         if self.depth == DEPTH {
-            return self.fail();
+            self.fail();
+            return false;
         }
         let bit = 1u128 << self.depth;
         if object {
@@ -210,15 +268,30 @@ impl Scanner {
         } else {
             self.kinds &= !bit;
         }
-        if self.depth < TRACK {
-            self.path[self.depth] = if object { Key::Other } else { Key::Index };
-        }
         self.depth += 1;
-        self.state = if object {
-            State::KeyOrClose
-        } else {
-            State::ValueOrClose
-        };
+        true
+    }
+
+    /// A bracket inside a skipped container: opens one level, or closes one (of the same kind),
+    /// leaving [`State::Skip`] with the last.
+    fn skip_bracket(&mut self, byte: u8) {
+        match byte {
+            b'{' => {
+                self.open(true);
+            }
+            b'[' => {
+                self.open(false);
+            }
+            close => {
+                if self.is_object() != (close == b'}') {
+                    return self.fail();
+                }
+                self.depth -= 1;
+                if self.depth == self.skip_to {
+                    self.after_value();
+                }
+            }
+        }
     }
 
     fn is_object(&self) -> bool {
@@ -269,8 +342,9 @@ impl Scanner {
 
     fn end_string(&mut self, sink: &mut impl Sink) {
         if self.in_key {
-            if self.capturing && !self.spoiled && self.text_len <= KEY_MAX {
-                self.path[self.depth - 1] = Key::of(&self.text[..self.text_len]);
+            if !self.spoiled {
+                let text = self.text;
+                self.name_key(&text[..self.text_len]);
             }
             self.state = State::Colon;
             return;
@@ -284,6 +358,14 @@ impl Scanner {
             sink.scalar(&self.path[..self.depth], value);
         }
         self.after_value();
+    }
+
+    /// The key `name` names the member that follows (where it is captured); next, the colon.
+    fn name_key(&mut self, name: &[u8]) {
+        if self.capturing && name.len() <= KEY_MAX {
+            self.path[self.depth - 1] = Key::of(name);
+        }
+        self.state = State::Colon;
     }
 
     fn end_number(&mut self, sink: &mut impl Sink) {
@@ -321,6 +403,47 @@ impl Scanner {
         }
     }
 
+    /// Runs through a skipped container (its strings and brackets only) in one loop, until it
+    /// closes or `bytes` end; returns how many bytes of `bytes` it took.
+    fn skip(&mut self, bytes: &[u8]) -> usize {
+        let mut at = 0;
+        loop {
+            match self.state {
+                State::Skip => {
+                    let Some(found) = bytes[at..].iter().position(|&b| SKIP_STOPS[usize::from(b)])
+                    else {
+                        return bytes.len();
+                    };
+                    at += found;
+                    let stop = bytes[at];
+                    at += 1;
+                    if stop == b'"' {
+                        self.state = State::SkipStr;
+                    } else {
+                        self.skip_bracket(stop);
+                    }
+                }
+                State::SkipStr => {
+                    let Some(found) = quote_or_backslash(&bytes[at..]) else {
+                        return bytes.len();
+                    };
+                    at += found;
+                    self.state = match bytes[at] {
+                        b'"' => State::Skip,
+                        _ => State::SkipEscape,
+                    };
+                    at += 1;
+                }
+                State::SkipEscape if at < bytes.len() => {
+                    self.state = State::SkipStr;
+                    at += 1;
+                }
+                // The container closed (or failed), or the bytes ended after a backslash.
+                _ => return at,
+            }
+        }
+    }
+
     /// Reads `bytes`, the next part of the document.
     pub fn feed(&mut self, bytes: &[u8], sink: &mut impl Sink) {
         let mut at = 0;
@@ -328,9 +451,13 @@ impl Scanner {
             let byte = bytes[at];
             match self.state {
                 State::Failed => return,
+                State::Skip | State::SkipStr | State::SkipEscape => {
+                    at += self.skip(&bytes[at..]);
+                    continue;
+                }
                 State::Str if !self.capturing => {
                     // The hot path: text nobody reads, skipped to the next quote or backslash.
-                    match memchr::memchr2(b'"', b'\\', &bytes[at..]) {
+                    match quote_or_backslash(&bytes[at..]) {
                         None => return,
                         Some(found) => {
                             at += found;
@@ -342,18 +469,29 @@ impl Scanner {
                         }
                     }
                 }
-                State::Str => match byte {
-                    b'"' => self.end_string(sink),
-                    b'\\' => self.state = State::Escape,
-                    _ => {
-                        // Up to the next quote or backslash at once.
-                        let run =
-                            memchr::memchr2(b'"', b'\\', &bytes[at..]).unwrap_or(bytes.len() - at);
-                        self.keep(&bytes[at..at + run]);
-                        at += run;
-                        continue;
+                State::Str => {
+                    let rest = &bytes[at..];
+                    let Some(run) = quote_or_backslash(rest) else {
+                        self.keep(rest);
+                        return;
+                    };
+                    at += run;
+                    if rest[run] == b'\\' {
+                        self.keep(&rest[..run]);
+                        self.state = State::Escape;
+                    } else if self.in_key && self.text_len == 0 && !self.spoiled {
+                        // A whole key in this chunk (the usual case): named where it lies, and
+                        // the colon right after it taken at once.
+                        self.name_key(&rest[..run]);
+                        if bytes.get(at + 1) == Some(&b':') {
+                            at += 1;
+                            self.state = State::Value;
+                        }
+                    } else {
+                        self.keep(&rest[..run]);
+                        self.end_string(sink);
                     }
-                },
+                }
                 State::Escape => {
                     self.state = State::Str;
                     if self.capturing {
@@ -400,21 +538,30 @@ impl Scanner {
                         }
                     }
                 }
-                State::Number => match byte {
-                    b'0'..=b'9' => {
-                        let digit = u64::from(byte - b'0');
+                State::Number => {
+                    let rest = &bytes[at..];
+                    let digits = rest
+                        .iter()
+                        .position(|b| !b.is_ascii_digit())
+                        .unwrap_or(rest.len());
+                    for &digit in &rest[..digits] {
+                        let digit = u64::from(digit - b'0');
                         self.number = self
                             .number
                             .and_then(|n| n.checked_mul(10))
                             .and_then(|n| n.checked_add(digit));
                     }
-                    b'.' | b'e' | b'E' | b'+' | b'-' => self.number = None,
-                    _ => {
-                        // The byte after a number belongs to what follows: read it again.
-                        self.end_number(sink);
-                        continue;
+                    at += digits;
+                    match bytes.get(at) {
+                        None => return,
+                        Some(b'.' | b'e' | b'E' | b'+' | b'-') => self.number = None,
+                        Some(_) => {
+                            // The byte after a number belongs to what follows: read it again.
+                            self.end_number(sink);
+                            continue;
+                        }
                     }
-                },
+                }
                 State::Literal => match self.literal.split_first() {
                     Some((&want, rest)) if want == byte => {
                         self.literal = rest;
@@ -454,7 +601,15 @@ impl Scanner {
                     _ => self.fail(),
                 },
                 State::Comma => match byte {
-                    b',' if self.is_object() => self.state = State::Key,
+                    b',' if self.is_object() => {
+                        // The next key's quote, usually right here, taken with the comma.
+                        if bytes.get(at + 1) == Some(&b'"') {
+                            at += 1;
+                            self.start_string(true);
+                        } else {
+                            self.state = State::Key;
+                        }
+                    }
                     b',' => self.state = State::Value,
                     b'}' => self.pop(true),
                     b']' => self.pop(false),

@@ -454,6 +454,28 @@ fn nesting_deeper_than_the_limit_is_malformed() {
 }
 
 #[test]
+fn a_skipped_subtree_is_passed_over_but_still_checked() {
+    // `choices` holds nothing the meter reads: it is skipped whole, brackets and quotes inside
+    // its strings (escaped or not) included.
+    let tricky = r#""choices":[{"delta":{"content":"}]\"{[\\"},"x":[[{}],{"y":"]"}]}]"#;
+    let body = CHAT_JSON.replace("\"system_fingerprint\":\"fp_1\"", tricky);
+    assert_ne!(body, CHAT_JSON);
+    assert_eq!(
+        read(Api::OpenAi, CHAT, 200, JSON, &body),
+        metered("gpt-4o-mini-2024-07-18", 12, 30, 4)
+    );
+    // Its brackets must still pair up, and it must end.
+    for broken in [r#""choices":[{"a":1]}"#, r#""choices":[{"a":"1"}}"#] {
+        let body = CHAT_JSON.replace("\"system_fingerprint\":\"fp_1\"", broken);
+        assert_eq!(
+            read(Api::OpenAi, CHAT, 200, JSON, &body),
+            unmetered(Some("gpt-4o-mini-2024-07-18"), reason::MALFORMED),
+            "{broken}"
+        );
+    }
+}
+
+#[test]
 fn which_requests_are_metered_calls() {
     let post = Method::POST;
     for (api, method, path, metered) in [
@@ -504,7 +526,10 @@ mod split_invariance {
     use super::*;
     use proptest::prelude::*;
 
-    const PIECES: [&str; 24] = [
+    const PIECES: [&str; 27] = [
+        "\"choices\":",
+        "\"x\\\"]}\"",
+        "\"\\\\\"",
         "data: ",
         "data:",
         "\n",
