@@ -129,8 +129,8 @@ pub async fn serve(
 /// An accepted socket on its way to the runtime that serves it.
 ///
 /// A socket's readiness is reported by the event loop it is registered with, which for
-/// tokio's `accept` is the accepting thread's. One handed to another worker (or accepted by a
-/// lease port's loop, on the control runtime) is therefore taken off that loop here and
+/// tokio's `accept` is the accepting thread's. One handed to another worker (to keep the
+/// workers within `SLACK` of each other) is therefore taken off that loop here and
 /// registered again where it lives; left where it was, every readiness event of its life
 /// reached the wrong thread and was passed on with a wake across threads (half an eventfd
 /// write per forwarded request, measured).

@@ -70,6 +70,9 @@ pub struct Workers {
     open: Arc<[AtomicUsize]>,
     /// Cancelled to stop the workers' runtimes (after the drain, or when dropped).
     stop: CancellationToken,
+    /// How many futures [`Workers::spawn_made`] has placed: the next goes to this modulo the
+    /// workers.
+    made: AtomicUsize,
 }
 
 /// A connection's place on a worker: counted there until dropped.
@@ -120,6 +123,7 @@ impl Workers {
             handles,
             open: (0..count).map(|_| AtomicUsize::new(0)).collect(),
             stop,
+            made: AtomicUsize::new(0),
         })
     }
 
@@ -169,11 +173,34 @@ impl Workers {
         Ok(())
     }
 
+    /// Makes one future inside a worker's runtime (the workers taken in turn), so that what
+    /// `make` registers (a lease port's listener) is registered with that worker's event loop,
+    /// and runs it there: the connections it accepts then start on that worker, as the main
+    /// listener's do, instead of being handed over from another thread. No workers: made and
+    /// spawned on the caller's runtime.
+    pub fn spawn_made<Fut, E>(&self, make: impl FnOnce() -> Result<Fut, E>) -> Result<(), E>
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if self.handles.is_empty() {
+            tokio::spawn(make()?);
+            return Ok(());
+        }
+        let turn = self.made.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        let handle = &self.handles[turn];
+        let future = {
+            let _entered = handle.enter();
+            make()?
+        };
+        handle.spawn(future);
+        Ok(())
+    }
+
     /// Where a new connection runs, and its place there (hold it as long as the connection).
     ///
     /// The calling worker keeps it unless that would leave it more than `SLACK` connections
-    /// ahead of the least busy worker, which then takes it; off the workers (a lease port's
-    /// accept loop) the least busy worker takes it. Whichever worker's accept wins the race
+    /// ahead of the least busy worker, which then takes it; off the workers the least busy
+    /// worker takes it. Whichever worker's accept wins the race
     /// for a connection, the workers stay within `SLACK` of each other: a burst of
     /// connections all accepted by one idle worker does not leave them all on its core.
     /// `None` (no workers): the caller's runtime, uncounted. A socket handed over must be

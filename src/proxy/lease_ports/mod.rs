@@ -357,15 +357,26 @@ impl LeasePorts {
                     continue;
                 }
             }
-            match bind(SocketAddr::new(self.bind, port)) {
-                Ok(listener) => {
-                    let stop = shutdown.child_token();
-                    tokio::spawn(serve(
+            let stop = shutdown.child_token();
+            let opened = bind(SocketAddr::new(self.bind, port)).and_then(|listener| {
+                // Accepting on a worker, like the main listener: see `Workers::spawn_made`.
+                proxy.workers.spawn_made(|| {
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    let serving = serve(
                         listener,
                         proxy.clone(),
                         Some(lease_id.to_owned()),
                         stop.clone(),
-                    ));
+                    );
+                    Ok::<_, std::io::Error>(async move {
+                        if let Err(error) = serving.await {
+                            tracing::warn!(port, %error, "a lease port stopped accepting");
+                        }
+                    })
+                })
+            });
+            match opened {
+                Ok(()) => {
                     tracing::info!(lease = %lease_id, port, "lease port open");
                     unbound.remove(lease_id);
                     warned.remove(lease_id);
@@ -550,10 +561,11 @@ impl Due {
     }
 }
 
-fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+/// A lease port's socket, bound and non-blocking, registered with no runtime yet.
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
-    tokio::net::TcpListener::from_std(listener)
+    Ok(listener)
 }
 
 #[cfg(test)]
