@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# End-to-end comparison: direct vs leasegate (credentials, lease port) vs Squid vs tinyproxy,
-# on one local origin. Writes benches/compare/RESULTS.md and results.json. See README.md here.
+# End-to-end comparison: direct vs the floor vs leasegate (credentials, lease port) vs Squid vs
+# tinyproxy, on one local origin, with each proxy's CPU per operation. Writes
+# benches/compare/RESULTS.md and results.json. See README.md here.
 #
 #   benches/compare/run.sh                 # full run (ROUNDS=3, DURATION=10, 10,000 idle tunnels)
 #   QUICK=1 benches/compare/run.sh         # smoke test: 1 round, 2 s runs, 1,000 tunnels, 10 MiB bulk
@@ -8,8 +9,9 @@
 #
 # Knobs (environment): ROUNDS, DURATION (s per load run), QUICK=1, CONC (32), IDLE_TUNNELS,
 # BULK_BYTES, BULK_REPEAT (3), LOAD_TOOL (auto|oha|wrk), TINYPROXY_LOGLEVEL (Warning),
-# PROFILE (dist: the build the image ships; release), SKIP_BUILD=1, KEEP_TMP=1, OUT_MD,
-# OUT_JSON, CPUSET (auto|off|force), PROXY_CORES ("1 4").
+# PROFILE (dist: the build the image ships; release), LEASEGATE_BIN (a prebuilt leasegate
+# binary: no leasegate build), SKIP_BUILD=1, KEEP_TMP=1, OUT_MD, OUT_JSON, CPUSET
+# (auto|off|force), PROXY_CORES ("1 4").
 #
 # Every address used is on 127.0.0.1. Runs as root (apt-get, mount namespace for tinyproxy).
 set -euo pipefail
@@ -19,7 +21,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/squid-conf.sh"
 REPO=$(cd "$HERE/../.." && pwd)
 # (grep finds nothing when no knob is set: that is not an error.)
-COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|IDLE_TUNNELS|BULK_BYTES|BULK_REPEAT|LOAD_TOOL|TINYPROXY_LOGLEVEL|CPUSET|PROXY_CORES)=' || true; } | sort | tr '\n' ' ')benches/compare/run.sh"
+COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|IDLE_TUNNELS|BULK_BYTES|BULK_REPEAT|LOAD_TOOL|TINYPROXY_LOGLEVEL|CPUSET|PROXY_CORES|LEASEGATE_BIN)=' || true; } | sort | tr '\n' ' ')benches/compare/run.sh"
 
 QUICK=${QUICK:-0}
 if [[ $QUICK == 1 ]]; then
@@ -46,8 +48,9 @@ LG_PORT=13128
 LG_ADMIN=13129
 SQUID_PORT=13130
 TP_PORT=13131
+FLOOR_PORT=13132
 LEASE_PORTS=14000-14010
-VARIANTS=(direct leasegate-credentials leasegate-lease-port squid tinyproxy)
+VARIANTS=(direct floor leasegate-credentials leasegate-lease-port squid tinyproxy)
 FIGURES=(ka1 ka32 close32 connect bulk)
 
 # ------------------------------------------------------------------------------------------
@@ -225,24 +228,34 @@ fi
 
 # ------------------------------------------------------------------------------------------
 # 2. Build leasegate (the `dist` profile the image ships: fat LTO; PROFILE=release for the
-#    everyday build, with symbols for perf) and the harness (release).
+#    everyday build, with symbols for perf; none with LEASEGATE_BIN) and the harness (release),
+#    which is also the floor proxy.
 PROFILE=${PROFILE:-dist}
+LEASEGATE_BIN=${LEASEGATE_BIN:-}
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-  log "cargo build --profile $PROFILE (leasegate)"
-  (cd "$REPO" && cargo build --profile "$PROFILE" --quiet)
+  if [[ -z $LEASEGATE_BIN ]]; then
+    log "cargo build --profile $PROFILE (leasegate)"
+    (cd "$REPO" && cargo build --profile "$PROFILE" --quiet)
+  fi
   log "cargo build --release (harness)"
   CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
 fi
-LG="${CARGO_TARGET_DIR:-$REPO/target}/$PROFILE/leasegate"
+if [[ -n $LEASEGATE_BIN ]]; then
+  LG=$LEASEGATE_BIN
+  BUILD_NOTE="the prebuilt binary \`$LEASEGATE_BIN\`"
+else
+  LG="${CARGO_TARGET_DIR:-$REPO/target}/$PROFILE/leasegate"
+  BUILD_NOTE="built with the \`$PROFILE\` profile"
+fi
 H="$HERE/target/release/compare-harness"
 [[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
 
-for p in $ORIGIN_HTTP $ORIGIN_HTTPS $LG_PORT $LG_ADMIN $SQUID_PORT $TP_PORT $(seq ${LEASE_PORTS%-*} ${LEASE_PORTS#*-}); do
+for p in $ORIGIN_HTTP $ORIGIN_HTTPS $LG_PORT $LG_ADMIN $SQUID_PORT $TP_PORT $FLOOR_PORT $(seq ${LEASE_PORTS%-*} ${LEASE_PORTS#*-}); do
   if port_busy "$p"; then die "127.0.0.1:$p is already in use"; fi
 done
 
 # ------------------------------------------------------------------------------------------
-# 3. Start the origin, leasegate, Squid and tinyproxy.
+# 3. Start the origin, the floor, leasegate, Squid and tinyproxy.
 printf '127.0.0.1 localhost\n127.0.0.1 origin.test\n' >"$TMP/hosts"
 
 start_origin() {
@@ -273,7 +286,9 @@ set_pass() {
 }
 
 start_leasegate() {
-  # Connection limits are raised for the idle-tunnel test (defaults: 10,000 total, 1,000 per lease).
+  # The per-lease limit is raised for the idle-tunnel test (default 1,000). The total is left to
+  # leasegate: it refuses a --max-connections whose descriptors (7 each) do not fit under
+  # RLIMIT_NOFILE, and fits its default (10,000) under it; the limit it took is read below.
   on "$PASS_SET"
   # The origin's ports are no defaults (443, 80): open them to tunnels and forwarded requests.
   RUST_LOG=warn LEASEGATE_CONNECT_PORTS=$ORIGIN_HTTP,$ORIGIN_HTTPS LEASEGATE_FORWARD_PORTS=$ORIGIN_HTTP \
@@ -281,7 +296,7 @@ start_leasegate() {
     --journal "$TMP/journal.jsonl" --key-file "$TMP/lease.key" \
     --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 --lease-ports $LEASE_PORTS \
     --egress-log "$TMP/leasegate-egress.jsonl" --drain-timeout 2s \
-    --max-connections 100000 --max-connections-per-lease 100000 \
+    --max-connections-per-lease 100000 \
     >"$TMP/leasegate.out" 2>>"$TMP/leasegate.err" &
   PID[leasegate]=$!
   for _ in $(seq 200); do
@@ -296,7 +311,18 @@ start_leasegate() {
     sleep 0.1
   done
   [[ -n $LEASE_PORT ]] || die "no lease port for $LEASE_ID (GET /leases/$LEASE_ID)"
+  LG_MAX_CONN=$(curl -sf "http://127.0.0.1:$LG_ADMIN/status" | grep -o '"max_connections":[0-9]*' | cut -d: -f2 || true)
   wait_port "$LEASE_PORT" leasegate
+}
+
+# The floor: the harness's proxy doing leasegate's socket work and nothing else, on the same
+# cores with the same worker count (0: one per core it may run on, as leasegate's).
+start_floor() {
+  on "$PASS_SET"
+  "${ON[@]}" "$H" floor --listen 127.0.0.1:$FLOOR_PORT --threads "$PASS_N" --resolve origin.test=127.0.0.1 \
+    >"$TMP/floor.out" 2>>"$TMP/floor.err" &
+  PID[floor]=$!
+  wait_port $FLOOR_PORT floor
 }
 
 start_squid() {
@@ -346,9 +372,10 @@ EOF
   wait_port $TP_PORT tinyproxy
 }
 
-log "starting origin, leasegate, squid, tinyproxy (logs in $TMP; $PINNING)"
+log "starting origin, floor, leasegate, squid, tinyproxy (logs in $TMP; $PINNING)"
 start_origin
 set_pass "${PASSES[0]}"
+start_floor
 start_leasegate
 start_squid
 start_tinyproxy
@@ -360,6 +387,8 @@ check() {
   [[ $n == 64 ]] || die "sanity check failed: curl $* gave $n bytes"
 }
 check http://127.0.0.1:$ORIGIN_HTTP/small
+check -x http://127.0.0.1:$FLOOR_PORT http://origin.test:$ORIGIN_HTTP/small
+check -p -x http://127.0.0.1:$FLOOR_PORT http://origin.test:$ORIGIN_HTTP/small
 check -x http://127.0.0.1:$LG_PORT -H "Proxy-Authorization: $LG_AUTH" http://origin.test:$ORIGIN_HTTP/small
 check -x "http://127.0.0.1:$LEASE_PORT" http://origin.test:$ORIGIN_HTTP/small
 check -x http://127.0.0.1:$SQUID_PORT http://origin.test:$ORIGIN_HTTP/small
@@ -370,6 +399,7 @@ check -x http://127.0.0.1:$TP_PORT http://origin.test:$ORIGIN_HTTP/small
 proxy_of() {
   case $1 in
     direct) echo "" ;;
+    floor) echo 127.0.0.1:$FLOOR_PORT ;;
     leasegate-credentials) echo 127.0.0.1:$LG_PORT ;;
     leasegate-lease-port) echo "127.0.0.1:$LEASE_PORT" ;;
     squid) echo 127.0.0.1:$SQUID_PORT ;;
@@ -425,10 +455,27 @@ load() {
   fi
 }
 
+# The process whose CPU a variant's runs are charged: none for direct (the origin's is read
+# for every variant).
+process_of() {
+  case $1 in
+    direct) echo "" ;;
+    leasegate-*) echo leasegate ;;
+    *) echo "$1" ;;
+  esac
+}
+cpu_now() { # cpu_now VARIANT: `compare-harness cpu` of the variant's proxy and the origin
+  local name pids="origin=${PID[origin]}"
+  name=$(process_of "$1")
+  if [[ -n $name ]]; then pids="proxy=${PID[$name]},$pids"; fi
+  "$H" cpu --pids "$pids"
+}
+
 run_figure() { # run_figure ROUND FIGURE VARIANT
-  local r=$1 fig=$2 v=$3 out proxy target
+  local r=$1 fig=$2 v=$3 out proxy target cpu_before
   out="$RUNS/r${r}_${fig}_${v}.json"
   proxy=$(proxy_of "$v")
+  cpu_before=$(cpu_now "$v") || die "cannot read the CPU time of $v's process"
   case $fig in
     ka1) load "$v" 1 1 "$out" ;;
     ka32) load "$v" "$CONC" 1 "$out" ;;
@@ -446,8 +493,11 @@ run_figure() { # run_figure ROUND FIGURE VARIANT
         --bytes "$BULK_BYTES" --repeat "$BULK_REPEAT" >"$out" 2>"$out.err" || log "bulk failed ($v): $(cat "$out.err")"
       ;;
   esac
+  # The proxy's CPU over the run, charged to what the run did (CPU per operation).
+  printf '{"before": %s, "after": %s}\n' "$cpu_before" "$(cpu_now "$v")" >"$RUNS/cpu_r${r}_${fig}_${v}.json" ||
+    die "cannot read the CPU time of $v's process after $fig (round $r)"
   # Every proxy process must survive every run.
-  for name in leasegate squid tinyproxy origin; do
+  for name in floor leasegate squid tinyproxy origin; do
     kill -0 "${PID[$name]}" 2>/dev/null || die "$name died during $fig/$v (round $r); see $TMP/$name.err"
   done
   sleep 1 # let sockets settle between runs
@@ -460,9 +510,11 @@ for pass in "${PASSES[@]}"; do
   mkdir -p "$RUNS"
   if [[ $pass != "${PASSES[0]}" ]]; then
     set_pass "$pass"
+    stop_pid floor
     stop_pid leasegate
     stop_pid squid
     stop_pid tinyproxy
+    start_floor
     start_leasegate
     start_squid
     start_tinyproxy
@@ -484,6 +536,7 @@ for pass in "${PASSES[@]}"; do
   write_rss() { # write_rss VARIANT PID
     printf '{"pid": %s, "vmhwm_kib": %s, "vmrss_kib": %s}\n' "$2" "$(proc_kib "$2" VmHWM)" "$(proc_kib "$2" VmRSS)" >"$RUNS/rss_$1.json"
   }
+  write_rss floor "${PID[floor]}"
   write_rss leasegate-credentials "${PID[leasegate]}"
   write_rss leasegate-lease-port "${PID[leasegate]}"
   write_rss squid "${PID[squid]}"
@@ -502,6 +555,11 @@ max_by_fds=$(((NOFILE - 200) / 2))
 if ((IDLE_COUNT > max_by_fds)); then
   log "RLIMIT_NOFILE is $NOFILE (hard $(ulimit -Hn)): $IDLE_TUNNELS tunnels need $((2 * IDLE_TUNNELS + 200)) fds in the proxy; using $max_by_fds"
   IDLE_COUNT=$max_by_fds
+fi
+# leasegate answers a connection past its limit with 429: stay 10 below it.
+if [[ -n ${LG_MAX_CONN:-} ]] && ((IDLE_COUNT > LG_MAX_CONN - 10)); then
+  log "leasegate's connection limit is $LG_MAX_CONN (its descriptors fitted under RLIMIT_NOFILE $NOFILE); using $((LG_MAX_CONN - 10)) idle tunnels"
+  IDLE_COUNT=$((LG_MAX_CONN - 10))
 fi
 idle() { # idle VARIANT NAME PORT AUTH
   log "idle tunnels: $IDLE_COUNT through $1"
@@ -526,16 +584,16 @@ if [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no -- src Cargo.t
 fi
 IDLE_NOTE=""
 if ((IDLE_COUNT < IDLE_TUNNELS)); then
-  IDLE_NOTE=" of the $IDLE_TUNNELS asked for (2 fds each in the proxy; RLIMIT_NOFILE is capped at $NOFILE here)"
+  IDLE_NOTE=" of the $IDLE_TUNNELS asked for (RLIMIT_NOFILE is capped at $NOFILE here: 2 fds per tunnel in the proxy, and leasegate's connection limit, fitted under it at 7 fds per connection, is ${LG_MAX_CONN:-?})"
 fi
-NOTES="Notes: leasegate was built with the \`$PROFILE\` profile and ran with RUST_LOG=warn and its egress log to a file ($LG_DROPPED lines dropped; lease status at the end: ${LEASE_STATUS:-?}; ${LG_ERRLINES:-0} stderr lines); Squid with access_log to a file; tinyproxy with LogLevel $TINYPROXY_LOGLEVEL (tinyproxy fsyncs every log line, so its per-connection Info/Connect logging would cap it at a few hundred connections/s; it writes no request log here, which favours it). tinyproxy closes the client connection after each response, so its keep-alive figures are new-connection figures. Idle tunnels: $IDLE_COUNT$IDLE_NOTE, opened on freshly restarted processes; tinyproxy (a thread per connection, MaxClients 1000) is not measured there."
+NOTES="Notes: the floor ran on leasegate's cores with as many worker threads; leasegate ($BUILD_NOTE) ran with RUST_LOG=warn and its egress log to a file ($LG_DROPPED lines dropped; lease status at the end: ${LEASE_STATUS:-?}; ${LG_ERRLINES:-0} stderr lines); Squid with access_log to a file; tinyproxy with LogLevel $TINYPROXY_LOGLEVEL (tinyproxy fsyncs every log line, so its per-connection Info/Connect logging would cap it at a few hundred connections/s; it writes no request log here, which favours it). tinyproxy closes the client connection after each response, so its keep-alive figures are new-connection figures. Idle tunnels: $IDLE_COUNT$IDLE_NOTE, opened on freshly restarted processes; tinyproxy (a thread per connection, MaxClients 1000) is not measured there."
 report() { # report PASS OUT_MD OUT_JSON
   local cores=()
   if [[ $1 != all ]]; then cores=(--proxy-cores "$1"); fi
   "$H" report --runs "$(pass_runs "$1")" --out-md "$2" --out-json "$3" "${cores[@]}" \
     --pinning "$(if [[ $1 == all ]]; then echo "$PINNING"; else echo "$PINNING; this table: each proxy on $1 core(s) (leasegate --worker-threads $1, Squid workers $1)"; fi)" \
     --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --elapsed "$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \
-    --leasegate-rev "$REV" --leasegate-profile "$PROFILE" \
+    --leasegate-rev "$REV" --leasegate-profile "$PROFILE" --leasegate-bin "$LEASEGATE_BIN" \
     --squid-version "$(squid -v | head -1)" \
     --tinyproxy-version "$(tinyproxy -v 2>&1 | head -1)" \
     --load-tool "$LOAD_VERSION" \

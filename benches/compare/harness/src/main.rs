@@ -17,6 +17,10 @@
 //! compare-harness https-handshakes  (the same flags, and --resume on|off: a new connection
 //!                              and TLS handshake per request)
 //! compare-harness report       --runs DIR --out-md FILE --out-json FILE [metadata flags]
+//! compare-harness floor        --listen ADDR [--threads N] [--resolve HOST=IP[,HOST=IP]]
+//!                              (the floor proxy leasegate is measured against; see floor/)
+//! compare-harness cpu          --pids NAME=PID[,NAME=PID]  (user and system CPU seconds so
+//!                              far of each process and its descendants)
 //! ```
 //!
 //! The origin's `POST /v1/chat/completions[?tokens=N]` streams an OpenAI Chat Completions
@@ -25,6 +29,8 @@
 //! Every client subcommand prints one JSON object on stdout. Traffic goes only where the
 //! addresses given point (the script passes loopback addresses only).
 
+mod cpu;
+mod floor;
 mod report;
 mod sse;
 mod tls_load;
@@ -49,7 +55,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 const USAGE: &str =
-    "usage: compare-harness origin|connect-rate|bulk|idle-tunnels|https-load|https-handshakes|report --flag value ... \
+    "usage: compare-harness origin|connect-rate|bulk|idle-tunnels|https-load|https-handshakes|report|floor|cpu --flag value ... \
 (see the comment at the top of src/main.rs)";
 
 fn main() {
@@ -66,6 +72,8 @@ fn main() {
         "https-load" => tls_load::https_load(&opts),
         "https-handshakes" => tls_load::https_handshakes(&opts),
         "report" => report::report(&opts),
+        "floor" => floor::floor(&opts),
+        "cpu" => cpu::cpu(&opts),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -338,8 +346,8 @@ fn origin(opts: &Opts) -> Result<()> {
     let mut listeners = Vec::new();
     for _ in 0..threads.max(1) {
         listeners.push((
-            reuseport_listener(http, backlog)?,
-            reuseport_listener(https, backlog)?,
+            listener(http, backlog, true)?,
+            listener(https, backlog, true)?,
         ));
     }
     for (http_l, https_l) in listeners {
@@ -377,14 +385,15 @@ fn origin(opts: &Opts) -> Result<()> {
     std::process::exit(0)
 }
 
-/// A non-blocking listener on `addr` with SO_REUSEADDR and SO_REUSEPORT and `backlog`.
-fn reuseport_listener(addr: SocketAddr, backlog: u32) -> Result<std::net::TcpListener> {
+/// A non-blocking listener on `addr` with SO_REUSEADDR (and SO_REUSEPORT when `reuseport`) and
+/// `backlog`.
+fn listener(addr: SocketAddr, backlog: u32, reuseport: bool) -> Result<std::net::TcpListener> {
     let socket = match addr {
         SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
         SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
-    socket.set_reuseport(true)?;
+    socket.set_reuseport(reuseport)?;
     socket.bind(addr)?;
     // TcpSocket::listen needs a runtime only to register the listener; listen(2) itself is
     // done here, the registration on the thread that serves it.

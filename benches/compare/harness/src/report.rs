@@ -1,9 +1,12 @@
 //! `compare-harness report`: folds the per-run files that run.sh leaves in a directory into
-//! RESULTS.md (one table, ratios to direct and to Squid, the targets) and results.json.
+//! RESULTS.md (one table, ratios to the floor, to direct and to Squid, the CPU per operation,
+//! the targets) and results.json.
 //!
 //! Files read from `--runs DIR`:
 //! - `r{ROUND}_{FIGURE}_{VARIANT}.json`: one run; FIGURE is ka1, ka32, close32 (load tool output:
 //!   oha `--output-format json`, or the wrk script's JSON), connect (connect-rate) or bulk (bulk).
+//! - `cpu_r{ROUND}_{FIGURE}_{VARIANT}.json`: `{"before": CPU, "after": CPU}` around that run,
+//!   CPU being `compare-harness cpu --pids proxy=PID,origin=PID` (no proxy for direct).
 //! - `rss_{VARIANT}.json`: `{"vmhwm_kib": N, "vmrss_kib": N}` after every round.
 //! - `idle_{VARIANT}.json`: idle-tunnels output.
 
@@ -13,8 +16,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-const VARIANTS: [&str; 5] = [
+mod per_op;
+
+const VARIANTS: [&str; 6] = [
     "direct",
+    "floor",
     "leasegate-credentials",
     "leasegate-lease-port",
     "squid",
@@ -24,6 +30,7 @@ const VARIANTS: [&str; 5] = [
 fn label(variant: &str) -> &'static str {
     match variant {
         "direct" => "direct",
+        "floor" => "floor",
         "leasegate-credentials" => "leasegate (credentials)",
         "leasegate-lease-port" => "leasegate (lease port)",
         "squid" => "Squid",
@@ -39,6 +46,8 @@ struct Run {
     ok: f64,
     bad: f64,
     first_error: Option<String>,
+    /// What the run did, for CPU per operation: tunnels, requests or MB (10^6 bytes).
+    ops: f64,
 }
 
 /// Normalises a load-tool run (oha JSON or the wrk script's JSON).
@@ -73,6 +82,7 @@ fn load_run(v: &Value) -> Run {
         }
         run.ok = ok;
         run.bad = bad;
+        run.ops = ok;
         if total > 0.0 {
             run.values.insert("rps", ok / total);
         }
@@ -91,6 +101,7 @@ fn load_run(v: &Value) -> Run {
         let errors = v["errors"].as_f64().unwrap_or(0.0);
         run.ok = requests - non2xx;
         run.bad = non2xx + errors;
+        run.ops = run.ok;
         if run.bad > 0.0 {
             run.first_error = Some(format!("{non2xx} non-2xx, {errors} socket errors"));
         }
@@ -113,6 +124,7 @@ fn harness_run(figure: &str, v: &Value) -> Run {
             run.ok = v["tunnels"].as_f64().unwrap_or(0.0);
             run.bad = v["errors"].as_f64().unwrap_or(0.0);
             run.first_error = v["first_error"].as_str().map(str::to_owned);
+            run.ops = run.ok;
             run.values
                 .insert("per_s", v["per_s"].as_f64().unwrap_or(0.0));
             run.values
@@ -122,6 +134,7 @@ fn harness_run(figure: &str, v: &Value) -> Run {
         }
         "bulk" => {
             run.ok = v["repeat"].as_f64().unwrap_or(0.0);
+            run.ops = run.ok * v["bytes"].as_f64().unwrap_or(0.0) / 1e6;
             run.values
                 .insert("mb_per_s", v["mb_per_s"].as_f64().unwrap_or(0.0));
         }
@@ -189,6 +202,11 @@ pub fn report(opts: &Opts) -> Result<()> {
     let mut raw_runs: Vec<Value> = Vec::new();
     let mut rss: BTreeMap<String, Value> = BTreeMap::new();
     let mut idle: BTreeMap<String, Value> = BTreeMap::new();
+    // (figure, variant, round) → the CPU reading around the run, and what the run did.
+    let mut cpu: BTreeMap<(String, String, u32), Value> = BTreeMap::new();
+    let mut ops: BTreeMap<(String, String, u32), f64> = BTreeMap::new();
+    // figure.key → variant → the rounds' values (for their spread).
+    let mut rounds: BTreeMap<String, BTreeMap<&str, Vec<f64>>> = BTreeMap::new();
     let mut names: Vec<_> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -213,6 +231,10 @@ pub fn report(opts: &Opts) -> Result<()> {
             idle.insert(variant.to_owned(), value);
             continue;
         }
+        let (stem, is_cpu) = match stem.strip_prefix("cpu_") {
+            Some(run) => (run, true),
+            None => (stem, false),
+        };
         let mut parts = stem.splitn(3, '_');
         let (Some(round), Some(figure), Some(variant)) = (parts.next(), parts.next(), parts.next())
         else {
@@ -221,6 +243,10 @@ pub fn report(opts: &Opts) -> Result<()> {
         let Some(round) = round.strip_prefix('r').and_then(|r| r.parse::<u32>().ok()) else {
             continue;
         };
+        if is_cpu {
+            cpu.insert((figure.to_owned(), variant.to_owned(), round), value);
+            continue;
+        }
         let run = match figure {
             "ka1" | "ka32" | "close32" => load_run(&value),
             _ => harness_run(figure, &value),
@@ -230,6 +256,7 @@ pub fn report(opts: &Opts) -> Result<()> {
             "values": run.values.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<Map<_, _>>(),
             "ok": run.ok, "bad": run.bad, "first_error": run.first_error,
         }));
+        ops.insert((figure.to_owned(), variant.to_owned(), round), run.ops);
         runs.entry(figure.to_owned())
             .or_default()
             .entry(variant.to_owned())
@@ -256,6 +283,10 @@ pub fn report(opts: &Opts) -> Result<()> {
                     .iter()
                     .filter_map(|r| r.values.get(key).copied())
                     .collect();
+                rounds
+                    .entry(format!("{figure}.{key}"))
+                    .or_default()
+                    .insert(variant, vals.clone());
                 if let Some(m) = median(vals) {
                     med.entry(format!("{figure}.{key}"))
                         .or_default()
@@ -272,6 +303,15 @@ pub fn report(opts: &Opts) -> Result<()> {
             }
         }
     }
+    // How far a row's rounds spread: the largest (max − min) ÷ median among its variants.
+    let spread_of = |key: &str| -> Option<f64> {
+        rounds
+            .get(key)?
+            .values()
+            .filter_map(|vals| per_op::spread(vals))
+            .reduce(f64::max)
+    };
+    let per_op = per_op::PerOp::collect(&cpu, &ops);
     // Added p50 latency at 1 connection, over direct.
     if let Some(p50) = med.get("ka1.p50_us").cloned() {
         if let Some(&d) = p50.get("direct") {
@@ -458,12 +498,19 @@ pub fn report(opts: &Opts) -> Result<()> {
         machine["kernel"].as_str().unwrap_or("?"),
         machine["tcp_congestion_control"].as_str().unwrap_or("?")
     )?;
-    writeln!(
-        md,
-        "- **leasegate**: git {} (`{}` build)",
-        meta("leasegate-rev"),
-        meta("leasegate-profile")
-    )?;
+    match opts.opt("leasegate-bin").filter(|b| !b.is_empty()) {
+        Some(bin) => writeln!(
+            md,
+            "- **leasegate**: the prebuilt binary `{bin}` (this checkout: git {})",
+            meta("leasegate-rev")
+        )?,
+        None => writeln!(
+            md,
+            "- **leasegate**: git {} (`{}` build)",
+            meta("leasegate-rev"),
+            meta("leasegate-profile")
+        )?,
+    }
     writeln!(md, "- **Squid**: {}", meta("squid-version"))?;
     writeln!(md, "- **tinyproxy**: {}", meta("tinyproxy-version"))?;
     writeln!(
@@ -487,12 +534,12 @@ pub fn report(opts: &Opts) -> Result<()> {
     for v in VARIANTS {
         write!(md, " {} |", label(v))?;
     }
-    writeln!(md)?;
+    writeln!(md, " spread of rounds ⁵ |")?;
     write!(md, "|---|")?;
     for _ in VARIANTS {
         write!(md, "---:|")?;
     }
-    writeln!(md)?;
+    writeln!(md, "---:|")?;
     for row in &rows {
         let Some(vals) = med.get(row.key) else {
             continue;
@@ -504,12 +551,19 @@ pub fn report(opts: &Opts) -> Result<()> {
             vals.get("direct").copied()
         };
         let squid = vals.get("squid").copied();
+        let floor = vals.get("floor").copied();
         for v in VARIANTS {
             match vals.get(v) {
                 None => write!(md, " – |")?,
                 Some(&x) => {
                     let mut cell = format!("{}{}", fmt_num(x, row.decimals), row.unit);
                     let mut ratios = Vec::new();
+                    // Throughputs: the ratio to the floor first, the headline.
+                    if v != "direct" && v != "floor" && per_core(row.key) {
+                        if let Some(r) = ratio(x, floor) {
+                            ratios.push(format!("{r:.2}× fl"));
+                        }
+                    }
                     if v != "direct" {
                         if let Some(r) = ratio(x, direct) {
                             ratios.push(format!("{r:.2}× d"));
@@ -531,7 +585,12 @@ pub fn report(opts: &Opts) -> Result<()> {
                 }
             }
         }
-        writeln!(md)?;
+        let spread = match row.key {
+            "ka1.p50_added_us" => "–".to_owned(),
+            key if key.starts_with("rss.") || key.starts_with("idle.") => "–".to_owned(),
+            key => per_op::percent(spread_of(key)),
+        };
+        writeln!(md, " {spread} |")?;
     }
     // Errors row.
     write!(md, "| failed requests / tunnels, all runs ⁴ |")?;
@@ -543,12 +602,15 @@ pub fn report(opts: &Opts) -> Result<()> {
             None => write!(md, " – |")?,
         }
     }
-    writeln!(md)?;
+    writeln!(md, " – |")?;
     writeln!(md)?;
     writeln!(
         md,
-        "`× d` = ratio to direct, `× sq` = ratio to Squid (value ÷ reference, so for latencies and memory lower is better). \
-Latencies are the load tool's (oha) or the harness's, end to end from the client."
+        "`× fl` = ratio to the floor (throughput rows), `× d` = ratio to direct, `× sq` = ratio to Squid (value ÷ reference, so for latencies and memory lower is better). \
+Latencies are the load tool's (oha) or the harness's, end to end from the client. \
+The floor (`compare-harness floor`) is the cheapest proxy doing leasegate's socket work and nothing else: \
+the same runtime layout (a current-thread runtime per core), socket options, hyper 1 server and client, splice(2) relay and per-worker upstream pool, \
+with no identification, policy, address guard, logging, metrics or timeouts; what leasegate costs beyond it is what `× fl` and `× floor` measure."
     )?;
     writeln!(md)?;
     writeln!(
@@ -588,11 +650,19 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
             if list.is_empty() { "none".to_owned() } else { list.join("; ") }
         }
     )?;
+    writeln!(
+        md,
+        "5. How far a row's rounds spread: the largest (max − min) ÷ median of the per-round values among its columns (\"one round\" when each figure ran once). A ratio nearer 1 than this is a tie."
+    )?;
     if let Some(note) = opts.opt("notes") {
         if !note.is_empty() {
             writeln!(md)?;
             writeln!(md, "{note}")?;
         }
+    }
+
+    if !per_op.is_empty() {
+        md.push_str(&per_op.table(&conc)?);
     }
 
     // Targets (leasegate by credentials; lease port in parentheses).
@@ -683,6 +753,28 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
     for (line, _) in &targets {
         writeln!(md, "- {line}")?;
     }
+
+    // Targets vs the floor (leasegate by credentials judged; lease port and Squid shown).
+    let value = |key: &str, v: &str| get(key, v);
+    let throughput = per_op::Throughput {
+        value: &value,
+        spread: &spread_of,
+    };
+    let floor_targets = per_op::floor_targets(&per_op, &throughput);
+    writeln!(md, "\n## Targets vs the floor\n")?;
+    for (line, _) in &floor_targets {
+        writeln!(md, "- {line}")?;
+    }
+    writeln!(
+        md,
+        "- Noise (spread of rounds, footnote 5): CPU per tunnel {}, per request {}, per MB {}; tunnels/s {}, requests/s {}, MB/s {}.",
+        per_op::percent(per_op.spread("connect")),
+        per_op::percent(per_op.spread("ka32")),
+        per_op::percent(per_op.spread("bulk")),
+        per_op::percent(spread_of("connect.per_s")),
+        per_op::percent(spread_of("ka32.rps")),
+        per_op::percent(spread_of("bulk.mb_per_s")),
+    )?;
     std::fs::write(out_md, &md)?;
 
     let medians: Map<String, Value> = med
@@ -697,6 +789,7 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
     let out = json!({
         "meta": {
             "date": meta("date"), "elapsed": meta("elapsed"), "leasegate_rev": meta("leasegate-rev"), "leasegate_profile": meta("leasegate-profile"),
+            "leasegate_bin": opts.opt("leasegate-bin").filter(|b| !b.is_empty()),
             "squid": meta("squid-version"), "tinyproxy": meta("tinyproxy-version"),
             "load_tool": meta("load-tool"), "rounds": meta("rounds"), "duration_s": meta("duration"),
             "concurrency": conc, "quick": opts.opt("quick") == Some("1"), "command": meta("command"),
@@ -706,6 +799,9 @@ Latencies are the load tool's (oha) or the harness's, end to end from the client
         "medians": medians,
         "errors": errors.iter().map(|(v, (ok, bad, first))| (v.to_string(), json!({"ok": ok, "failed": bad, "first": first}))).collect::<Map<_, _>>(),
         "targets": targets.iter().map(|(l, ok)| json!({"target": l, "met": ok})).collect::<Vec<_>>(),
+        "floor_targets": floor_targets.iter().map(|(l, ok)| json!({"target": l, "met": ok})).collect::<Vec<_>>(),
+        "cpu_per_op": per_op.to_json(),
+        "spread": rounds.keys().map(|k| (k.clone(), json!(spread_of(k)))).collect::<Map<_, _>>(),
         "rss": rss,
         "idle_tunnels": idle,
         "runs": raw_runs,
@@ -754,4 +850,93 @@ fn machine_info() -> Value {
         .unwrap_or_else(|_| "?".into());
     json!({"nproc": nproc, "cpu": cpu, "memory": memory, "kernel": kernel,
            "tcp_congestion_control": congestion})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+    use crate::Opts;
+    use serde_json::json;
+
+    /// A report from run files and CPU readings: the floor's column, `× fl` on throughputs,
+    /// the spread of rounds, the CPU table and the targets against the floor.
+    #[test]
+    fn the_report_measures_every_variant_against_the_floor() {
+        let dir = std::env::temp_dir().join(format!("compare-report-{}", std::process::id()));
+        let runs = dir.join("runs");
+        std::fs::create_dir_all(&runs).unwrap();
+        let write = |name: &str, v: serde_json::Value| {
+            std::fs::write(runs.join(name), v.to_string()).unwrap();
+        };
+        // Two rounds of CONNECT setup; the floor 10,000 and 12,000 tunnels/s.
+        for (variant, per_s, cpu_s) in [
+            ("direct", [40_000.0, 40_000.0], 0.5),
+            ("floor", [10_000.0, 12_000.0], 1.0),
+            ("leasegate-credentials", [9_000.0, 9_000.0], 1.1),
+            ("leasegate-lease-port", [9_000.0, 9_000.0], 1.1),
+            ("squid", [5_000.0, 5_000.0], 2.0),
+        ] {
+            for (round, per_s) in per_s.iter().enumerate() {
+                let r = round + 1;
+                write(
+                    &format!("r{r}_connect_{variant}.json"),
+                    json!({"tunnels": 20_000, "errors": 0, "per_s": per_s, "p50_us": 100, "p99_us": 900}),
+                );
+                let side = |s: f64| json!({"user_s": s / 2.0, "system_s": s / 2.0, "cpu_s": s});
+                let who = if variant == "direct" {
+                    "origin"
+                } else {
+                    "proxy"
+                };
+                write(
+                    &format!("cpu_r{r}_connect_{variant}.json"),
+                    json!({"before": {"clk_tck": 100, who: side(0.0), "origin": side(0.0)},
+                           "after": {"clk_tck": 100, who: side(cpu_s), "origin": side(0.2)}}),
+                );
+            }
+        }
+        let (md, js) = (dir.join("out.md"), dir.join("out.json"));
+        let opts = Opts(
+            [
+                ("runs", runs.to_str().unwrap()),
+                ("out-md", md.to_str().unwrap()),
+                ("out-json", js.to_str().unwrap()),
+                ("concurrency", "32"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+        report(&opts).unwrap();
+        let md = std::fs::read_to_string(&md).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&js).unwrap()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        assert!(
+            md.contains("| figure | direct | floor | leasegate (credentials) | leasegate (lease port) | Squid | tinyproxy | spread of rounds ⁵ |"),
+            "{md}"
+        );
+        // 9,000 over the floor's median 11,000; the floor's rounds spread 2,000 / 11,000.
+        assert!(
+            md.contains("| 9,000 (0.82× fl, 0.23× d, 1.80× sq) |"),
+            "{md}"
+        );
+        assert!(md.contains("| 18.2 % |"), "{md}");
+        // 1.1 s over 20,000 tunnels = 55 µs against the floor's 50 µs.
+        assert!(
+            md.contains("| 27.5 + 27.5 = 55.0 µs (**1.10× floor**, 0.55× sq) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- CPU per CONNECT tunnel ≤ 1.2× floor: **met** — 1.10× floor (55.0 vs 50.0 µs; lease port 1.10×; Squid 2.00×)"),
+            "{md}"
+        );
+        assert_eq!(json["floor_targets"][0]["met"], json!(true));
+        assert_eq!(
+            json["cpu_per_op"]["connect"]["leasegate-credentials"]["proxy"]["total_us"],
+            json!(55.0)
+        );
+        assert_eq!(json["medians"]["connect.per_s"]["floor"], json!(11_000.0));
+    }
 }
