@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sse::{Events, Sse};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::LazyLock;
 
 pub use prices::{Prices, PricesError};
 
@@ -168,6 +169,32 @@ struct Body {
     /// The first bytes of the current event's data, to tell `[DONE]`, and its length.
     lead: [u8; 6],
     data_len: usize,
+    /// A streamed Chat Completions answer: the current event's data is held (while it fits)
+    /// rather than read, and read at its end only if it may carry usage ([`may_carry_usage`]).
+    sieve: bool,
+    /// The current event's data is in `hold` (not yet read).
+    holding: bool,
+    hold: [u8; HOLD],
+    hold_len: usize,
+}
+
+/// The most bytes of one event a sieved stream holds; a longer event is read as it comes.
+const HOLD: usize = 4096;
+
+/// Whether an event's data may carry a usage object: `"usage"`, then (past whitespace) `:`
+/// and `{`. A Chat Completions stream names its usage in its last chunk only (the others say
+/// `"usage":null` or nothing), so the thousands of chunks before it are sieved out here with
+/// `memmem` instead of being read. An object key is only ever this spelled out in the answers
+/// of the APIs metered; spelled otherwise (with escapes), the usage is not seen and the call
+/// reads as unmetered, never as zero.
+fn may_carry_usage(data: &[u8]) -> bool {
+    static KEY: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    KEY.find_iter(data).any(|at| {
+        let mut after = data[at + 7..].iter().skip_while(|b| is_space(b));
+        after.next() == Some(&b':') && after.find(|b| !is_space(b)) == Some(&b'{')
+    })
 }
 
 impl Body {
@@ -191,6 +218,10 @@ impl Body {
             unreadable: false,
             lead: [0; 6],
             data_len: 0,
+            sieve: false,
+            holding: false,
+            hold: [0; HOLD],
+            hold_len: 0,
         }
     }
 
@@ -289,6 +320,18 @@ impl Events for Body {
             self.lead[self.data_len..self.data_len + take].copy_from_slice(&bytes[..take]);
         }
         self.data_len = self.data_len.saturating_add(bytes.len());
+        if self.holding {
+            let end = self.hold_len + bytes.len();
+            if end <= HOLD {
+                self.hold[self.hold_len..end].copy_from_slice(bytes);
+                self.hold_len = end;
+                return;
+            }
+            // Too long to hold: read as it comes, what was held first.
+            self.holding = false;
+            self.scanner
+                .feed(&self.hold[..self.hold_len], &mut self.doc);
+        }
         self.scanner.feed(bytes, &mut self.doc);
     }
 
@@ -296,6 +339,12 @@ impl Events for Body {
         if self.data_len == self.lead.len() && &self.lead == b"[DONE]" {
             self.ended = true;
         } else {
+            // A held event is read if it may carry usage, or while no model has been named
+            // (so that an answer without usage still shows its model).
+            let held = &self.hold[..self.hold_len];
+            if self.holding && (self.model_seen == ModelSeen::Absent || may_carry_usage(held)) {
+                self.scanner.feed(held, &mut self.doc);
+            }
             match self.scanner.end(&mut self.doc) {
                 End::Complete => self.apply(),
                 // Whitespace only: no document.
@@ -306,6 +355,8 @@ impl Events for Body {
         self.scanner.reset();
         self.doc.reset();
         self.data_len = 0;
+        self.holding = self.sieve;
+        self.hold_len = 0;
     }
 }
 
@@ -347,8 +398,9 @@ fn framing_of(headers: &http::HeaderMap) -> Framing {
 }
 
 impl Meter {
-    /// The most bytes of a body a meter ever holds (three captured strings).
-    pub const MOST_HELD: usize = 3 * json::CAPTURE;
+    /// The most bytes of a body a meter ever holds (an event of a sieved stream, three
+    /// captured strings).
+    pub const MOST_HELD: usize = HOLD + 3 * json::CAPTURE;
 
     /// The meter for a request, or `None` when it is not a metered call (another method or
     /// path, e.g. `GET /v1/models`). `path` is the request target's path (a query is ignored);
@@ -385,6 +437,8 @@ impl Meter {
             Framing::Skipped(reason::COMPRESSED)
         };
         self.body.streamed = self.framing == Framing::Sse;
+        self.body.sieve = self.body.streamed && self.body.call == Call::ChatCompletions;
+        self.body.holding = self.body.sieve;
     }
 
     /// The next chunk of the body, as relayed (split anywhere).
@@ -396,11 +450,12 @@ impl Meter {
         }
     }
 
-    /// Bytes of the body the meter holds now (a string being read, the model names of the
-    /// current event and of the response): never more than [`Meter::MOST_HELD`], whatever
-    /// the body.
+    /// Bytes of the body the meter holds now (an event's data held, a string being read, the
+    /// model names of the current event and of the response): never more than
+    /// [`Meter::MOST_HELD`], whatever the body.
     pub fn held(&self) -> usize {
-        self.body.scanner.held() + self.body.doc.name.len() + self.body.model.len()
+        let body = &self.body;
+        body.hold_len + body.scanner.held() + body.doc.name.len() + body.model.len()
     }
 
     /// The reading, once the body has ended (or stopped: a body cut before its usage reads as

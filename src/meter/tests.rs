@@ -195,8 +195,9 @@ fn a_huge_response_completed_is_read_in_bounded_memory() {
         most = most.max(meter.held());
     }
     assert!(most <= Meter::MOST_HELD, "held {most} bytes");
+    // An event held (sieved Chat Completions streams) and the rest under 2 KiB.
     assert!(
-        std::mem::size_of::<Meter>() <= 2048,
+        std::mem::size_of::<Meter>() <= super::HOLD + 2048,
         "{}",
         std::mem::size_of::<Meter>()
     );
@@ -451,6 +452,24 @@ fn nesting_deeper_than_the_limit_is_malformed() {
         read(Api::OpenAi, CHAT, 200, JSON, &body),
         metered("gpt-4o-mini-2024-07-18", 12, 30, 4)
     );
+}
+
+#[test]
+fn a_chat_stream_is_read_at_its_usage_chunk_only() {
+    // The chunks between the first (which names the model) and the one with usage are not
+    // read: a broken one there does not matter.
+    let stream = chat_stream(true, "\n").replace("{\"content\":\"data", "{\"content\":[[\"data");
+    assert!(stream.contains("[[\""));
+    let reading = read(Api::OpenAi, CHAT, 200, SSE, &stream);
+    assert_eq!(reading, metered("gpt-4o", 100, 7, 64));
+    // The usage object spelled with spaces, or in an event longer than the meter holds (read
+    // as it comes), still counts.
+    let spaced = chat_stream(true, "\n").replace("\"usage\":{", "\"usage\" :\t{");
+    assert_ne!(spaced, chat_stream(true, "\n"));
+    assert_eq!(read(Api::OpenAi, CHAT, 200, SSE, &spaced), reading);
+    let padding = format!("\"pad\":\"{}\",\"usage\":{{", "x".repeat(super::HOLD));
+    let long = chat_stream(true, "\n").replace("\"usage\":{", &padding);
+    assert_eq!(read(Api::OpenAi, CHAT, 200, SSE, &long), reading);
 }
 
 #[test]
