@@ -131,7 +131,10 @@ pub fn check(data: &[u8]) {
         parts: &scanned,
         terminated,
     };
-    let outcome = inspect(&set, &lease, Some(&key), &seen);
+    // One memo for every input: a remembered placeholder must hold as well as a fresh one.
+    static MEMO: OnceLock<placeholder::Memo> = OnceLock::new();
+    let memo = MEMO.get_or_init(placeholder::Memo::default);
+    let outcome = inspect(&set, &lease, Some(&key), memo, &seen);
     let exposed = parts.iter().any(|p| holds(p, VALUE) || holds(p, CANARY));
     let carried = parts.iter().any(|p| holds(p, &stand_in));
     match &outcome {

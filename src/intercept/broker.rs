@@ -50,6 +50,8 @@ pub struct Broker {
     ca_pem: String,
     /// `--prices`: what metered calls cost; `None`: every metered call is unpriced.
     prices: Option<Arc<crate::meter::prices::Prices>>,
+    /// The placeholders the checks derived, kept for the lease's next requests.
+    pub placeholders: placeholder::Memo,
 }
 
 impl std::fmt::Debug for Broker {
@@ -92,6 +94,7 @@ impl Broker {
             upstream: Arc::new(upstream),
             ca_pem,
             prices: None,
+            placeholders: placeholder::Memo::default(),
         })
     }
 

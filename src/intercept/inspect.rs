@@ -32,11 +32,13 @@ pub struct Seen<'a> {
     pub terminated: bool,
 }
 
-/// Checks `seen` for `lease` (signed with `key`) against `set`; the secrets to put in.
+/// Checks `seen` for `lease` (signed with `key`) against `set`; the secrets to put in. The
+/// lease's placeholders come from `memo`.
 pub fn inspect<'s>(
     set: &'s SecretSet,
     lease: &Lease,
     key: Option<&Key>,
+    memo: &placeholder::Memo,
     seen: &Seen<'_>,
 ) -> Result<Vec<&'s Secret>, Refusal> {
     for part in seen.parts {
@@ -66,7 +68,7 @@ pub fn inspect<'s>(
     };
     if let Some(key) = key {
         for secret in set.secrets() {
-            let stand_in = placeholder::derive(key, &lease.id, &secret.spec().id);
+            let stand_in = memo.derive(key, &lease.id, &secret.spec().id);
             let carried = seen
                 .parts
                 .iter()
@@ -202,6 +204,7 @@ pub fn put_in(parts: &mut http::request::Parts, secret: &Secret) -> Result<(), R
 mod tests {
     use super::*;
     use crate::contract::Timestamp;
+    use crate::secrets::placeholder::Memo;
     use crate::secrets::Secrets;
     use std::sync::Arc;
 
@@ -272,6 +275,7 @@ env_name = "GITHUB_TOKEN"
             &set,
             &lease,
             Some(&key),
+            &Memo::default(),
             &seen("GET", "/repos/a/b", "api.github.test", &parts),
         )
         .unwrap();
@@ -283,6 +287,7 @@ env_name = "GITHUB_TOKEN"
             &set,
             &other,
             Some(&key),
+            &Memo::default(),
             &seen("GET", "/repos/a/b", "api.github.test", &[b"/"]),
         )
         .unwrap();
@@ -338,8 +343,14 @@ env_name = "GITHUB_TOKEN"
         ];
         for (method, path, host, part, want) in cases {
             let parts: [&[u8]; 1] = [&part];
-            let refused =
-                inspect(&set, &lease, Some(&key), &seen(method, path, host, &parts)).unwrap_err();
+            let refused = inspect(
+                &set,
+                &lease,
+                Some(&key),
+                &Memo::default(),
+                &seen(method, path, host, &parts),
+            )
+            .unwrap_err();
             assert_eq!(refused.code, want, "{method} {host}{path}");
             for secret in [VALUE, CANARY, stand_in.as_str()] {
                 assert!(!refused.detail.contains(secret), "{}", refused.detail);
@@ -352,7 +363,7 @@ env_name = "GITHUB_TOKEN"
             ..seen("GET", "/repos/x", "api.github.test", &parts)
         };
         assert_eq!(
-            code(inspect(&set, &lease, Some(&key), &plain)),
+            code(inspect(&set, &lease, Some(&key), &Memo::default(), &plain)),
             Some(Code::SecretMisdirected)
         );
         // A placeholder made with another key (another lease's, or a guess) is not this lease's.
@@ -363,6 +374,7 @@ env_name = "GITHUB_TOKEN"
                 &set,
                 &lease,
                 Some(&key),
+                &Memo::default(),
                 &seen("GET", "/", "evil.test", &parts)
             )),
             None
@@ -380,7 +392,7 @@ env_name = "GITHUB_TOKEN"
                 terminated,
                 ..seen("GET", &path, "api.github.test", &parts)
             };
-            let refused = inspect(&set, &lease, Some(&key), &seen).unwrap_err();
+            let refused = inspect(&set, &lease, Some(&key), &Memo::default(), &seen).unwrap_err();
             assert_eq!(refused.code, Code::SecretMisdirected);
             assert!(!refused.detail.contains(&stand_in), "{}", refused.detail);
             assert!(

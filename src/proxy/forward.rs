@@ -13,6 +13,7 @@ use super::decision::Decision;
 use super::exchange::Exchange;
 use super::identify::LEASE_ID_HEADER;
 use super::pipeline::Cleared;
+use super::upstream::held::{Held, Taken};
 use super::upstream::PoolKey;
 use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
@@ -68,6 +69,7 @@ pub async fn handle(
                 target: &cleared.decision.target,
                 token: &cleared.token,
                 tls: None,
+                held: None,
             };
             match &proxy.broker {
                 None => send(&proxy, req, client_upgrade, to, &mut ex).await,
@@ -95,7 +97,7 @@ async fn checked(
     let (parts, body) = req.into_parts();
     let (body, ahead) = read_ahead(body, &cleared.token).await?;
     let set = broker.secrets.current();
-    inspected(&set, &cleared.decision, &parts, &ahead, false)?;
+    inspected(broker, &set, &cleared.decision, &parts, &ahead, false)?;
     Ok(Request::from_parts(parts, body))
 }
 
@@ -118,6 +120,7 @@ pub async fn read_ahead(
 
 /// [`inspect`] of a request of `decision`'s lease: its target, header values and `ahead`.
 pub fn inspected<'s>(
+    broker: &Broker,
     set: &'s SecretSet,
     decision: &Decision,
     parts: &http::request::Parts,
@@ -143,7 +146,7 @@ pub fn inspected<'s>(
         parts: &scanned,
         terminated,
     };
-    inspect(set, lease, key, &seen)
+    inspect(set, lease, key, &broker.placeholders, &seen)
 }
 
 /// What makes a request forwardable at all, before any lease is looked at: an absolute
@@ -186,6 +189,11 @@ const HOP_BY_HOP: [HeaderName; 10] = [
 
 /// Removes hop-by-hop headers (and those `Connection` names); keeps an upgrade if asked.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // One pass over the few fields a message has, instead of a lookup for each of ours: most
+    // messages carry none of them.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let upgrade = headers.get(header::UPGRADE).cloned();
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -225,6 +233,9 @@ pub struct Upstream<'a> {
     pub token: &'a tokio_util::sync::CancellationToken,
     /// The verified TLS configuration and the name to verify (the CONNECT host).
     pub tls: Option<(&'a Arc<rustls::ClientConfig>, &'a str)>,
+    /// A terminated tunnel's kept connection, tried before the pool and given the connection
+    /// back.
+    pub held: Option<&'a Held>,
 }
 
 impl Upstream<'_> {
@@ -238,8 +249,8 @@ impl Upstream<'_> {
     }
 }
 
-/// A connection of the lease's own pool to one of `to.addrs`, or a new one (over TLS to the
-/// origin, verified, for a terminated tunnel).
+/// The tunnel's kept connection, else one of the lease's own pool to one of `to.addrs`, else a
+/// new one (over TLS to the origin, verified, for a terminated tunnel).
 async fn sender_for(
     proxy: &Proxy,
     to: &Upstream<'_>,
@@ -247,6 +258,21 @@ async fn sender_for(
     ex: &mut Exchange,
 ) -> Result<(SendRequest<Body>, UpstreamAddr), Refusal> {
     if !upgrade {
+        let kept = to
+            .held
+            .map_or(Taken::Nothing, |held| held.take(proxy.pool.idle_for()));
+        match kept {
+            Taken::Ready(sender, addr) if to.addrs.contains(&addr) => {
+                ex.dialed = Some(addr);
+                return Ok((sender, addr));
+            }
+            // Still answering another stream (or not to an address asked now): for the pool,
+            // which waits for it to be free.
+            Taken::Ready(sender, addr) | Taken::Busy(sender, addr) => {
+                proxy.pool.checkin(to.key(addr), sender);
+            }
+            Taken::Nothing => {}
+        }
         for &addr in to.addrs {
             if let Some(sender) = proxy.pool.checkout(&to.key(addr)) {
                 ex.dialed = Some(addr);
@@ -449,7 +475,15 @@ where
         }
     };
     if !upgrade {
-        proxy.pool.checkin(to.key(addr), sender);
+        // Kept by the tunnel for its next request (the one it displaces, another stream's,
+        // goes to the pool), or pooled once its answer is read.
+        let back = match to.held {
+            Some(held) => held.put(sender, addr),
+            None => Some((sender, addr)),
+        };
+        if let Some((sender, addr)) = back {
+            proxy.pool.checkin(to.key(addr), sender);
+        }
     }
     Ok(Forwarded {
         response,
@@ -531,4 +565,53 @@ async fn relay_upgrade(
             &mut ex,
         )
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
+        fields
+            .iter()
+            .map(|(n, v)| (n.parse().unwrap(), HeaderValue::from_str(v).unwrap()))
+            .collect()
+    }
+
+    fn names(headers: &HeaderMap) -> Vec<&str> {
+        headers.keys().map(HeaderName::as_str).collect()
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_go_the_rest_stays() {
+        let plain = [("host", "a.test"), ("accept", "*/*"), ("x-trace", "1")];
+        let mut kept = headers(&plain);
+        strip_hop_by_hop(&mut kept, false);
+        assert_eq!(kept, headers(&plain), "nothing to strip: untouched");
+
+        let mut mixed = headers(&[
+            ("host", "a.test"),
+            ("connection", "keep-alive, X-Trace"),
+            ("keep-alive", "timeout=5"),
+            ("x-trace", "1"),
+            ("proxy-authorization", "Basic eA=="),
+            ("x-lease-id", "lease"),
+            ("te", "trailers"),
+            ("accept", "*/*"),
+        ]);
+        strip_hop_by_hop(&mut mixed, false);
+        assert_eq!(names(&mixed), ["host", "accept"]);
+
+        let mut upgrade = headers(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "k"),
+        ]);
+        strip_hop_by_hop(&mut upgrade, true);
+        assert_eq!(upgrade["connection"], "upgrade");
+        assert_eq!(upgrade["upgrade"], "websocket");
+        assert_eq!(upgrade["sec-websocket-key"], "k");
+        strip_hop_by_hop(&mut upgrade, false);
+        assert_eq!(names(&upgrade), ["sec-websocket-key"]);
+    }
 }

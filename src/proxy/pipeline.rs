@@ -116,16 +116,15 @@ impl Proxy {
     /// Phases 1–4 for a request inside a terminated tunnel: the admission gate, then
     /// [`decide`] for the lease the tunnel proved, over the current snapshot (so a lease closed
     /// since the CONNECT is refused here). The connection is the tunnel's, already tied to the
-    /// lease; the addresses are the tunnel's, already checked.
+    /// lease; the addresses are the tunnel's, already checked. `ask` names the tunnel's target
+    /// (parsed once for the tunnel: [`Ask::new`] with default port 443).
     pub async fn clear_inside(
         &self,
         identity: &Identity,
-        asked: Asked<'_>,
-        authority: &str,
+        ask: Ask<'_>,
         token: &CancellationToken,
         ex: &mut Exchange,
     ) -> Result<Decision, Refusal> {
-        let ask = Ask::new(asked, authority, Some(443));
         if let Ok(target) = &ask.target {
             ex.target = Some(target.clone());
         }

@@ -12,6 +12,8 @@
 use crate::contract::keys::Key;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use subtle::ConstantTimeEq;
 
 /// What every placeholder starts with, so a scan can find candidates.
@@ -33,6 +35,56 @@ pub fn derive(key: &Key, lease_id: &str, secret_id: &str) -> String {
     encoded.truncate(MAC_CHARS);
     encoded.make_ascii_lowercase();
     format!("{PREFIX}{secret_id}_{encoded}")
+}
+
+/// Leases whose placeholders a [`Memo`] keeps; one more starts it over.
+const MEMO_LEASES: usize = 4096;
+/// Placeholders a [`Memo`] keeps per lease (secrets come and go with reloads).
+const MEMO_PER_LEASE: usize = 64;
+
+/// Placeholders already derived, by lease: each request of a lease is checked for the same few
+/// placeholders, and deriving one is two HMACs (about 2 µs, per secret, per request).
+///
+/// Invariant: what it gives is what [`derive()`] gives for the same key (by fingerprint, as the
+/// keyring itself tells keys apart), lease id and secret id.
+#[derive(Debug, Default)]
+pub struct Memo {
+    by_lease: Mutex<HashMap<String, Vec<Remembered>>>,
+}
+
+#[derive(Debug)]
+struct Remembered {
+    fingerprint: Arc<str>,
+    secret_id: String,
+    placeholder: Arc<str>,
+}
+
+impl Memo {
+    /// [`derive()`], remembered.
+    pub fn derive(&self, key: &Key, lease_id: &str, secret_id: &str) -> Arc<str> {
+        let is_it =
+            |r: &Remembered| r.secret_id == secret_id && *r.fingerprint == *key.fingerprint();
+        {
+            let memo = self.by_lease.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(found) = memo.get(lease_id).and_then(|l| l.iter().find(|r| is_it(r))) {
+                return found.placeholder.clone();
+            }
+        }
+        let placeholder: Arc<str> = derive(key, lease_id, secret_id).into();
+        let mut memo = self.by_lease.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= MEMO_LEASES && !memo.contains_key(lease_id) {
+            memo.clear();
+        }
+        let list = memo.entry(lease_id.to_owned()).or_default();
+        if list.len() < MEMO_PER_LEASE && !list.iter().any(is_it) {
+            list.push(Remembered {
+                fingerprint: key.shared_fingerprint(),
+                secret_id: secret_id.to_owned(),
+                placeholder: placeholder.clone(),
+            });
+        }
+        placeholder
+    }
 }
 
 /// Whether `candidate` is the placeholder of `secret_id` under `lease_id`, compared in
@@ -98,6 +150,31 @@ mod tests {
         inner.update(message);
         let text = data_encoding::BASE32_NOPAD.encode(&inner.finalize().into_bytes());
         text[..MAC_CHARS].to_ascii_lowercase()
+    }
+
+    #[test]
+    fn a_memo_gives_what_derive_gives_and_stays_bounded() {
+        let memo = Memo::default();
+        let (a, b) = (key(1), key(2));
+        // Derived the first time, remembered the second: the same either way, and a lease id
+        // signed with another key gets that key's placeholder.
+        for _ in 0..2 {
+            for k in [&a, &b] {
+                for lease in ["lease-a", "lease-b"] {
+                    for secret in ["github", "gitlab"] {
+                        assert_eq!(&*memo.derive(k, lease, secret), derive(k, lease, secret));
+                    }
+                }
+            }
+        }
+        for i in 0..=MEMO_LEASES {
+            memo.derive(&a, &format!("lease-{i}"), "s");
+        }
+        assert!(memo.by_lease.lock().unwrap().len() <= MEMO_LEASES);
+        assert_eq!(
+            &*memo.derive(&b, "lease-a", "github"),
+            derive(&b, "lease-a", "github")
+        );
     }
 
     #[test]

@@ -196,14 +196,15 @@ impl Pool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::policy::Guard;
     use hyper_util::rt::TokioIo;
     use tokio::net::TcpStream;
 
     /// A connection to a local listener, as the pool holds it, and the server side of it.
-    async fn connection() -> (PoolKey, SendRequest<Body>, TcpStream) {
+    pub(in crate::proxy::upstream) async fn connection() -> (PoolKey, SendRequest<Body>, TcpStream)
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
         let guard = Guard {

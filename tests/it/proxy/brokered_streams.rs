@@ -1,6 +1,7 @@
 //! Terminated tunnels under load: a WebSocket through a terminated host, long and endless
-//! streams (cut when the lease is revoked), concurrent HTTP/2 streams on one connection, an
-//! upload past the body scan window, a misuse on one replica closing the lease on another.
+//! streams (cut when the lease is revoked), keep-alive requests on one upstream connection,
+//! concurrent HTTP/2 streams on one connection, an upload past the body scan window, a misuse
+//! on one replica closing the lease on another.
 
 use super::brokered::{received, Brokered, HOST, VALUE};
 use crate::cluster::scale_out::{admin_revoke, proxy_revocations, until_status};
@@ -162,6 +163,53 @@ async fn read_until_tls(stream: &mut TlsStream<TcpStream>, needle: &str) -> Stri
     String::from_utf8_lossy(&seen).into_owned()
 }
 
+/// `body` is the origin's `/request` listing for request `?n={i}` (not another's), which got
+/// the secret's value.
+fn the_answer_to(i: usize, body: &str) {
+    assert!(
+        body.contains(&format!("?n={}\n", sha_hex(i.to_string().as_bytes()))),
+        "request {i} got another's answer: {body}"
+    );
+    assert_eq!(
+        received(body, "authorization"),
+        Some(sha_hex(format!("Bearer {VALUE}").as_bytes())),
+        "request {i}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_requests_in_a_tunnel_share_one_upstream_connection() {
+    const REQUESTS: usize = 5;
+    let b = Brokered::start().await;
+    let lease = b.lease.clone();
+    let tls = tls_through(&b, b.server.addr, &lease, &[b"http/1.1"]).await;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let port = b.origin.addr.port();
+    for i in 0..REQUESTS {
+        let request = http::Request::get(format!("/request?n={i}"))
+            .header("host", format!("{HOST}:{port}"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200, "request {i}");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        the_answer_to(i, &String::from_utf8(body.to_vec()).unwrap());
+    }
+    // The connection made before the tunnel's 200 carried every request: each one after the
+    // first took the connection the one before had used.
+    assert_eq!(
+        b.origin
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    let lines = https_lines(&b, REQUESTS).await;
+    assert!(lines.iter().all(|l| l["status"] == 200), "{lines:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_http2_streams_on_one_connection_each_get_the_value() {
     const STREAMS: usize = 8;
@@ -190,15 +238,7 @@ async fn concurrent_http2_streams_on_one_connection_each_get_the_value() {
     let answers = futures_util::future::join_all(requests).await;
     for (i, status, body) in answers {
         assert_eq!(status, 200, "stream {i}: {body}");
-        assert!(
-            body.contains(&format!("?n={}\n", sha_hex(i.to_string().as_bytes()))),
-            "stream {i} got another's answer: {body}"
-        );
-        assert_eq!(
-            received(&body, "authorization"),
-            Some(sha_hex(format!("Bearer {VALUE}").as_bytes())),
-            "stream {i}"
-        );
+        the_answer_to(i, &body);
     }
     let lines = https_lines(&b, STREAMS).await;
     assert_eq!(lines.len(), STREAMS, "{lines:?}");
