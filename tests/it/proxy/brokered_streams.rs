@@ -196,7 +196,7 @@ async fn keep_alive_requests_in_a_tunnel_share_one_upstream_connection() {
         let response = sender.send_request(request).await.unwrap();
         assert_eq!(response.status(), 200, "request {i}");
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        the_answer_to(i, &String::from_utf8(body.to_vec()).unwrap());
+        the_answer_to(i, std::str::from_utf8(&body).unwrap());
     }
     // The connection made before the tunnel's 200 carried every request: each one after the
     // first took the connection the one before had used.
