@@ -2,8 +2,7 @@
 //!
 //! Invariant: bodies are never buffered whole — frames pass through as they come; a body whose
 //! lease token fires ends with an error at its next poll, and a response body carries its
-//! exchange so the egress line is written when the body ends (or is dropped) — right after the
-//! answer's last bytes are written, unless it is a model call (logged at once).
+//! exchange so the egress line is written when the body ends (or is dropped).
 
 use super::exchange::{Counter, Exchange};
 use bytes::Bytes;
@@ -111,9 +110,7 @@ where
                 Poll::Ready(Some(Err(error)))
             }
             Poll::Ready(None) => {
-                if let Some(ex) = self.exchange.take() {
-                    after_this_write(ex);
-                }
+                self.exchange.take();
                 if let Some(ended) = self.ended.take() {
                     let _ = ended.send(());
                 }
@@ -138,31 +135,6 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl<B> Drop for Metered<B> {
-    /// hyper drops a response body as soon as it has its last frame, before it writes the
-    /// answer out.
-    fn drop(&mut self) {
-        if let Some(ex) = self.exchange.take() {
-            after_this_write(ex);
-        }
-    }
-}
-
-/// Logs a finished exchange once the task that finished it yields: a response body ends
-/// inside hyper's write of the answer, so an exchange logged there (its metrics, its lease's
-/// last requests, its egress line: about 5 µs) delays every answer by that much. The task
-/// spawned runs on the same worker right after the answer is flushed, before that connection
-/// reads its next request. A model call is logged at once: its charge must be on its lease's
-/// budget before any next call is checked against it.
-fn after_this_write(ex: Exchange) {
-    if ex.model.is_some() {
-        return;
-    }
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move { drop(ex) });
     }
 }
 

@@ -243,6 +243,8 @@ async fn the_follower_yields_verified_lines_from_its_start_through_an_outage() {
         since,
     );
     get().await;
+    // Its line (published as the replica gets to it) stored before the forged one goes in.
+    assert!(holds(&stream, 2).await, "the second line was never stored");
     publish_raw(
         &stream,
         stream.subject(Some(&x)),
