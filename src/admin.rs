@@ -37,7 +37,7 @@ use crate::proxy::{full, Body, Proxy};
 use crate::registry::listing::{self, Cursor, Filter, Order};
 use crate::registry::revocation::RevocationError;
 use crate::registry::{ClockHealth, InvalidReason, RevokeError, Snapshot, Status};
-use crate::telemetry::egress::{Kind, LoggedVerdict};
+use crate::telemetry::egress::{EgressEvent, Kind, LoggedVerdict};
 use crate::telemetry::metrics::{self, RegistryFigures};
 use crate::telemetry::{lease_requests, rates, recent_refusals};
 use http::{header, Method, Request, Response, StatusCode};
@@ -643,6 +643,7 @@ fn refusals(state: &AdminState, limit: usize) -> Response<Body> {
         .telemetry
         .refusals
         .recent(limit.min(recent_refusals::CAPACITY));
+    let recent: Vec<&EgressEvent> = recent.iter().map(|event| &**event).collect();
     json_response(StatusCode::OK, json!({ "refusals": recent }))
 }
 
@@ -681,6 +682,7 @@ fn lease_requests(state: &AdminState, id: &str, limit: usize) -> Response<Body> 
         return error(StatusCode::NOT_FOUND, format!("no lease {id}"));
     }
     let requests = state.proxy.telemetry.lease_requests.recent(id, limit);
+    let requests: Vec<&EgressEvent> = requests.iter().map(|event| &**event).collect();
     json_response(
         StatusCode::OK,
         json!({"lease_id": id, "requests": requests, "limit": limit}),

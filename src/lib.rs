@@ -11,6 +11,7 @@ pub mod config;
 pub mod contract;
 pub mod descriptors;
 pub mod durable;
+pub mod fast_hash;
 pub mod intercept;
 pub mod log_gate;
 pub mod memory;

@@ -95,27 +95,45 @@ impl Timestamp {
     }
 }
 
+impl Timestamp {
+    /// The contract form's 24 bytes, for the years 0 to 9999 (every timestamp a clock of
+    /// this era reads); `None` for the others, which `Display` spells as `time` does.
+    /// The calendar arithmetic is `time`'s; the digits are written here, straight into the
+    /// array: every egress line carries two timestamps, and a formatter per field cost more
+    /// than the rest of the line.
+    pub fn contract_form(self) -> Option<[u8; 24]> {
+        let t = OffsetDateTime::from_unix_timestamp_nanos(self.0 as i128 * 1_000_000).ok()?;
+        let (year, month, day) = t.to_calendar_date();
+        let (hour, minute, second, milli) = t.to_hms_milli();
+        let year = u16::try_from(year).ok().filter(|y| *y <= 9999)?;
+        let mut out = *b"0000-00-00T00:00:00.000Z";
+        let mut digits = |at: usize, width: usize, mut n: u16| {
+            for i in (at..at + width).rev() {
+                out[i] = b'0' + (n % 10) as u8;
+                n /= 10;
+            }
+        };
+        digits(0, 4, year);
+        digits(5, 2, u8::from(month).into());
+        digits(8, 2, day.into());
+        digits(11, 2, hour.into());
+        digits(14, 2, minute.into());
+        digits(17, 2, second.into());
+        digits(20, 3, milli);
+        Some(out)
+    }
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(form) = self.contract_form() {
+            // Digits and separators only: always UTF-8.
+            return f.write_str(std::str::from_utf8(&form).map_err(|_| fmt::Error)?);
+        }
         let t = OffsetDateTime::from_unix_timestamp_nanos(self.0 as i128 * 1_000_000)
             .unwrap_or(OffsetDateTime::UNIX_EPOCH)
             .to_offset(UtcOffset::UTC);
-        // Four-digit years written directly: `time`'s formatter builds a `String` per call
-        // (and grows it), and every egress line carries a timestamp. Other years (signed or
-        // wider) keep `time`'s own spelling.
-        if (0..=9999).contains(&t.year()) {
-            return write!(
-                f,
-                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-                t.year(),
-                u8::from(t.month()),
-                t.day(),
-                t.hour(),
-                t.minute(),
-                t.second(),
-                t.millisecond()
-            );
-        }
+        // Other years (signed or wider): `time`'s own spelling.
         let text = t.format(FORM).map_err(|_| fmt::Error)?;
         f.write_str(&text)
     }

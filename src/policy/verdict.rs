@@ -10,9 +10,7 @@ use super::target::TargetHost;
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
-/// The hash sets' hasher: foldhash, randomly seeded per process (hash flooding stays off the
-/// table), several times faster than SipHash on host-sized keys.
-type Hasher = foldhash::fast::RandomState;
+use crate::fast_hash::Hasher;
 
 /// One lease's allow or deny list, compiled.
 #[derive(Debug, Clone, Default)]

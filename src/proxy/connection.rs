@@ -8,10 +8,10 @@
 
 use super::workers::Placed;
 use crate::contract::Timestamp;
+use crate::fast_hash::FastMap;
 use crate::policy::codes::{Code, Refusal};
 use crate::registry::Registry;
 use crate::telemetry::Telemetry;
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -26,7 +26,7 @@ pub struct ClientConn {
     closer: CancellationToken,
     /// Leases whose closing already closes this connection (each counted once against its
     /// per-lease connection limit until this connection, and any tunnel it became, ends).
-    linked: Mutex<HashMap<String, CancellationToken>>,
+    linked: Mutex<FastMap<String, CancellationToken>>,
     /// Where the per-lease connection counts live.
     telemetry: Arc<crate::telemetry::Telemetry>,
     /// This connection's place under `max_connections`, held as long as the connection (or
@@ -42,7 +42,7 @@ pub struct ClientConn {
 /// Open connections per source IP address (`max_connections_per_client`).
 #[derive(Debug, Default)]
 pub struct ClientCounts {
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<FastMap<IpAddr, usize>>,
 }
 
 impl ClientCounts {
@@ -98,7 +98,7 @@ impl ClientConn {
             listener,
             port_lease,
             closer: CancellationToken::new(),
-            linked: Mutex::new(HashMap::new()),
+            linked: Mutex::new(FastMap::default()),
             telemetry,
             _permit: Some(permit),
             slot: Mutex::new(Some(slot)),
@@ -115,7 +115,7 @@ impl ClientConn {
             listener: unspecified,
             port_lease: port_lease.map(str::to_owned),
             closer: CancellationToken::new(),
-            linked: Mutex::new(HashMap::new()),
+            linked: Mutex::new(FastMap::default()),
             telemetry: telemetry.clone(),
             _permit: None,
             slot: Mutex::new(None),

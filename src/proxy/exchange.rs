@@ -175,9 +175,13 @@ impl Drop for Exchange {
         if self.error.is_none() && self.verdict != LoggedVerdict::Refuse && closed_by_lease {
             self.error = Some("closed: the lease no longer opens anything".into());
         }
+        // One clock read for both: the end is the start plus the monotonic time since.
+        let elapsed = self.started.elapsed();
         let event = EgressEvent {
             time: self.time,
-            ended: Timestamp::now(),
+            ended: self
+                .time
+                .saturating_add_millis(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)),
             lease_id: self.lease_id.take(),
             label: self.label.take(),
             client: self.client,
@@ -193,7 +197,7 @@ impl Drop for Exchange {
             status: self.status,
             bytes_up: self.bytes_up.load(Ordering::Relaxed),
             bytes_down: self.bytes_down.load(Ordering::Relaxed),
-            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            duration_ms: elapsed.as_secs_f64() * 1000.0,
             path: self.path.take(),
             secrets: std::mem::take(&mut self.secrets),
             model: self.model.take().map(|tap| Box::new(tap.finish())),

@@ -64,7 +64,7 @@ pub async fn handle(
             let mut req = req;
             let client_upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
             let to = Upstream {
-                lease_id: &cleared.lease_id,
+                lease_id: cleared.lease_id(),
                 addrs: &cleared.addrs,
                 target: &cleared.decision.target,
                 token: &cleared.token,
@@ -171,10 +171,13 @@ fn request_shape(req: &Request<Incoming>) -> Result<&str, Refusal> {
     Ok(authority.as_str())
 }
 
+/// How many fields [`HOP_BY_HOP`] names.
+const HOPS: usize = 10;
+
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and our own credentials: never forwarded. Names, not
 /// strings: removing by `&str` parses and lower-cases the name on every call, twice per
 /// request for each of these.
-const HOP_BY_HOP: [HeaderName; 10] = [
+const HOP_BY_HOP: [HeaderName; HOPS] = [
     header::CONNECTION,
     HeaderName::from_static("proxy-connection"),
     HeaderName::from_static("keep-alive"),
@@ -189,23 +192,33 @@ const HOP_BY_HOP: [HeaderName; 10] = [
 
 /// Removes hop-by-hop headers (and those `Connection` names); keeps an upgrade if asked.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // One pass over the few fields a message has, instead of a lookup for each of ours: most
-    // messages carry none of them.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // One pass over the few fields a message has, noting which of ours are there, instead of
+    // a lookup for each of ours: most messages carry none of them, or only
+    // `Proxy-Authorization`.
+    let mut present = [false; HOPS];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
     let upgrade = headers.get(header::UPGRADE).cloned();
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // `HOP_BY_HOP[0]` is `Connection`: the fields it names go too.
+    if present[0] {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in &HOP_BY_HOP {
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, there)| *there) {
         headers.remove(name);
     }
     if let (true, Some(upgrade)) = (keep_upgrade, upgrade) {

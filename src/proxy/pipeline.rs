@@ -33,23 +33,30 @@ use tokio_util::sync::CancellationToken;
 
 /// A proven credential makes the request the lease's traffic (its series, a revocation on its
 /// account); an unproven one names no lease on the line.
-fn name_lease(ex: &mut Exchange, identity: &mut Identity, lease_known: bool) {
+fn name_lease(ex: &mut Exchange, identity: &Identity, lease_known: bool) {
     ex.lease_id = Some(identity.lease_id.clone());
-    ex.label = identity.label.take();
+    ex.label = identity.label.clone();
     ex.lease_known = lease_known;
 }
 
 /// A request cleared by phases 1–5: the decision, the lease the connection is now tied to, and
 /// the checked addresses that may be dialled.
 pub struct Cleared {
-    pub lease_id: String,
     pub decision: Decision,
     /// Cancelled when the lease (or an ancestor) closes.
     pub token: CancellationToken,
     /// Checked addresses in resolver order; empty only when names are not resolved.
     pub addrs: Vec<UpstreamAddr>,
-    /// Who proved the lease: what each request inside a terminated tunnel is decided for.
+    /// Who proved the lease (the lease the connection is tied to): what each request inside
+    /// a terminated tunnel is decided for.
     pub identity: Identity,
+}
+
+impl Cleared {
+    /// The lease the connection is now tied to.
+    pub fn lease_id(&self) -> &str {
+        &self.identity.lease_id
+    }
 }
 
 impl Proxy {
@@ -74,7 +81,7 @@ impl Proxy {
         // Nothing new is admitted on a state the process may have missed changes to while it
         // was not running (an atomic check unless it was).
         self.registry.admission(ex.started()).await;
-        let mut identity = identify::identify(headers, conn.port_lease.as_deref())?;
+        let identity = identify::identify(headers, conn.port_lease.as_deref())?;
         let snapshot = self.registry.snapshot();
         let lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
         let now = self.registry.now();
@@ -85,7 +92,7 @@ impl Proxy {
                 // which), though the credential it asks for is not proven.
                 let challenged_on_port = identity.on_port && refusal.code.is_challenge();
                 if reached >= Reached::Lease || challenged_on_port {
-                    name_lease(ex, &mut identity, lease_known);
+                    name_lease(ex, &identity, lease_known);
                 }
                 if reached == Reached::OpenChain {
                     self.tie(conn, &identity.lease_id, now, ex)?;
@@ -93,8 +100,7 @@ impl Proxy {
                 return Err(refusal);
             }
         };
-        let proven = identity.clone();
-        name_lease(ex, &mut identity, lease_known);
+        name_lease(ex, &identity, lease_known);
         ex.rule = decision.rule.take();
         let token = self.tie(conn, &identity.lease_id, now, ex)?;
         self.report(ex, &decision.reported);
@@ -105,11 +111,10 @@ impl Proxy {
         let addrs = addrs?;
         ex.count_open();
         Ok(Cleared {
-            lease_id: identity.lease_id,
             decision,
             token,
             addrs,
-            identity: proven,
+            identity,
         })
     }
 
@@ -131,11 +136,10 @@ impl Proxy {
         self.registry.admission(ex.started()).await;
         let snapshot = self.registry.snapshot();
         let lease_known = snapshot.ledger.lease(&identity.lease_id).is_some();
-        let mut identity = identity.clone();
-        name_lease(ex, &mut identity, lease_known);
+        name_lease(ex, identity, lease_known);
         ex.token = Some(token.clone());
         let now = self.registry.now();
-        let mut decision = decide(snapshot, &self.config, &identity, ask, now)
+        let mut decision = decide(snapshot, &self.config, identity, ask, now)
             .map_err(|refused| refused.refusal)?;
         ex.rule = decision.rule.take();
         self.report(ex, &decision.reported);

@@ -72,7 +72,7 @@ fn upstream<'a>(
     name: &'a str,
 ) -> Upstream<'a> {
     Upstream {
-        lease_id: &cleared.lease_id,
+        lease_id: cleared.lease_id(),
         addrs: &cleared.addrs,
         target,
         token: &cleared.token,

@@ -27,6 +27,17 @@ pub enum Kind {
     Https,
 }
 
+impl Kind {
+    /// As the egress line and the metrics' labels spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Http => "http",
+            Kind::Https => "https",
+        }
+    }
+}
+
 /// The verdict as logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -37,6 +48,18 @@ pub enum LoggedVerdict {
     Report,
     /// A 407 asking for credentials not sent yet (`lease-missing`): not a refusal.
     Challenge,
+}
+
+impl LoggedVerdict {
+    /// As the egress line and the metrics' labels spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoggedVerdict::Allow => "allow",
+            LoggedVerdict::Refuse => "refuse",
+            LoggedVerdict::Report => "report",
+            LoggedVerdict::Challenge => "challenge",
+        }
+    }
 }
 
 /// One egress log line. Addresses and the method stay values until the line is written
@@ -123,17 +146,7 @@ fn as_text_or_null<S: serde::Serializer, T: std::fmt::Display>(
     }
 }
 
-/// Appends `event`'s line, newline included, to `buf`: the one serialisation of an egress
-/// line, so the file and the egress stream hold the same bytes. A line that cannot be
-/// serialised (none can: every field is a plain value) leaves `buf` as it was.
-pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
-    let start = buf.len();
-    if serde_json::to_writer(&mut *buf, event).is_ok() {
-        buf.push(b'\n');
-    } else {
-        buf.truncate(start);
-    }
-}
+pub use super::egress_line::write_line;
 
 /// What a reader of egress lines needs (`leasegate usage`); fields it does not need are
 /// ignored, so lines from newer versions still read.
@@ -276,12 +289,10 @@ pub enum Destination {
 /// Lines waiting for the writer before new ones are dropped.
 const CAPACITY: usize = 8192;
 
-/// What the writer thread receives. Lines are nearly every message: boxing them to shrink the
-/// rare `Close` would cost an allocation per line.
+/// What the writer thread receives.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
 enum Message {
-    Line(EgressEvent),
+    Line(Arc<EgressEvent>),
     /// Write what came before, flush and sync, answer, and stop.
     Close(oneshot::Sender<()>),
 }
@@ -403,7 +414,7 @@ impl EgressLog {
     }
 
     /// Queues a line; drops and counts it if the writer is behind.
-    pub fn record(&self, event: EgressEvent) {
+    pub fn record(&self, event: Arc<EgressEvent>) {
         if let Some(tx) = &self.tx {
             if tx.try_send(Message::Line(event)).is_err() {
                 // Full, or closed already: either way the line is lost, and counted.

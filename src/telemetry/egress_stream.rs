@@ -87,7 +87,7 @@ pub struct EgressStreamConfig {
 #[derive(Debug, Clone)]
 pub struct EgressStream {
     /// `None`: no `--egress-stream`.
-    tx: Option<mpsc::Sender<EgressEvent>>,
+    tx: Option<mpsc::Sender<Arc<EgressEvent>>>,
     shared: Arc<Shared>,
     /// Asks the publisher to publish what is queued and stop.
     closing: CancellationToken,
@@ -169,9 +169,9 @@ impl EgressStream {
     }
 
     /// Queues a copy of a line; drops and counts it if the backlog is full.
-    pub fn record(&self, event: &EgressEvent) {
+    pub fn record(&self, event: &Arc<EgressEvent>) {
         if let Some(tx) = &self.tx {
-            if tx.try_send(event.clone()).is_err() {
+            if tx.try_send(Arc::clone(event)).is_err() {
                 // Full, or closed already: either way the line is lost, and counted.
                 self.shared.dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -224,7 +224,7 @@ fn foreign_duplicate(duplicate: bool, earlier_sends: u32) -> bool {
 async fn publish(
     config: EgressStreamConfig,
     publisher: Arc<str>,
-    mut rx: mpsc::Receiver<EgressEvent>,
+    mut rx: mpsc::Receiver<Arc<EgressEvent>>,
     shared: Arc<Shared>,
     closing: CancellationToken,
 ) {
@@ -331,7 +331,10 @@ async fn publish(
 }
 
 /// Takes what is queued now without waiting (at most a batch); returns how many.
-fn take_now(rx: &mut mpsc::Receiver<EgressEvent>, events: &mut Vec<EgressEvent>) -> usize {
+fn take_now(
+    rx: &mut mpsc::Receiver<Arc<EgressEvent>>,
+    events: &mut Vec<Arc<EgressEvent>>,
+) -> usize {
     while events.len() < BATCH {
         match rx.try_recv() {
             Ok(event) => events.push(event),

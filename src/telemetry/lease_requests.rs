@@ -6,8 +6,9 @@
 //! takes the place of the one that recorded least recently.
 
 use super::egress::EgressEvent;
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use crate::fast_hash::FastMap;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 /// Exchanges kept per lease.
 pub const PER_LEASE: usize = 50;
@@ -16,14 +17,14 @@ pub const MAX_LEASES: usize = 500;
 
 #[derive(Debug)]
 struct Ring {
-    events: VecDeque<EgressEvent>,
+    events: VecDeque<Arc<EgressEvent>>,
     /// When it last recorded, in [`Inner::clock`] ticks: the least recent gives its place up.
     touched: u64,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    leases: HashMap<String, Ring>,
+    leases: FastMap<String, Ring>,
     /// One tick per recorded exchange.
     clock: u64,
 }
@@ -37,7 +38,7 @@ pub struct LeaseRequests {
 impl LeaseRequests {
     /// Keeps `event` among its lease's last exchanges; one without a lease id is not kept.
     /// Call it only for a lease the registry knows.
-    pub fn push(&self, event: &EgressEvent) {
+    pub fn push(&self, event: &Arc<EgressEvent>) {
         let Some(lease) = event.lease_id.as_deref() else {
             return;
         };
@@ -54,22 +55,28 @@ impl LeaseRequests {
                 inner.leases.remove(&id);
             }
         }
-        let ring = inner
-            .leases
-            .entry(lease.to_owned())
-            .or_insert_with(|| Ring {
-                events: VecDeque::with_capacity(PER_LEASE),
-                touched,
-            });
+        // Looked up before it is entered: the id is copied only for a lease new here.
+        if !inner.leases.contains_key(lease) {
+            inner.leases.insert(
+                lease.to_owned(),
+                Ring {
+                    events: VecDeque::with_capacity(PER_LEASE),
+                    touched,
+                },
+            );
+        }
+        let Some(ring) = inner.leases.get_mut(lease) else {
+            return;
+        };
         ring.touched = touched;
         if ring.events.len() == PER_LEASE {
             ring.events.pop_front();
         }
-        ring.events.push_back(event.clone());
+        ring.events.push_back(Arc::clone(event));
     }
 
     /// The newest `limit` exchanges of `lease`, newest first.
-    pub fn recent(&self, lease: &str, limit: usize) -> Vec<EgressEvent> {
+    pub fn recent(&self, lease: &str, limit: usize) -> Vec<Arc<EgressEvent>> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.leases.get(lease).map_or_else(Vec::new, |ring| {
             ring.events.iter().rev().take(limit).cloned().collect()
@@ -83,8 +90,8 @@ mod tests {
     use crate::contract::Timestamp;
     use crate::telemetry::egress::{Kind, LoggedVerdict};
 
-    fn event(lease: Option<&str>, host: &str) -> EgressEvent {
-        EgressEvent {
+    fn event(lease: Option<&str>, host: &str) -> Arc<EgressEvent> {
+        Arc::new(EgressEvent {
             time: Timestamp::now(),
             ended: Timestamp::now(),
             lease_id: lease.map(str::to_owned),
@@ -108,10 +115,10 @@ mod tests {
             model: None,
             error: None,
             revoked: None,
-        }
+        })
     }
 
-    fn hosts(events: &[EgressEvent]) -> Vec<String> {
+    fn hosts(events: &[Arc<EgressEvent>]) -> Vec<String> {
         events.iter().filter_map(|e| e.host.clone()).collect()
     }
 

@@ -9,6 +9,7 @@
 
 use super::egress::{EgressEvent, Kind, LoggedVerdict};
 use crate::budget::{Charge, Spent};
+use crate::fast_hash::FastMap;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -17,7 +18,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,15 +77,15 @@ pub struct HostCounters {
 #[derive(Debug, Clone, Default)]
 pub struct LeaseCounters {
     /// Requests by (kind, verdict, code).
-    pub requests: HashMap<(Kind, LoggedVerdict, &'static str), u64>,
+    pub requests: FastMap<(Kind, LoggedVerdict, &'static str), u64>,
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub open_tunnels: u64,
     pub open_connections: u64,
-    pub hosts: HashMap<String, HostCounters>,
+    pub hosts: FastMap<String, HostCounters>,
     /// Requests inside terminated tunnels by route (`GET api.example.com/repos/a`, the query
     /// left out), once ended.
-    pub routes: HashMap<String, HostCounters>,
+    pub routes: FastMap<String, HostCounters>,
     /// Model calls that ended on this replica, summed as budgets sum them.
     pub model: Spent,
     /// Exchanges still open, oldest first (by ticket): added to the figures above only by
@@ -95,7 +96,7 @@ pub struct LeaseCounters {
 }
 
 /// The `n` entries of `counted` with the most requests, most first, ties by name.
-fn most_requests(counted: &HashMap<String, HostCounters>, n: usize) -> Vec<(String, HostCounters)> {
+fn most_requests(counted: &FastMap<String, HostCounters>, n: usize) -> Vec<(String, HostCounters)> {
     let mut most: Vec<(String, HostCounters)> = counted
         .iter()
         .map(|(k, c)| (k.clone(), c.clone()))
@@ -107,7 +108,7 @@ fn most_requests(counted: &HashMap<String, HostCounters>, n: usize) -> Vec<(Stri
 
 /// Counts `event` under `key` in `counted`, or under "(other)" once it holds `limit` keys.
 fn count_in(
-    counted: &mut HashMap<String, HostCounters>,
+    counted: &mut FastMap<String, HostCounters>,
     limit: usize,
     key: &str,
     event: &EgressEvent,
@@ -199,7 +200,7 @@ pub const OTHER_LEASES: &str = "other";
 /// Every metric leasegate exposes.
 #[derive(Debug)]
 pub struct Metrics {
-    leases: Mutex<HashMap<String, LeaseCounters>>,
+    leases: Mutex<FastMap<String, LeaseCounters>>,
     /// The next [`OpenTicket`]: increasing, so a lease's open exchanges sort oldest first.
     tickets: AtomicU64,
     /// How long the series of a closed lease stay after it closed.
@@ -221,7 +222,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new(grace: Duration, max_leases: usize) -> Metrics {
         Metrics {
-            leases: Mutex::new(HashMap::new()),
+            leases: Mutex::new(FastMap::default()),
             tickets: AtomicU64::new(0),
             grace,
             max_leases,
@@ -358,7 +359,7 @@ impl Metrics {
 /// What one `lease_id` label value shows: one lease's counters, or several summed.
 #[derive(Debug, Default)]
 struct Series {
-    requests: HashMap<(Kind, LoggedVerdict, &'static str), u64>,
+    requests: FastMap<(Kind, LoggedVerdict, &'static str), u64>,
     bytes_up: u64,
     bytes_down: u64,
     open_tunnels: u64,
@@ -511,23 +512,6 @@ struct Scrape {
     figures: RegistryFigures,
 }
 
-fn kind_str(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Connect => "connect",
-        Kind::Http => "http",
-        Kind::Https => "https",
-    }
-}
-
-fn verdict_str(verdict: LoggedVerdict) -> &'static str {
-    match verdict {
-        LoggedVerdict::Allow => "allow",
-        LoggedVerdict::Refuse => "refuse",
-        LoggedVerdict::Report => "report",
-        LoggedVerdict::Challenge => "challenge",
-    }
-}
-
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let series = self.metrics.series();
@@ -540,12 +524,12 @@ impl Collector for Scrape {
         )?;
         for (id, c) in &series {
             let mut rows: Vec<_> = c.requests.iter().collect();
-            rows.sort_by_key(|((k, v, c), _)| (kind_str(*k), verdict_str(*v), *c));
+            rows.sort_by_key(|((k, v, c), _)| (k.as_str(), v.as_str(), *c));
             for ((kind, verdict, code), n) in rows {
                 let labels = [
                     ("lease_id", id.as_str()),
-                    ("kind", kind_str(*kind)),
-                    ("verdict", verdict_str(*verdict)),
+                    ("kind", kind.as_str()),
+                    ("verdict", verdict.as_str()),
                     ("code", code),
                 ];
                 ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;

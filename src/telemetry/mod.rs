@@ -7,6 +7,7 @@
 //! for its line before closing the egress log.
 
 pub mod egress;
+mod egress_line;
 pub mod egress_stream;
 pub mod lease_requests;
 pub mod metrics;
@@ -66,7 +67,9 @@ impl Telemetry {
     }
 
     /// Records one finished request or tunnel; `open`: the ticket it was counted open under.
+    /// The event is shared by the sinks that keep it (no copy per sink).
     pub fn record(&self, event: EgressEvent, lease_known: bool, open: Option<metrics::OpenTicket>) {
+        let event = Arc::new(event);
         self.metrics.record(&event, lease_known, open);
         let lease = event.lease_id.as_deref().filter(|_| lease_known);
         self.rates.record(lease);
@@ -74,7 +77,7 @@ impl Telemetry {
             self.lease_requests.push(&event);
         }
         if event.verdict == LoggedVerdict::Refuse {
-            self.refusals.push(event.clone());
+            self.refusals.push(Arc::clone(&event));
         }
         self.stream.record(&event);
         self.egress.record(event);

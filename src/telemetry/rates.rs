@@ -7,7 +7,7 @@
 //! only). A lease idle for a whole window gives its place up; while every place is taken by a
 //! lease with traffic in the window, a further lease is counted in the total only.
 
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -70,7 +70,7 @@ impl Series {
 #[derive(Debug)]
 struct Inner {
     total: Series,
-    leases: HashMap<String, Series>,
+    leases: FastMap<String, Series>,
     /// When idle leases were last looked for (at most once a second when every place is taken).
     swept: u64,
 }
@@ -88,7 +88,7 @@ impl Default for Rates {
             start: Instant::now(),
             inner: Mutex::new(Inner {
                 total: Series::new(0),
-                leases: HashMap::new(),
+                leases: FastMap::default(),
                 swept: 0,
             }),
         }

@@ -4,6 +4,7 @@
 
 use super::egress::EgressEvent;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::Mutex;
 
 /// Refusals kept.
@@ -11,11 +12,11 @@ pub const CAPACITY: usize = 1000;
 
 #[derive(Debug, Default)]
 pub struct RefusalRing {
-    ring: Mutex<VecDeque<EgressEvent>>,
+    ring: Mutex<VecDeque<Arc<EgressEvent>>>,
 }
 
 impl RefusalRing {
-    pub fn push(&self, event: EgressEvent) {
+    pub fn push(&self, event: Arc<EgressEvent>) {
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         if ring.len() == CAPACITY {
             ring.pop_front();
@@ -24,7 +25,7 @@ impl RefusalRing {
     }
 
     /// The newest `limit` refusals, newest first.
-    pub fn recent(&self, limit: usize) -> Vec<EgressEvent> {
+    pub fn recent(&self, limit: usize) -> Vec<Arc<EgressEvent>> {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         ring.iter().rev().take(limit).cloned().collect()
     }

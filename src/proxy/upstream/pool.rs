@@ -4,10 +4,10 @@
 //! name, so a rebinding name cannot reuse a connection to an address it no longer resolves
 //! to, and one lease's connection never carries another lease's request.
 
+use crate::fast_hash::FastMap;
 use crate::policy::UpstreamAddr;
 use crate::proxy::body::Body;
 use hyper::client::conn::http1::SendRequest;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -57,7 +57,7 @@ pub struct Pool {
 /// The idle connections by key, and how many there are in all.
 #[derive(Default)]
 struct Lists {
-    by_key: HashMap<PoolKey, Vec<Idle>>,
+    by_key: FastMap<PoolKey, Vec<Idle>>,
     count: usize,
 }
 
