@@ -12,22 +12,25 @@
 #   QUICK=1 benches/compare/metered.sh      # smoke test: 1 round, 2 s runs
 #
 # Knobs (environment): ROUNDS (3), DURATION (8), CONC (4), TOKENS (2000), QUICK=1,
-# PROFILE (release), SKIP_BUILD=1, KEEP_TMP=1, OUT_MD (RESULTS.md here).
+# PROFILE (release), SKIP_BUILD=1, KEEP_TMP=1, OUT_MD (RESULTS.md here), INSTRUCTIONS (1 where
+# valgrind is installed: instructions per answer under callgrind too), INSTR_DURATION (20).
 #
 # Every address used is on 127.0.0.1; needs python3 and curl, not root.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|TOKENS|PROFILE)=' || true; } | sort | tr '\n' ' ')benches/compare/metered.sh"
+COMMAND_LINE="$( { env | grep -E '^(QUICK|ROUNDS|DURATION|CONC|TOKENS|PROFILE|INSTRUCTIONS|INSTR_DURATION)=' || true; } | sort | tr '\n' ' ')benches/compare/metered.sh"
 
 QUICK=${QUICK:-0}
-if [[ $QUICK == 1 ]]; then ROUNDS=${ROUNDS:-1} DURATION=${DURATION:-2}; fi
+if [[ $QUICK == 1 ]]; then ROUNDS=${ROUNDS:-1} DURATION=${DURATION:-2} INSTR_DURATION=${INSTR_DURATION:-5}; fi
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-8}
 CONC=${CONC:-4}
 TOKENS=${TOKENS:-2000}
 PROFILE=${PROFILE:-release}
+INSTRUCTIONS=${INSTRUCTIONS:-$(command -v valgrind >/dev/null && echo 1 || echo 0)}
+INSTR_DURATION=${INSTR_DURATION:-20}
 OUT_MD=${OUT_MD:-$HERE/RESULTS.md}
 
 # Ports apart from run.sh's and brokered.sh's.
@@ -86,6 +89,19 @@ cached_input_per_million = 0.075
 EOF
 "$LG" keygen --out "$TMP/lease.key" >/dev/null
 declare -A AUTH=()
+start_lg() { # start_lg VARIANT [WRAPPER ...]: leasegate of VARIANT on its ports, under WRAPPER
+  local v=$1; shift
+  BENCH_TOKEN=bench-token RUST_LOG=warn LEASEGATE_CONNECT_PORTS=$ORIGIN_HTTPS \
+    "$@" "$LG" serve --listen 127.0.0.1:${PORT[$v]} --admin 127.0.0.1:${ADMIN[$v]} \
+    --journal "$TMP/journal-$v.jsonl" --key-file "$TMP/lease.key" \
+    --secrets "$TMP/secrets-$v.toml" --ca-dir "$TMP/ca-$v" --upstream-ca "$ORIGIN_CA" \
+    --prices "$TMP/prices.toml" \
+    --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 \
+    --egress-log "$TMP/egress-$v.jsonl" --drain-timeout 2s \
+    >>"$TMP/$v.out" 2>>"$TMP/$v.err" &
+  PID[$v]=$!
+  wait_port "${PORT[$v]}" "$v"
+}
 for v in "${VARIANTS[@]}"; do
   "$LG" ca init --dir "$TMP/ca-$v" --host origin.test >/dev/null
   {
@@ -96,16 +112,7 @@ for v in "${VARIANTS[@]}"; do
   lease=$("$LG" issue --journal "$TMP/journal-$v.jsonl" --key-file "$TMP/lease.key" \
     --allow-host origin.test --ttl 4h --name bench --print id)
   AUTH[$v]="Basic $(printf 'agent:%s' "$lease" | base64 -w0)"
-  BENCH_TOKEN=bench-token RUST_LOG=warn LEASEGATE_CONNECT_PORTS=$ORIGIN_HTTPS \
-    "$LG" serve --listen 127.0.0.1:${PORT[$v]} --admin 127.0.0.1:${ADMIN[$v]} \
-    --journal "$TMP/journal-$v.jsonl" --key-file "$TMP/lease.key" \
-    --secrets "$TMP/secrets-$v.toml" --ca-dir "$TMP/ca-$v" --upstream-ca "$ORIGIN_CA" \
-    --prices "$TMP/prices.toml" \
-    --resolve origin.test=127.0.0.1 --allow-private 127.0.0.1/32 \
-    --egress-log "$TMP/egress-$v.jsonl" --drain-timeout 2s \
-    >"$TMP/$v.out" 2>"$TMP/$v.err" &
-  PID[$v]=$!
-  wait_port "${PORT[$v]}" "$v"
+  start_lg "$v"
 done
 
 # ------------------------------------------------------------------------------------------
@@ -145,13 +152,16 @@ log "metered line: $(cat "$TMP/model-line.json")"
 # 4. The runs: per round each variant in turn (the order alternating), the leasegate's CPU
 #    time read from /proc before and after each.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+load() { # load VARIANT CONCURRENCY SECONDS OUT: streamed calls through VARIANT's leasegate
+  "$H" https-load --proxy 127.0.0.1:${PORT[$1]} --target origin.test:$ORIGIN_HTTPS \
+    --ca "$TMP/ca-$1/ca.pem" --auth "${AUTH[$1]}" --path "$CALL_PATH" --body-file "$TMP/body.json" \
+    --expect-bytes "$EXPECT" --concurrency "$2" --threads 1 --duration "$3" \
+    >"$4" 2>"$4.err" || log "$1 failed: $(cat "$4.err")"
+}
 run_one() { # run_one ROUND VARIANT
   local r=$1 v=$2 out="$RUNS/r$1_$2.json" t0 t1
   t0=$(cpu_ticks "${PID[$v]}")
-  "$H" https-load --proxy 127.0.0.1:${PORT[$v]} --target origin.test:$ORIGIN_HTTPS \
-    --ca "$TMP/ca-$v/ca.pem" --auth "${AUTH[$v]}" --path "$CALL_PATH" --body-file "$TMP/body.json" \
-    --expect-bytes "$EXPECT" --concurrency "$CONC" --threads 1 --duration "$DURATION" \
-    >"$out.load" 2>"$out.err" || log "$v failed: $(cat "$out.err")"
+  load "$v" "$CONC" "$DURATION" "$out.load"
   t1=$(cpu_ticks "${PID[$v]}")
   python3 - "$out.load" "$((t1 - t0))" "$(getconf CLK_TCK)" >"$out" <<'EOF'
 import json, sys
@@ -187,6 +197,31 @@ EOF
 LG_ERRLINES=$(cat "$TMP/metered.err" "$TMP/unmetered.err" | grep -c . || true)
 
 # ------------------------------------------------------------------------------------------
+# 4b. Instructions per answer (INSTRUCTIONS=1, the default where valgrind is installed): each
+#     leasegate again under callgrind, counting only while one connection streams answers for
+#     INSTR_DURATION s (after a warm-up). Exact where CPU time is noisy: the proxy's user-space
+#     instructions per answer. The kernel's share (the same bytes, reads and writes in both) is
+#     not in it, so this ratio is an upper bound of the true CPU ratio.
+INSTR_OUT="$RUNS/instructions.txt"
+: >"$INSTR_OUT"
+if [[ $INSTRUCTIONS == 1 ]]; then
+  for v in "${VARIANTS[@]}"; do
+    stop_pid "$v"
+    log "instructions: $v under callgrind (${INSTR_DURATION} s)"
+    start_lg "$v" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind-$v.out"
+    load "$v" 1 3 "$RUNS/instr-warm-$v.json"
+    callgrind_control -i on "${PID[$v]}" >/dev/null
+    load "$v" 1 "$INSTR_DURATION" "$RUNS/instr-$v.json"
+    callgrind_control -i off "${PID[$v]}" >/dev/null
+    callgrind_control -d "${PID[$v]}" >/dev/null # written to callgrind-$v.out.1
+    stop_pid "$v"
+    ir=$(awk '/^(summary|totals):/ { print $2; exit }' "$TMP/callgrind-$v.out.1")
+    n=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$RUNS/instr-$v.json")
+    echo "$v ${ir:-0} ${n:-0}" >>"$INSTR_OUT"
+  done
+fi
+
+# ------------------------------------------------------------------------------------------
 # 5. The report: the section between the markers in OUT_MD, replaced (or appended).
 ELAPSED=$(($(date +%s) - START_EPOCH))
 REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -201,5 +236,6 @@ python3 "$HERE/metered_report.py" --runs "$RUNS" --out-md "$OUT_MD" \
   --meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')" --meta "elapsed=$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \
   --meta "machine=$(nproc) cores, $CPU, $MEM, Linux $(uname -r)" \
   --meta "leasegate=git $REV (\`$PROFILE\` build)" \
-  --meta "command=$COMMAND_LINE" --meta "lg_errlines=$LG_ERRLINES"
+  --meta "command=$COMMAND_LINE" --meta "lg_errlines=$LG_ERRLINES" \
+  --instructions "$INSTR_OUT" --instr-duration "$INSTR_DURATION"
 log "wrote the metered section of $OUT_MD"

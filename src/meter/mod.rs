@@ -181,20 +181,34 @@ struct Body {
 /// The most bytes of one event a sieved stream holds; a longer event is read as it comes.
 const HOLD: usize = 4096;
 
-/// Whether an event's data may carry a usage object: `"usage"`, then (past whitespace) `:`
-/// and `{`. A Chat Completions stream names its usage in its last chunk only (the others say
-/// `"usage":null` or nothing), so the thousands of chunks before it are sieved out here with
-/// `memmem` instead of being read. An object key is only ever this spelled out in the answers
-/// of the APIs metered; spelled otherwise (with escapes), the usage is not seen and the call
-/// reads as unmetered, never as zero.
+/// Whether an event's data may carry a usage object: its last `"usage"`, then (past
+/// whitespace) `:` and `{`. A Chat Completions stream names its usage in its last chunk only
+/// (the others say `"usage":null` or nothing), so the thousands of chunks before it are sieved
+/// out here with `memmem` instead of being read. The search runs from the event's end, where
+/// the API writes `usage`, and the last such key decides: a chunk has one (a second, in a
+/// chunk of the same API, would be a key the format does not have). An object key is only
+/// ever this spelled out in the answers of the APIs metered (a string's quotes are escaped, so
+/// no text an agent makes the model write can match); spelled otherwise, the usage is not seen
+/// and the call reads as unmetered, never as zero.
 fn may_carry_usage(data: &[u8]) -> bool {
-    static KEY: LazyLock<memchr::memmem::Finder<'static>> =
-        LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+    const NEEDLE: &[u8] = b"\"usage\"";
+    static KEY_REV: LazyLock<memchr::memmem::FinderRev<'static>> =
+        LazyLock::new(|| memchr::memmem::FinderRev::new(NEEDLE));
+    // The last bytes first, where a chunk's `"usage":null` lies: the quotes there, from the
+    // end, each tried as the end of the key (the first that is ends the event's last key).
+    // Else the whole event, from its end.
+    const TAIL: usize = 64;
+    let tail = data.len().saturating_sub(TAIL);
+    let in_tail = memchr::memrchr_iter(b'"', &data[tail..])
+        .map(|quote| tail + quote)
+        .find(|&end| end + 1 >= NEEDLE.len() && &data[end + 1 - NEEDLE.len()..=end] == NEEDLE)
+        .map(|end| end + 1 - NEEDLE.len());
+    let Some(at) = in_tail.or_else(|| KEY_REV.rfind(data)) else {
+        return false;
+    };
     let is_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
-    KEY.find_iter(data).any(|at| {
-        let mut after = data[at + 7..].iter().skip_while(|b| is_space(b));
-        after.next() == Some(&b':') && after.find(|b| !is_space(b)) == Some(&b'{')
-    })
+    let mut after = data[at + 7..].iter().skip_while(|b| is_space(b));
+    after.next() == Some(&b':') && after.find(|b| !is_space(b)) == Some(&b'{')
 }
 
 impl Body {
@@ -342,7 +356,13 @@ impl Events for Body {
             // A held event is read if it may carry usage, or while no model has been named
             // (so that an answer without usage still shows its model).
             let held = &self.hold[..self.hold_len];
-            if self.holding && (self.model_seen == ModelSeen::Absent || may_carry_usage(held)) {
+            if self.holding && self.model_seen != ModelSeen::Absent && !may_carry_usage(held) {
+                // Sieved out: the scanner saw none of it and has nothing to end or reset.
+                self.data_len = 0;
+                self.hold_len = 0;
+                return;
+            }
+            if self.holding {
                 self.scanner.feed(held, &mut self.doc);
             }
             match self.scanner.end(&mut self.doc) {

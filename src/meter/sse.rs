@@ -91,6 +91,24 @@ impl Sse {
                         events.dispatch();
                     }
                 }
+                // The common line, `data: ...`, taken at once rather than byte by byte.
+                State::LineStart if bytes[at..].starts_with(b"data:") => {
+                    if self.has_data {
+                        events.data(b"\n");
+                    }
+                    self.has_data = true;
+                    at += DATA.len() + 1;
+                    self.state = match bytes.get(at) {
+                        Some(b' ') => {
+                            at += 1;
+                            State::Value
+                        }
+                        Some(_) => State::Value,
+                        // The chunk ends here: a space opening the next is still dropped.
+                        None => State::ValueStart,
+                    };
+                    continue;
+                }
                 State::LineStart => {
                     self.state = match byte {
                         b'd' => State::Name(1),

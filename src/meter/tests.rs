@@ -473,6 +473,37 @@ fn a_chat_stream_is_read_at_its_usage_chunk_only() {
 }
 
 #[test]
+fn the_sieve_reads_the_last_usage_key_and_no_text() {
+    // Text the model writes cannot pass for a usage key: its quotes are escaped.
+    let text = chat_stream(false, "\n").replace(
+        "\"content\":\"data",
+        r#""content":"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1} data"#,
+    );
+    assert_ne!(text, chat_stream(false, "\n"));
+    assert_eq!(
+        read(Api::OpenAi, CHAT, 200, SSE, &text),
+        unmetered(Some("gpt-4o"), reason::NO_USAGE_STREAM)
+    );
+    // The usage chunk's key is its last: found from the end, and read.
+    let stream = chat_stream(true, "\n");
+    assert_eq!(
+        read(Api::OpenAi, CHAT, 200, SSE, &stream),
+        metered("gpt-4o", 100, 7, 64)
+    );
+    // A chunk whose last `usage` key is not an object is not read, whatever came before it
+    // (a key the format does not have): the call reads as unmetered, never as zero.
+    let twice = stream.replace(
+        r#""prompt_tokens_details":{"cached_tokens":64}}}"#,
+        r#""prompt_tokens_details":{"cached_tokens":64}},"choices_x":{"usage":null}}"#,
+    );
+    assert_ne!(twice, stream);
+    assert_eq!(
+        read(Api::OpenAi, CHAT, 200, SSE, &twice),
+        unmetered(Some("gpt-4o"), reason::NO_USAGE_STREAM)
+    );
+}
+
+#[test]
 fn a_skipped_subtree_is_passed_over_but_still_checked() {
     // `choices` holds nothing the meter reads: it is skipped whole, brackets and quotes inside
     // its strings (escaped or not) included.
