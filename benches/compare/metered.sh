@@ -215,7 +215,7 @@ if [[ $INSTRUCTIONS == 1 ]]; then
     callgrind_control -i off "${PID[$v]}" >/dev/null
     callgrind_control -d "${PID[$v]}" >/dev/null # written to callgrind-$v.out.1
     stop_pid "$v"
-    ir=$(awk '/^(summary|totals):/ { print $2; exit }' "$TMP/callgrind-$v.out.1")
+    ir=$(awk '/^totals:/ { print $2; exit }' "$TMP/callgrind-$v.out.1")
     n=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$RUNS/instr-$v.json")
     echo "$v ${ir:-0} ${n:-0}" >>"$INSTR_OUT"
   done
