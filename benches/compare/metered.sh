@@ -200,8 +200,8 @@ LG_ERRLINES=$(cat "$TMP/metered.err" "$TMP/unmetered.err" | grep -c . || true)
 # 4b. Instructions per answer (INSTRUCTIONS=1, the default where valgrind is installed): each
 #     leasegate again under callgrind, counting only while one connection streams answers for
 #     INSTR_DURATION s (after a warm-up). Exact where CPU time is noisy: the proxy's user-space
-#     instructions per answer. The kernel's share (the same bytes, reads and writes in both) is
-#     not in it, so this ratio is an upper bound of the true CPU ratio.
+#     instructions per answer. The kernel's share of the CPU (the same bytes, reads and writes
+#     in both) is not in it: it would only dilute the ratio.
 INSTR_OUT="$RUNS/instructions.txt"
 : >"$INSTR_OUT"
 if [[ $INSTRUCTIONS == 1 ]]; then
