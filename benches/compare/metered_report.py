@@ -78,7 +78,7 @@ def instructions(path):
 
 
 def cpu_target(cpu_ratio, cpu_noise, instr_ratio):
-    """(met, verdict): by instructions where counted — exact, where CPU time is not; the
+    """The verdict: by instructions where counted — exact, where CPU time is not; the
     kernel's share of the CPU (the same bytes, reads and writes in both) is not in them and
     only dilutes the ratio — else by the CPU time's median, called met only at or under the
     target. Both are stated, with the CPU time's noise."""
@@ -88,11 +88,10 @@ def cpu_target(cpu_ratio, cpu_noise, instr_ratio):
         else "CPU time not measured"
     )
     if instr_ratio is not None:
-        met = instr_ratio <= CPU_TARGET
-        word = "**met**" if met else "**missed**"
-        return met, f"{word} by instructions ({fmt(instr_ratio, 3)}×); {timed}"
+        word = "**met**" if instr_ratio <= CPU_TARGET else "**missed**"
+        return f"{word} by instructions ({fmt(instr_ratio, 3)}×); {timed}"
     met = cpu_ratio is not None and cpu_ratio <= CPU_TARGET
-    return met, f"{'**met**' if met else '**missed**'} by {timed} (no instruction count: INSTRUCTIONS=0, or valgrind absent or failed)"
+    return f"{'**met**' if met else '**missed**'} by {timed} (no instruction count: INSTRUCTIONS=0, or valgrind absent or failed)"
 
 
 def fmt(x, digits=2):
@@ -147,7 +146,7 @@ def main():
         else None
     )
     cpu_noise = spread(runs, "unmetered", "cpu_ms")
-    _, cpu_verdict = cpu_target(ratio["cpu_ms"], cpu_noise, instr_ratio)
+    cpu_verdict = cpu_target(ratio["cpu_ms"], cpu_noise, instr_ratio)
     ttfb_delta = None if ratio["ttfb50"] is None else abs(ratio["ttfb50"] - 1)
     if ttfb_delta is None:
         ttfb_verdict = "not measured"

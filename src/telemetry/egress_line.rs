@@ -154,7 +154,9 @@ fn string(buf: &mut Vec<u8>, s: &str) {
 }
 
 /// What serde_json escapes: `"`, `\` and the control bytes below 0x20 (the short forms where
-/// JSON has them, `\u00xx` in lower-case hex for the rest); everything else as it is.
+/// JSON has them, `\u00xx` in lower-case hex for the rest); everything else as it is. By hand
+/// because serde_json's escaper is not public for pieces of a string, and `Display` values
+/// (rules, IPv6 addresses) arrive in pieces through [`Escaping`]: one escaper for both.
 fn escape_into(buf: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     // Nearly every string has nothing to escape: one pass without early exit (which the

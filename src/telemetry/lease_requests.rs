@@ -45,18 +45,19 @@ impl LeaseRequests {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.clock += 1;
         let touched = inner.clock;
-        if !inner.leases.contains_key(lease) && inner.leases.len() >= MAX_LEASES {
-            let stalest = inner
-                .leases
-                .iter()
-                .min_by_key(|(_, ring)| ring.touched)
-                .map(|(id, _)| id.clone());
-            if let Some(id) = stalest {
-                inner.leases.remove(&id);
-            }
-        }
-        // Looked up before it is entered: the id is copied only for a lease new here.
+        // Looked up before it is entered: the id is copied only for a lease new here, which
+        // takes the place of the stalest when the map is full.
         if !inner.leases.contains_key(lease) {
+            if inner.leases.len() >= MAX_LEASES {
+                let stalest = inner
+                    .leases
+                    .iter()
+                    .min_by_key(|(_, ring)| ring.touched)
+                    .map(|(id, _)| id.clone());
+                if let Some(id) = stalest {
+                    inner.leases.remove(&id);
+                }
+            }
             inner.leases.insert(
                 lease.to_owned(),
                 Ring {
