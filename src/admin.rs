@@ -13,11 +13,13 @@
 //! changes state on a request that is not JSON from the admin API's own origin
 //! ([`origin`]); with a token configured, nothing but `/healthz` and the page at `/` answers
 //! without it (the page holds no data: every call it makes carries the token); every answer
-//! but `/metrics` and `/` is JSON, errors included. A credential (a `proxy_url` carrying a
-//! lease id or token) is shown only to a caller that presented the configured token: with no
-//! token configured nobody is authenticated, so nobody gets one; the same holds for a lease's
-//! placeholders (`GET /leases/{id}/placeholders`, [`placeholders`]).
+//! but `/metrics` and `/` is JSON, errors included. A lease's own proxy token opens that
+//! lease's view and placeholders and nothing else ([`caller`]). A credential (a `proxy_url`
+//! carrying a lease id or token, a lease's placeholders: [`placeholders`]) is shown only to a
+//! caller that presented the configured admin token, or that lease's own token: with neither
+//! presented nobody is authenticated, so nobody gets one.
 
+pub mod caller;
 pub mod origin;
 pub mod placeholders;
 pub mod query;
@@ -25,6 +27,7 @@ pub mod scrape;
 pub mod status;
 pub mod walks;
 
+use caller::{Caller, NotAuthorized};
 pub use origin::AdminHosts;
 
 use crate::config::{Credentials, LeasePortCredentials};
@@ -236,26 +239,6 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     json_response(status, json!({"error": message.into()}))
 }
 
-/// Whether the request may use the admin API: it carries the admin token (compared in
-/// constant time), or none is configured.
-fn is_authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
-    state.token.is_none() || is_authenticated(state, req)
-}
-
-/// Whether the request proved who it is: a token is configured and the request carries it.
-/// Only such a caller is shown credentials.
-fn is_authenticated(state: &AdminState, req: &Request<Incoming>) -> bool {
-    use subtle::ConstantTimeEq;
-    let Some(token) = &state.token else {
-        return false;
-    };
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| bool::from(given.trim().as_bytes().ct_eq(token.as_bytes())))
-}
-
 async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
     if let Err(refused) = state.hosts.check(req.uri(), req.headers()) {
         return error(refused.status, refused.message);
@@ -263,17 +246,44 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
     let path = req.uri().path().trim_end_matches('/').to_owned();
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let is_public = segments == ["healthz"] || segments.is_empty();
-    if !is_public && !is_authorized(&state, &req) {
-        let mut response = error(
-            StatusCode::UNAUTHORIZED,
-            "this route needs Authorization: Bearer <admin token>",
-        );
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return response;
-    }
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let caller = match is_public {
+        true => Ok(Caller::Anyone),
+        false => Caller::of(
+            authorization,
+            state.token.as_deref(),
+            &state.proxy.registry.snapshot(),
+        )
+        .and_then(|caller| {
+            caller
+                .may(req.method() == Method::GET, &segments)
+                .map(|()| caller)
+        }),
+    };
+    let caller = match caller {
+        Ok(caller) => caller,
+        Err(NotAuthorized::Unauthenticated(message)) => {
+            let mut response = error(StatusCode::UNAUTHORIZED, message);
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            return response;
+        }
+        Err(NotAuthorized::UnknownLease(id)) => {
+            return error(StatusCode::NOT_FOUND, format!("no lease {id}"))
+        }
+        Err(NotAuthorized::NotItsLease) => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "a lease's proxy token reads only that lease: GET /leases/{id} and \
+                 GET /leases/{id}/placeholders",
+            )
+        }
+    };
     if let Err(refused) = origin::check_write(req.method(), req.headers()) {
         return error(refused.status, refused.message);
     }
@@ -283,7 +293,6 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         }
     }
     let method = req.method().clone();
-    let with_credentials = is_authenticated(&state, &req);
     match (&method, segments.as_slice()) {
         (&Method::GET, []) => dashboard(),
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, json!({"status": "ok"})),
@@ -304,7 +313,10 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             }
         },
         (&Method::GET, ["leases"]) => match LeasesQuery::parse(req.uri().query()) {
-            Ok(query) => walk(&state, move |state| leases(state, &query, with_credentials)).await,
+            Ok(query) => {
+                let with_credentials = caller == Caller::Operator;
+                walk(&state, move |state| leases(state, &query, with_credentials)).await
+            }
             Err(message) => error(StatusCode::BAD_REQUEST, message),
         },
         (&Method::GET, ["leases", id]) => {
@@ -313,7 +325,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
                 id,
                 state.proxy.registry.now(),
                 TOP_HOSTS,
-                with_credentials,
+                caller.sees_credentials_of(id),
             ) {
                 Some(mut view) => {
                     add_open(&state, id, &mut view);
@@ -332,7 +344,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             }
         }
         (&Method::GET, ["leases", id, "placeholders"]) => {
-            placeholders::placeholders(&state, id, with_credentials)
+            placeholders::placeholders(&state, id, caller.sees_credentials_of(id))
         }
         (&Method::POST, ["leases", id, "revoke"]) => {
             let id = id.to_string();

@@ -402,12 +402,17 @@ pub struct RunArgs {
     /// admin API names.
     #[arg(long, env = "LEASEGATE_PROXY")]
     pub proxy: Option<String>,
-    /// The lease's key: mints the proxy token locally (for `serve --credentials token`).
-    #[arg(long, env = "LEASEGATE_KEY_FILE")]
+    /// The lease's own proxy token (`<lease-id>.<tag>`: `leasegate token` mints it, the
+    /// issuer's answer carries it): the child's proxy credential, and what asks the admin API
+    /// for this lease's view and placeholders (it opens nothing else there). Sent only over
+    /// https:// or to a loopback address.
+    #[arg(long, env = "LEASEGATE_LEASE_TOKEN_FILE")]
+    pub lease_token_file: Option<PathBuf>,
+    /// Refused: the agent could read the signing key (use --lease-token-file).
+    #[arg(long, hide = true)]
     pub key_file: Option<PathBuf>,
-    /// The admin API's bearer token; an authenticated admin API also hands out the token. Sent
-    /// only over https:// or to a loopback address.
-    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
+    /// Refused: the agent could read the admin token (use --lease-token-file).
+    #[arg(long, hide = true)]
     pub admin_token_file: Option<PathBuf>,
     /// The admin API of the running proxy (http:// or https://). Without --proxy, the proxy is
     /// reached on this URL's host.

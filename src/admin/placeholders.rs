@@ -2,8 +2,9 @@
 //! entitled to (with the variable each goes in), and the interception CA its clients must
 //! trust.
 //!
-//! Invariant: answered only to a caller that presented the admin token (the rule that shows
-//! credentials in lease views: a placeholder is the lease's credential for a secret); the
+//! Invariant: answered only to a caller that presented the admin token or the lease's own
+//! proxy token (the rule that shows credentials in lease views: a placeholder is the lease's
+//! credential for a secret); the
 //! answer holds secret ids, variable names, placeholders and the CA's certificate, never a
 //! secret's value.
 
@@ -13,13 +14,15 @@ use crate::proxy::Body;
 use http::{Response, StatusCode};
 use serde_json::json;
 
-/// The answer for lease `id`; `authenticated`: the caller presented the admin token.
+/// The answer for lease `id`; `authenticated`: the caller presented the admin token or this
+/// lease's proxy token.
 pub fn placeholders(state: &AdminState, id: &str, authenticated: bool) -> Response<Body> {
     if !authenticated {
         return error(
             StatusCode::FORBIDDEN,
-            "a lease's placeholders are shown only to a caller with the admin token: configure \
-             `serve --admin-token-file` and send Authorization: Bearer <admin token>",
+            "a lease's placeholders are shown only to a caller with the admin token or the \
+             lease's own proxy token: send Authorization: Bearer <token> (`leasegate token` \
+             mints a lease's)",
         );
     }
     let snapshot = state.proxy.registry.snapshot();

@@ -2,27 +2,34 @@
 //!
 //! Invariant: the child starts only if the admin API says the lease opens now; it sees the
 //! proxy in every variable clients read (upper and lower case) and no other proxy setting
-//! (see `child_env`: the proxy's host is the operator's, never the admin API's); the admin
-//! token goes only over TLS or to loopback (see `admin_api`); the child's exit
-//! code (or 128+signal) becomes ours. As in shells, a command that is not found exits 127 and
-//! one that cannot be executed 126; every failure of our own exits 125, and says what the
+//! (see `child_env`: the proxy's host is the operator's, never the admin API's); the child's
+//! exit code (or 128+signal) becomes ours. As in shells, a command that is not found exits 127
+//! and one that cannot be executed 126; every failure of our own exits 125, and says what the
 //! admin API answered rather than that it cannot be reached. SIGINT and SIGTERM reach the
-//! child. Its credential is the lease's token when one is at hand (minted from `--key-file`,
-//! or handed out by an admin API we authenticated to), else the lease id; a proxy in token
-//! mode with no token at hand is an error before the child starts, not a 407 inside it.
-//! With the admin token, the child also gets the lease's placeholders and trusts the
-//! interception CA (see `brokered`: files in a private directory removed when `run` ends, and
-//! for Java a trust store named in `JAVA_TOOL_OPTIONS`); an admin API that does not know
-//! placeholders is warned about, not fatal.
+//! child.
+//!
+//! Nothing wider than the lease is ever in the child's reach: `run` holds no operator
+//! credential (it takes the lease's own proxy token, `--lease-token-file`, and refuses the
+//! signing key and the admin token), no `LEASEGATE_*` variable reaches the child, and before
+//! it starts `run` is made undumpable, its inherited descriptors close-on-exec, and an operator
+//! credential the environment names that this user can read stops the start (see `reach`).
+//! The lease token asks the admin API for that lease's view and placeholders only (a token
+//! opens nothing else there), goes only over TLS or to loopback (see `admin_api`), and is the
+//! child's proxy credential; without one, the credential is the lease id, and a proxy in
+//! token mode is an error before the child starts, not a 407 inside it. With the token, the
+//! child also gets the lease's placeholders and trusts the interception CA (see `brokered`:
+//! files in a private directory removed when `run` ends, and for Java a trust store named in
+//! `JAVA_TOOL_OPTIONS`); an admin API that does not know placeholders is warned about, not
+//! fatal.
 
 mod admin_api;
 mod brokered;
 mod child_env;
 mod jks;
+mod reach;
 
 use super::CliResult;
 use crate::cli::RunArgs;
-use crate::contract::Key;
 pub use admin_api::AdminApi;
 use brokered::{Brokered, TrustFiles, JAVA_VAR, SYSTEM_BUNDLES};
 pub use child_env::{agent_env, is_proxy_setting, proxy_url};
@@ -42,12 +49,13 @@ pub enum RunError {
         message: String,
     },
     #[error(
-        "the admin API at {url} answered 401: give --admin-token-file (or \
-         LEASEGATE_ADMIN_TOKEN_FILE) with the token `serve --admin-token-file` reads"
+        "the admin API at {url} answered 401: give --lease-token-file (or \
+         LEASEGATE_LEASE_TOKEN_FILE) with the lease's proxy token (`leasegate token --lease ID \
+         --key-file K` mints it; the issuer's answer carries it)"
     )]
-    NoAdminToken { url: String },
-    #[error("the admin API at {url} answered 401: it refused the token in --admin-token-file")]
-    WrongAdminToken { url: String },
+    NoLeaseToken { url: String },
+    #[error("the admin API at {url} answered 401: it refused the token in --lease-token-file: {message}")]
+    WrongLeaseToken { url: String, message: String },
     #[error("no such lease {lease}: the admin API at {url} answered 404 Not Found")]
     UnknownLease { url: String, lease: String },
     #[error("the admin API at {url} answered {status}: {message}")]
@@ -70,16 +78,41 @@ pub enum RunError {
     Spawn(String, std::io::Error),
     #[error(
         "the proxy needs the token of lease {0} (--credentials token, or a lease port with \
-         --lease-port-credentials token): give --key-file, or \
-         --admin-token-file so that the admin API hands it out"
+         --lease-port-credentials token): give --lease-token-file (`leasegate token --lease \
+         ID --key-file K` mints it; the issuer's answer carries it)"
     )]
     NoToken(String),
+    #[error("{path} holds the token of lease {holds}, not of --lease {lease}")]
+    TokenOfAnother {
+        path: String,
+        holds: String,
+        lease: String,
+    },
+    #[error(
+        "{flag} is not taken by `run`: the agent, the same user as `run`, could read it and \
+         act as the operator (list, read and revoke every lease). Give the lease's own proxy \
+         token instead: `leasegate token --lease ID --key-file K > F` (or the issuer's \
+         answer), then `run --lease-token-file F`"
+    )]
+    OperatorCredential { flag: &'static str },
+    #[error(
+        "not starting {command}: {var} names {path}, an operator credential this user can \
+         read, and so could the agent. Run the agent as a user that cannot read it (or unset \
+         {var} for `run`)"
+    )]
+    CredentialInReach {
+        command: String,
+        var: &'static str,
+        path: String,
+    },
+    #[error("not starting {command}: cannot close `run` off from it: {reason}")]
+    NotSealed { command: String, reason: String },
     #[error("reading {path}: {reason}")]
     Read { path: String, reason: String },
     #[error("writing the interception CA's files for the child ({path}): {reason}")]
     TrustFiles { path: String, reason: String },
     #[error(
-        "not sending the admin token in plain HTTP to {url}: its host is {addr}, beyond \
+        "not sending the lease token in plain HTTP to {url}: its host is {addr}, beyond \
          loopback. Use an https:// admin URL (with --admin-ca if its certificate is not from a \
          public CA), or reach the admin API on loopback (an SSH tunnel, `kubectl port-forward`)"
     )]
@@ -88,12 +121,14 @@ pub enum RunError {
 
 impl RunError {
     /// The exit code for this failure, as shells use them: 127 when the command is not found,
-    /// 126 when it cannot be executed, 125 for leasegate's own failures (so that the child's
+    /// 126 when it cannot be executed, 2 for a flag `run` does not take, 125 for leasegate's own
+    /// failures (so that the child's
     /// own codes stay distinguishable).
     pub fn exit_code(&self) -> u8 {
         match self {
             RunError::CommandNotFound(_) => 127,
             RunError::NotExecutable(..) => 126,
+            RunError::OperatorCredential { .. } => 2,
             _ => 125,
         }
     }
@@ -111,12 +146,12 @@ impl RunError {
     }
 }
 
-/// The credentials `run` may use — the lease's key (mints its token) and the admin API token —
-/// and what it trusts to hear them: `--admin-ca` for an `https://` admin API.
+/// The credential `run` may use — the lease's own proxy token, which the admin API takes for
+/// that lease's view and placeholders and the proxy for its traffic — and what it trusts to
+/// hear it: `--admin-ca` for an `https://` admin API.
 #[derive(Debug, Default)]
 pub struct RunAuth {
-    pub key: Option<crate::contract::Key>,
-    pub admin_token: Option<String>,
+    pub lease_token: Option<String>,
     pub admin_ca: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
 }
 
@@ -130,7 +165,8 @@ pub async fn run(
 ) -> Result<u8, RunError> {
     let shown = command.join(" ");
     let admin = AdminApi::new(admin, auth.admin_ca.clone())?;
-    let view = admin.lookup(lease, auth.admin_token.as_deref()).await?;
+    let token = auth.lease_token.as_deref();
+    let view = admin.lookup(lease, token).await?;
     let status = view["status"].as_str().unwrap_or("unknown");
     if status != "open" {
         return Err(RunError::NotOpen {
@@ -139,12 +175,8 @@ pub async fn run(
             command: shown,
         });
     }
-    let token = auth
-        .key
-        .as_ref()
-        .map(|key| crate::contract::token::mint(key, lease));
-    let url = proxy_url(&view, lease, proxy, admin.url(), token.as_deref())?;
-    let brokered = brokered(&admin, lease, auth.admin_token.as_deref()).await?;
+    let url = proxy_url(&view, lease, proxy, admin.url(), token)?;
+    let brokered = brokered(&admin, lease, token).await?;
     // Held until the child is gone: dropping it removes the CA's directory.
     let trust = match &brokered.ca {
         Some(ca) => {
@@ -164,6 +196,9 @@ pub async fn run(
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
     for name in unset {
+        child.env_remove(name);
+    }
+    for (name, _) in std::env::vars_os().filter(|(name, _)| reach::is_leasegate_setting(name)) {
         child.env_remove(name);
     }
     for (name, value) in set {
@@ -211,7 +246,7 @@ pub async fn run(
     })
 }
 
-/// The lease's placeholders and the interception CA, asked of the admin API with the admin
+/// The lease's placeholders and the interception CA, asked of the admin API with the lease's
 /// token (without one it would refuse: none is asked for). An admin API that does not know the
 /// route, or that authenticates nobody (no token of its own), gives none, with a warning.
 async fn brokered(
@@ -270,18 +305,33 @@ async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
 
 /// `run`: exit with the child's code (128+signal if killed); 125 if it could not start.
 pub fn exec(args: RunArgs) -> CliResult {
+    let fail = |e: RunError| {
+        eprintln!("leasegate run: {e}");
+        Ok(ExitCode::from(e.exit_code()))
+    };
+    // Before any thread or connection: nothing opened from here on is inherited either.
+    if let Err(e) = reach::seal_off() {
+        return fail(RunError::NotSealed {
+            command: args.command.join(" "),
+            reason: e.to_string(),
+        });
+    }
+    if let Some(found) = reach::readable_credentials(std::env::vars_os()).first() {
+        return fail(RunError::CredentialInReach {
+            command: args.command.join(" "),
+            var: found.var,
+            path: found.path.display().to_string(),
+        });
+    }
+    let auth = match run_auth(&args) {
+        Ok(auth) => auth,
+        Err(e) => return fail(e),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("leasegate run: {e}");
-            return Ok(ExitCode::from(125));
-        }
-    };
-    let auth = match run_auth(&args) {
-        Ok(auth) => auth,
         Err(e) => {
             eprintln!("leasegate run: {e}");
             return Ok(ExitCode::from(125));
@@ -295,30 +345,49 @@ pub fn exec(args: RunArgs) -> CliResult {
         &args.command,
     )) {
         Ok(code) => Ok(ExitCode::from(code)),
-        Err(e) => {
-            eprintln!("leasegate run: {e}");
-            Ok(ExitCode::from(e.exit_code()))
-        }
+        Err(e) => fail(e),
     }
 }
 
-/// The key, admin token and admin CA `run` was given, loaded.
+/// The lease token and admin CA `run` was given, loaded; the operator's credentials refused.
 fn run_auth(args: &RunArgs) -> Result<RunAuth, RunError> {
+    if args.key_file.is_some() {
+        return Err(RunError::OperatorCredential { flag: "--key-file" });
+    }
+    if args.admin_token_file.is_some() {
+        return Err(RunError::OperatorCredential {
+            flag: "--admin-token-file",
+        });
+    }
     let read_error = |path: &std::path::Path, reason: String| RunError::Read {
         path: path.display().to_string(),
         reason,
     };
-    let key = match &args.key_file {
-        Some(path) => Some(Key::load(path).map_err(|e| read_error(path, e.to_string()))?),
-        None => None,
-    };
-    let admin_token = match &args.admin_token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
+    let lease_token = match &args.lease_token_file {
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
                 .map_err(|e| read_error(path, e.to_string()))?
                 .trim()
-                .to_owned(),
-        ),
+                .to_owned();
+            match crate::contract::token::split(&token) {
+                (id, Some(_)) if id == args.lease => Some(token),
+                (id, Some(_)) => {
+                    return Err(RunError::TokenOfAnother {
+                        path: path.display().to_string(),
+                        holds: id.to_owned(),
+                        lease: args.lease.clone(),
+                    })
+                }
+                (_, None) => {
+                    return Err(read_error(
+                        path,
+                        "not a lease's proxy token (<lease-id>.<tag>, as `leasegate token` \
+                         prints it)"
+                            .to_owned(),
+                    ))
+                }
+            }
+        }
         None => None,
     };
     let admin_ca = match &args.admin_ca {
@@ -330,8 +399,7 @@ fn run_auth(args: &RunArgs) -> Result<RunAuth, RunError> {
         None => None,
     };
     Ok(RunAuth {
-        key,
-        admin_token,
+        lease_token,
         admin_ca,
     })
 }

@@ -1,8 +1,8 @@
 //! `run`'s questions to the admin API: `GET /leases/{id}`, then `GET /leases/{id}/placeholders`.
 //!
-//! Invariant: the admin token leaves this process only over TLS (an `https://` admin URL whose
+//! Invariant: the lease token leaves this process only over TLS (an `https://` admin URL whose
 //! certificate verifies under `--admin-ca`, or the public roots without it) or to loopback:
-//! the admin URL's host is resolved first, and a plain-HTTP admin URL with a token is refused,
+//! the admin URL's host is resolved first, and a plain-HTTP admin URL with the token is refused,
 //! before any connection, unless every address of its host is a loopback address. The
 //! connection goes to the addresses checked, never to a second resolution of the name.
 
@@ -234,8 +234,10 @@ impl AdminApi {
                 status,
                 message,
             },
-            http::StatusCode::UNAUTHORIZED if with_token => RunError::WrongAdminToken { url },
-            http::StatusCode::UNAUTHORIZED => RunError::NoAdminToken { url },
+            http::StatusCode::UNAUTHORIZED if with_token => {
+                RunError::WrongLeaseToken { url, message }
+            }
+            http::StatusCode::UNAUTHORIZED => RunError::NoLeaseToken { url },
             http::StatusCode::NOT_FOUND => RunError::UnknownLease {
                 url,
                 lease: lease.to_owned(),

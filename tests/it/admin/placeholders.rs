@@ -33,7 +33,12 @@ env_name = "DEPLOY_KEY"
 "#;
 
 /// `method path` on the admin API with `token` as bearer token: status and body text.
-async fn ask(server: &Server, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+pub(crate) async fn ask(
+    server: &Server,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String) {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -152,10 +157,16 @@ async fn without_a_token_file_nobody_gets_placeholders_and_without_secrets_none_
     assert_eq!(status, 403, "{body}");
     assert_eq!(
         json_of(&body)["error"],
-        "a lease's placeholders are shown only to a caller with the admin token: configure \
-         `serve --admin-token-file` and send Authorization: Bearer <admin token>"
+        "a lease's placeholders are shown only to a caller with the admin token or the \
+         lease's own proxy token: send Authorization: Bearer <token> (`leasegate token` mints a \
+         lease's)"
     );
     assert!(!body.contains("lgp_"), "{body}");
+    // Its own token is enough, even where no admin token is configured.
+    let own = leasegate::contract::token::mint(&h.key, &coder);
+    let (status, body) = ask(&open, "GET", &path, Some(&own)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&placeholder::derive(&h.key, &coder, "github")));
     open.shutdown().await;
 
     // No --secrets: an empty list and no CA.

@@ -133,27 +133,33 @@ async fn the_admin_api_shows_credentials_only_to_an_authenticated_caller() {
     assert_eq!(view["proxy_url"], with_token.as_str());
     assert_eq!(view["credentials"], "token");
 
-    // `run` gets the token from the authenticated admin API, or mints it from the key.
+    // The lease's own token, presented: its own view carries it too.
+    let answer = exchange(
+        TcpStream::connect(server.admin_addr.unwrap()).await.unwrap(),
+        &format!("GET /leases/{lease} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {good}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    let view: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(view["proxy_url"], with_token.as_str());
+
+    // `run` with the lease's token puts it in the child's proxy URL.
     let admin = format!("http://{}", server.admin_addr.unwrap());
     let echo = ["--", "sh", "-c", "echo $HTTPS_PROXY"];
-    let key = h.key_path.to_str().unwrap();
-    let token_path = token_file.to_str().unwrap();
-    for extra in [
-        vec!["--admin-token-file", token_path],
-        vec!["--admin-token-file", token_path, "--key-file", key],
-    ] {
-        let mut args = vec!["run", "--lease", &lease, "--admin", &admin];
-        args.extend(extra);
-        args.extend(echo);
-        let out = leasegate(&args).await;
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), with_token);
-    }
+    let lease_token = h.dir.path().join("lease-token");
+    std::fs::write(&lease_token, format!("{good}\n")).unwrap();
+    let lease_token = lease_token.to_str().unwrap();
+    let mut args = vec!["run", "--lease", &lease, "--admin", &admin];
+    args.extend(["--lease-token-file", lease_token]);
+    args.extend(echo);
+    let out = leasegate(&args).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), with_token);
     server.shutdown().await;
 
     // Without a token at hand, `run` says so rather than starting an agent that gets 407s.
@@ -166,15 +172,9 @@ async fn the_admin_api_shows_credentials_only_to_an_authenticated_caller() {
     let out = leasegate(&args).await;
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs the token"));
-    let mut args = vec![
-        "run",
-        "--lease",
-        &lease,
-        "--admin",
-        &admin,
-        "--key-file",
-        key,
-    ];
+    // With it, an admin API that has no admin token of its own still knows the lease's.
+    let mut args = vec!["run", "--lease", &lease, "--admin", &admin];
+    args.extend(["--lease-token-file", lease_token]);
     args.extend(echo);
     let out = leasegate(&args).await;
     assert_eq!(

@@ -76,8 +76,8 @@ async fn an_unentitled_child_gets_the_ca_and_no_placeholder() {
     server.shutdown().await;
 }
 
-/// `leasegate run --lease LEASE` of `command` against `server`'s admin API with its token (a
-/// token file ending in a newline, as editors write them).
+/// `leasegate run --lease LEASE` of `command` against `server`'s admin API with the lease's own
+/// token (a token file ending in a newline, as editors write them).
 async fn run_under(
     h: &Harness,
     server: &leasegate::server::Server,
@@ -85,8 +85,9 @@ async fn run_under(
     command: &[&str],
     env: &[(&str, &str)],
 ) -> (Option<i32>, String, String) {
-    let token = h.dir.path().join("admin-token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let token = h.dir.path().join("lease-token");
+    let minted = leasegate::contract::token::mint(&h.key, lease);
+    std::fs::write(&token, format!("{minted}\n")).unwrap();
     let admin = format!("http://{}", server.admin_addr.unwrap());
     let mut args = vec![
         "run",
@@ -94,7 +95,7 @@ async fn run_under(
         lease,
         "--admin",
         &admin,
-        "--admin-token-file",
+        "--lease-token-file",
         token.to_str().unwrap(),
         "--",
     ];

@@ -47,8 +47,8 @@ async fn java_under_run_trusts_the_interception_ca() {
     })
     .await
     .expect("the lease gets a port");
-    let token = b.h.dir.path().join("admin-token");
-    std::fs::write(&token, TOKEN).unwrap();
+    let token = b.h.dir.path().join("lease-token");
+    std::fs::write(&token, leasegate::contract::token::mint(&b.h.key, &b.lease)).unwrap();
     let source = crate::support::data("clients/brokered/BrokeredGet.java");
     let (port, url) = (format!("-Dhttps.proxyPort={lease_port}"), b.url("/request"));
     let (code, stdout, stderr) = run(
@@ -58,7 +58,7 @@ async fn java_under_run_trusts_the_interception_ca() {
             &b.lease,
             "--admin",
             &format!("http://{admin}"),
-            "--admin-token-file",
+            "--lease-token-file",
             token.to_str().unwrap(),
             "--",
             "java",

@@ -1,5 +1,5 @@
 //! `leasegate run` against an admin API it cannot vouch for: the proxy's host is the
-//! operator's, the admin token goes only over TLS or to loopback, and no inherited proxy
+//! operator's, the lease token goes only over TLS or to loopback, and no inherited proxy
 //! setting survives into the child.
 
 use crate::support::harness::Harness;
@@ -12,6 +12,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const LEASE: &str = "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c";
+
+/// A lease token of `LEASE` in form (these admin APIs are not leasegate: nothing verifies it).
+const TOKEN: &str = "3e7a9c5d-1b2f-4a8e-9c6d-5b4a3f2e1d0c.s3cretAAAAAAAAAAAAAAAA";
+
+/// A file holding [`TOKEN`] in `dir`, as `run --lease-token-file` takes it.
+fn token_file(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("lease-token");
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    path.to_str().unwrap().to_owned()
+}
 
 /// What a listener heard: every connection's bytes, as text.
 #[derive(Clone, Default)]
@@ -123,15 +133,21 @@ async fn run_under(admin: &str, extra: &[&str], child: &[&str]) -> (Option<i32>,
     run(&args, &[]).await
 }
 
-/// `leasegate run ARGS` with `env` added (and no admin token file or proxy inherited): exit
+/// `leasegate run ARGS` with `env` added (and no lease token file or proxy inherited): exit
 /// code, stdout, stderr.
 pub(crate) async fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut command = leasegate_command(args);
-    command.env_remove("LEASEGATE_ADMIN_TOKEN_FILE");
+    command.env_remove("LEASEGATE_LEASE_TOKEN_FILE");
     command.env_remove("LEASEGATE_PROXY");
     for (name, value) in env {
         command.env(name, value);
     }
+    output_of(command).await
+}
+
+/// Runs `command` (a `leasegate run`, killed if it outlives the test): exit code, stdout,
+/// stderr.
+pub(crate) async fn output_of(command: std::process::Command) -> (Option<i32>, String, String) {
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(60), command.output())
@@ -159,9 +175,7 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
     .await;
     let admin = format!("http://{admin}");
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin-token");
-    std::fs::write(&token, "s3cret\n").unwrap();
-    let token = token.to_str().unwrap();
+    let token = token_file(&dir);
     // The child uses what it was given: curl through $HTTP_PROXY.
     let child = [
         "--",
@@ -170,11 +184,24 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
         "echo $HTTP_PROXY; curl -s -m 5 -o /dev/null http://origin.test/; true",
     ];
 
-    let (code, stdout, stderr) = run_under(&admin, &["--admin-token-file", token], &child).await;
+    // Without a token the credential is the one the answer handed out.
+    let (code, stdout, stderr) = run_under(&admin, &[], &child).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout.trim(),
         format!("http://agent:handed-out@127.0.0.1:{}", configured.port())
+    );
+    assert!(
+        at_configured.all()[0].contains("Proxy-Authorization: Basic"),
+        "{:?}",
+        at_configured.all()
+    );
+
+    let (code, stdout, stderr) = run_under(&admin, &["--lease-token-file", &token], &child).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("http://agent:{TOKEN}@127.0.0.1:{}", configured.port())
     );
     // An admin API without placeholders: said once, and the child runs without them.
     assert_eq!(
@@ -185,27 +212,25 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
              not trust the interception CA\n"
         )
     );
-    // Loopback: the admin token may go there.
-    assert!(at_admin.all()[0].contains("authorization: Bearer s3cret"));
-    assert!(
-        at_configured.all()[0].contains("Proxy-Authorization: Basic"),
-        "{:?}",
-        at_configured.all()
-    );
+    // Loopback: the lease token may go there.
+    assert!(at_admin
+        .all()
+        .iter()
+        .any(|h| h.contains(&format!("authorization: Bearer {TOKEN}"))));
 
     // With --proxy, the proxy is that one, whatever the answer says.
     let (proxy, at_proxy) = Heard::listen("127.0.0.1:0", None, None).await;
     let proxy = format!("http://{proxy}");
-    let key = dir.path().join("lease.key");
-    std::fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
-    let key = key.to_str().unwrap();
-    let (code, stdout, stderr) =
-        run_under(&admin, &["--proxy", &proxy, "--key-file", key], &child).await;
+    let (code, stdout, stderr) = run_under(
+        &admin,
+        &["--proxy", &proxy, "--lease-token-file", &token],
+        &child,
+    )
+    .await;
     assert_eq!(code, Some(0), "{stderr}");
-    let minted = stdout.trim();
-    assert!(
-        minted.starts_with(&format!("http://agent:{LEASE}.")) && minted.ends_with(&proxy[7..]),
-        "{minted}"
+    assert_eq!(
+        stdout.trim(),
+        format!("http://agent:{TOKEN}@{}", &proxy[7..])
     );
     assert_eq!(at_proxy.all().len(), 1);
 
@@ -216,18 +241,17 @@ async fn run_takes_no_proxy_host_from_the_admin_api() {
     );
 }
 
-/// A plain-HTTP admin URL beyond loopback gets no admin token: `run` refuses before it
+/// A plain-HTTP admin URL beyond loopback gets no lease token: `run` refuses before it
 /// connects (192.0.2.1 is TEST-NET-1: nothing answers there, a connection would hang or fail
 /// with another message).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_sends_no_admin_token_in_plain_http_beyond_loopback() {
+async fn run_sends_no_lease_token_in_plain_http_beyond_loopback() {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin-token");
-    std::fs::write(&token, "s3cret\n").unwrap();
+    let token = token_file(&dir);
     let started = std::time::Instant::now();
     let (code, stdout, stderr) = run_under(
         "http://192.0.2.1:3129",
-        &["--admin-token-file", token.to_str().unwrap()],
+        &["--lease-token-file", &token],
         &["--", "echo", "ran"],
     )
     .await;
@@ -235,7 +259,7 @@ async fn run_sends_no_admin_token_in_plain_http_beyond_loopback() {
     assert_eq!(stdout, "");
     assert_eq!(
         stderr,
-        "leasegate run: not sending the admin token in plain HTTP to http://192.0.2.1:3129: its \
+        "leasegate run: not sending the lease token in plain HTTP to http://192.0.2.1:3129: its \
          host is 192.0.2.1, beyond loopback. Use an https:// admin URL (with --admin-ca if its \
          certificate is not from a public CA), or reach the admin API on loopback (an SSH \
          tunnel, `kubectl port-forward`)\n"
@@ -249,7 +273,7 @@ async fn run_sends_no_admin_token_in_plain_http_beyond_loopback() {
 /// An https:// admin URL: the token goes once the certificate verifies under --admin-ca, and
 /// not at all when it does not (the public roots do not know a self-signed certificate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_sends_the_admin_token_over_tls_to_a_verified_admin_api() {
+async fn run_sends_the_lease_token_over_tls_to_a_verified_admin_api() {
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let ca = dir.path().join("admin-ca.pem");
@@ -275,12 +299,11 @@ async fn run_sends_the_admin_token_over_tls_to_a_verified_admin_api() {
     )
     .await;
     let admin = format!("https://localhost:{}", admin.port());
-    let token = dir.path().join("admin-token");
-    std::fs::write(&token, "s3cret\n").unwrap();
-    let token = token.to_str().unwrap();
+    let token = token_file(&dir);
+    let token = token.as_str();
     let child = ["--", "sh", "-c", "echo $HTTPS_PROXY"];
 
-    let (code, _, stderr) = run_under(&admin, &["--admin-token-file", token], &child).await;
+    let (code, _, stderr) = run_under(&admin, &["--lease-token-file", token], &child).await;
     assert_eq!(code, Some(125));
     assert!(stderr.contains("TLS"), "{stderr}");
     assert!(at_admin.all().iter().all(|h| !h.contains("s3cret")));
@@ -288,19 +311,19 @@ async fn run_sends_the_admin_token_over_tls_to_a_verified_admin_api() {
     let ca = ca.to_str().unwrap();
     let (code, stdout, stderr) = run_under(
         &admin,
-        &["--admin-token-file", token, "--admin-ca", ca],
+        &["--lease-token-file", token, "--admin-ca", ca],
         &child,
     )
     .await;
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout.trim(),
-        format!("http://agent:handed-out@localhost:{}", proxy.port())
+        format!("http://agent:{TOKEN}@localhost:{}", proxy.port())
     );
     assert!(at_admin
         .all()
         .iter()
-        .any(|h| h.contains("authorization: Bearer s3cret")));
+        .any(|h| h.contains(&format!("authorization: Bearer {TOKEN}"))));
 }
 
 /// Every inherited proxy setting, in any case, is gone in the child; the canonical ones point

@@ -433,8 +433,9 @@ async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
 }
 
 /// `run` says what the admin API answered (401, 400, 404), not that it cannot reach it; the
-/// admin token comes from `--admin-token-file` or `LEASEGATE_ADMIN_TOKEN_FILE`; a command that
-/// is not found exits 127 and one that cannot be executed 126, as in shells.
+/// lease token comes from `--lease-token-file` or `LEASEGATE_LEASE_TOKEN_FILE`; the operator's
+/// credentials are refused; a command that is not found exits 127 and one that cannot be
+/// executed 126, as in shells.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
     let h = Harness::new();
@@ -443,19 +444,23 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
     serve.admin_token = Some("s3cret".into());
     let server = leasegate::server::Server::start(serve).await.unwrap();
     let admin = format!("http://{}", server.admin_addr.unwrap());
-    let token = h.dir.path().join("admin.token");
-    std::fs::write(&token, "s3cret\n").unwrap();
+    let token = h.dir.path().join("lease.token");
+    let minted = leasegate::contract::token::mint(&h.key, &lease);
+    std::fs::write(&token, format!("{minted}\n")).unwrap();
     let wrong = h.dir.path().join("wrong.token");
-    std::fs::write(&wrong, "guess\n").unwrap();
+    let forged = format!("{lease}.AAAAAAAAAAAAAAAAAAAAAA");
+    std::fs::write(&wrong, format!("{forged}\n")).unwrap();
+    let admin_token = h.dir.path().join("admin.token");
+    std::fs::write(&admin_token, "s3cret\n").unwrap();
     let run = |lease: &str, env: Option<&std::path::Path>, extra: &[&str], command: &[&str]| {
         let mut args = vec!["run", "--lease", lease, "--admin", &admin];
         args.extend(extra);
         args.push("--");
         args.extend(command);
         let mut command = crate::support::leasegate_command(&args);
-        command.env_remove("LEASEGATE_ADMIN_TOKEN_FILE");
+        command.env_remove("LEASEGATE_LEASE_TOKEN_FILE");
         if let Some(path) = env {
-            command.env("LEASEGATE_ADMIN_TOKEN_FILE", path);
+            command.env("LEASEGATE_LEASE_TOKEN_FILE", path);
         }
         async move {
             let out = tokio::process::Command::from(command)
@@ -478,14 +483,15 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
             Some(125),
             String::new(),
             format!(
-                "leasegate run: the admin API at {admin} answered 401: give --admin-token-file \
-                 (or LEASEGATE_ADMIN_TOKEN_FILE) with the token `serve --admin-token-file` reads\n"
+                "leasegate run: the admin API at {admin} answered 401: give --lease-token-file \
+                 (or LEASEGATE_LEASE_TOKEN_FILE) with the lease's proxy token (`leasegate token \
+                 --lease ID --key-file K` mints it; the issuer's answer carries it)\n"
             )
         )
     );
     let token_arg = token.to_str().unwrap();
     assert_eq!(
-        run(&lease, None, &["--admin-token-file", token_arg], &echo).await,
+        run(&lease, None, &["--lease-token-file", token_arg], &echo).await,
         ok
     );
     assert_eq!(run(&lease, Some(&token), &[], &echo).await, ok);
@@ -496,8 +502,37 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
             String::new(),
             format!(
                 "leasegate run: the admin API at {admin} answered 401: it refused the token in \
-                 --admin-token-file\n"
+                 --lease-token-file: the bearer token is neither the admin token nor a lease's \
+                 proxy token\n"
             )
+        )
+    );
+    // The operator's credentials are not taken: the agent could read them.
+    for (flag, path) in [
+        ("--admin-token-file", admin_token.to_str().unwrap()),
+        ("--key-file", h.key_path.to_str().unwrap()),
+    ] {
+        let (code, stdout, stderr) = run(&lease, None, &[flag, path], &echo).await;
+        assert_eq!((code, stdout.as_str()), (Some(2), ""), "{stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "leasegate run: {flag} is not taken by `run`: the agent, the same user as \
+                 `run`, could read it and act as the operator (list, read and revoke every \
+                 lease). Give the lease's own proxy token instead: `leasegate token --lease ID \
+                 --key-file K > F` (or the issuer's answer), then `run --lease-token-file F`\n"
+            )
+        );
+    }
+    // A token of another lease is not this lease's.
+    let other = "00000000-0000-4000-8000-000000000001";
+    let (code, _, stderr) = run(other, Some(&token), &[], &echo).await;
+    assert_eq!(code, Some(125));
+    assert_eq!(
+        stderr,
+        format!(
+            "leasegate run: {} holds the token of lease {lease}, not of --lease {other}\n",
+            token.display()
         )
     );
     // Not a lease id: refused as every `--lease` is, before the admin API is asked.
@@ -511,8 +546,14 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
         "{stderr}"
     );
     let unknown = "00000000-0000-4000-8000-000000000000";
+    let unknown_token = h.dir.path().join("unknown.token");
+    std::fs::write(
+        &unknown_token,
+        leasegate::contract::token::mint(&h.key, unknown),
+    )
+    .unwrap();
     assert_eq!(
-        run(unknown, Some(&token), &[], &echo).await,
+        run(unknown, Some(&unknown_token), &[], &echo).await,
         (
             Some(125),
             String::new(),
