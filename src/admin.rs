@@ -871,6 +871,7 @@ pub fn lease_view(
             "budget": {"tokens": ceilings.tokens, "cost_usd": ceilings.cost_usd},
             "spent": spent.own,
             "subtree_spent": spent.subtree,
+            "in_flight": spent.in_flight,
         });
     }
     if top > 0 {

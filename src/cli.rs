@@ -621,6 +621,16 @@ pub struct ServeArgs {
     /// model it does not name is reported unpriced, never priced at zero.
     #[arg(long, env = "LEASEGATE_PRICES", requires = "secrets")]
     pub prices: Option<PathBuf>,
+    /// The output tokens a metered model call whose request names no cap (`max_tokens`,
+    /// `max_completion_tokens`, `max_output_tokens`) may spend: with its request's size as
+    /// its input, the bound it reserves against budgets while in flight and is charged when
+    /// its usage cannot be read.
+    #[arg(long, env = "LEASEGATE_MODEL_OUTPUT_BOUND", default_value_t = 32_768)]
+    pub model_output_bound: u64,
+    /// Largest metered model call's request body read, in bytes (the proxy reads it whole to
+    /// bound the call); a larger one is refused `body-too-large`.
+    #[arg(long, env = "LEASEGATE_MAX_MODEL_REQUEST_BYTES", default_value_t = 16 << 20)]
+    pub max_model_request_bytes: usize,
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,

@@ -110,6 +110,13 @@ pub struct ProxyConfig {
     /// A forwarded request's upstream must send its response head within this
     /// (`upstream-timeout`, 504).
     pub upstream_response_timeout: Duration,
+    /// The output tokens a model call whose request names no cap may spend, as its bound
+    /// (`--model-output-bound`): reserved while it is in flight, charged if its usage cannot
+    /// be read.
+    pub model_output_bound: u64,
+    /// The largest model-call request body read (`--max-model-request-bytes`); larger ones are
+    /// `body-too-large`.
+    pub max_model_request_bytes: usize,
 }
 
 impl Default for ProxyConfig {
@@ -137,6 +144,8 @@ impl Default for ProxyConfig {
             dns_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
             upstream_response_timeout: Duration::from_secs(60),
+            model_output_bound: 32_768,
+            max_model_request_bytes: 16 << 20,
         }
     }
 }
@@ -382,6 +391,8 @@ impl ServeConfig {
             require_sni: args.require_sni,
             connect_timeout: args.connect_timeout,
             upstream_response_timeout: args.upstream_response_timeout,
+            model_output_bound: args.model_output_bound,
+            max_model_request_bytes: args.max_model_request_bytes,
             ..ProxyConfig::try_from(&args.policy)?
         };
         let admin_token = match &args.admin_token_file {

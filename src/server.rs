@@ -51,6 +51,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Clock(#[from] ClockError),
+    #[error("the spend log {path}: {error}")]
+    SpendLog { path: String, error: String },
 }
 
 /// How long a drain waits, after closing what was left, for the last exchanges to end.
@@ -221,6 +223,55 @@ async fn prune_series(proxy: Arc<Proxy>, every: Duration, shutdown: Cancellation
     }
 }
 
+/// Opens the spend log for this journal, restores what earlier runs spent (charging the
+/// calls they left in flight their bound) and keeps `telemetry`'s spending in it from now
+/// on. Returns the egress-stream publisher ids of this run and the earlier ones: their calls
+/// are counted from the log, not again from the stream.
+async fn open_spend_log(
+    journal: &crate::registry::JournalLocation,
+    store: &crate::registry::StoreOptions,
+    telemetry: &Telemetry,
+) -> Result<std::collections::HashSet<String>, StartError> {
+    let path = crate::registry::open::spent_path(journal, store);
+    let shown = path.display().to_string();
+    let failed = |error: String| StartError::SpendLog {
+        path: shown.clone(),
+        error,
+    };
+    let dir = path.parent().map(std::path::Path::to_owned);
+    let opened = tokio::task::spawn_blocking(move || {
+        if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        crate::budget::log::SpendLog::open(path)
+    })
+    .await
+    .map_err(|e| failed(e.to_string()))?;
+    let (log, restored) = opened.map_err(|e| failed(e.to_string()))?;
+    for (chain, spent) in &restored.totals {
+        telemetry
+            .spending
+            .restore(chain.iter().map(String::as_str), spent);
+    }
+    if restored.charged_at_bound > 0 {
+        tracing::warn!(
+            path = %shown,
+            calls = restored.charged_at_bound,
+            "model calls were in flight when the last run ended: each is charged its bound"
+        );
+    }
+    if restored.unreadable > 0 {
+        tracing::warn!(path = %shown, lines = restored.unreadable, "lines of the spend log did not read (a line torn by a crash): skipped");
+    }
+    let mut own: std::collections::HashSet<String> = restored.runs.into_iter().collect();
+    if let Some(publisher) = telemetry.stream.publisher_id() {
+        log.run(publisher).await.map_err(failed)?;
+        own.insert(publisher.to_owned());
+    }
+    telemetry.spending.keep_in(log);
+    Ok(own)
+}
+
 /// The clock over the floor an earlier run wrote down for this journal (made if missing).
 async fn open_clock(config: &ServeConfig) -> Result<Arc<Clock>, StartError> {
     let path = clock_path(&config.journal, &config.store);
@@ -373,10 +424,11 @@ impl Server {
             )
             .with_stream(stream),
         );
+        let own_runs = open_spend_log(&config.journal, &config.store, &telemetry).await?;
         if let Some(follower) = follow {
             tokio::spawn(crate::budget::fold_others(
                 follower,
-                telemetry.stream.publisher_id().map(str::to_owned),
+                own_runs,
                 telemetry.spending.clone(),
                 registry.clone(),
             ));

@@ -9,6 +9,7 @@
 mod doc;
 mod json;
 pub mod prices;
+pub mod request;
 mod sse;
 #[cfg(test)]
 mod tests;
@@ -114,9 +115,9 @@ pub mod reason {
     pub const STREAM_ERROR: &str = "error in the stream";
 }
 
-/// Which call of its API a request is: the usage fields differ.
+/// Which call of its API a request is: the usage fields (and the request's caps) differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Call {
+pub enum Call {
     ChatCompletions,
     Responses,
     Messages,
@@ -445,6 +446,11 @@ impl Meter {
             sse: Sse::default(),
             body: Body::new(call),
         })
+    }
+
+    /// Which call it meters.
+    pub fn call(&self) -> Call {
+        self.body.call
     }
 
     /// The response head: its status, `Content-Type` and `Content-Encoding` decide how (and

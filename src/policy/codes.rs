@@ -38,10 +38,12 @@ pub enum Code {
     SecretExposed,
     CanaryTripped,
     BudgetExhausted,
+    BodyTooLarge,
+    PathAmbiguous,
 }
 
 impl Code {
-    pub const ALL: [Code; 28] = [
+    pub const ALL: [Code; 30] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -70,6 +72,8 @@ impl Code {
         Code::SecretExposed,
         Code::CanaryTripped,
         Code::BudgetExhausted,
+        Code::BodyTooLarge,
+        Code::PathAmbiguous,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,15 +106,19 @@ impl Code {
             Code::SecretExposed => "secret-exposed",
             Code::CanaryTripped => "canary-tripped",
             Code::BudgetExhausted => "budget-exhausted",
+            Code::BodyTooLarge => "body-too-large",
+            Code::PathAmbiguous => "path-ambiguous",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
             Code::LeaseMissing | Code::LeaseUnknown => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Code::LeaseConflict | Code::BadTarget | Code::NotAProxyRequest => {
-                StatusCode::BAD_REQUEST
-            }
+            Code::LeaseConflict
+            | Code::BadTarget
+            | Code::NotAProxyRequest
+            | Code::PathAmbiguous => StatusCode::BAD_REQUEST,
+            Code::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::LeaseNotYetValid
             | Code::LeaseExpired
             | Code::LeaseRevoked

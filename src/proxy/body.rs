@@ -346,6 +346,17 @@ where
         }
         Ok((Prefixed { held, inner }, seen.freeze()))
     }
+
+    /// The body read whole ahead, its data replaced by `data` (its trailers, if any, kept).
+    pub fn replaced(self, data: Bytes) -> Prefixed<B> {
+        let mut held: std::collections::VecDeque<_> =
+            self.held.into_iter().filter(|f| !f.is_data()).collect();
+        held.push_front(Frame::data(data));
+        Prefixed {
+            held,
+            inner: self.inner,
+        }
+    }
 }
 
 impl<B> HttpBody for Prefixed<B>

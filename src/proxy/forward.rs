@@ -95,20 +95,21 @@ async fn checked(
     cleared: &Cleared,
 ) -> Result<Request<Prefixed<Incoming>>, Refusal> {
     let (parts, body) = req.into_parts();
-    let (body, ahead) = read_ahead(body, &cleared.token).await?;
+    let (body, ahead) = read_ahead(body, &cleared.token, MAX_BODY_SCAN).await?;
     let set = broker.secrets.current();
     inspected(broker, &set, &cleared.decision, &parts, &ahead, false)?;
     Ok(Request::from_parts(parts, body))
 }
 
-/// The body's first [`MAX_BODY_SCAN`] bytes read ahead (to be looked at), and the body that
-/// gives them out again.
+/// The body's first `limit` bytes (at least; [`MAX_BODY_SCAN`] for inspection) read ahead
+/// (to be looked at), and the body that still gives them out first.
 pub async fn read_ahead(
     body: Incoming,
     token: &tokio_util::sync::CancellationToken,
+    limit: usize,
 ) -> Result<(Prefixed<Incoming>, bytes::Bytes), Refusal> {
     tokio::select! {
-        read = Prefixed::read_ahead(body, MAX_BODY_SCAN) => read.map_err(|e| {
+        read = Prefixed::read_ahead(body, limit) => read.map_err(|e| {
             Refusal::new(Code::BadTarget, format!("reading the request body: {e}"))
         }),
         _ = token.cancelled() => Err(Refusal::new(

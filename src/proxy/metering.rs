@@ -1,15 +1,17 @@
-//! Model calls inside terminated tunnels: the budget check before a call to a metered host
-//! goes out, and the tap that reads the call's usage from its response as it is relayed, then
-//! charges it to the lease's chain and puts it on the egress line.
+//! Model calls inside terminated tunnels: the request read whole before a call to a metered
+//! host goes out (its bound, and usage asked for where the API can be asked), the budget
+//! reservation of that bound, and the tap that reads the call's usage from its response as it
+//! is relayed, then settles the reservation and puts the call on the egress line.
 //!
 //! Invariants: the tap only reads — every byte goes to the client as it came, when it came; a
-//! call is charged exactly once, when its exchange ends (whole, cut or dropped), and one whose
-//! usage could not be read is charged as unmetered, never as zero tokens.
+//! call is charged exactly once, when its exchange ends (whole, cut or dropped); one whose
+//! usage could not be read is charged its bound, and counted unmetered, never as zero tokens.
 
-use crate::budget::{Ceilings, Charge, Spending};
+use crate::budget::{Bound, Ceilings, Charge, Exhausted, Reservation, Spending};
 use crate::contract::Lease;
 use crate::meter::prices::Prices;
-use crate::meter::{Api, Meter, Reading};
+use crate::meter::request::CallRequest;
+use crate::meter::{Api, Meter, Reading, Usage};
 use crate::policy::codes::Refusal;
 use crate::telemetry::egress::ModelCall;
 use http::header::{HeaderValue, ACCEPT_ENCODING};
@@ -27,15 +29,45 @@ pub fn ceilings(lease: &Lease) -> Ceilings {
         .unwrap_or_default()
 }
 
-/// Whether a new model call under `chain` (the lease first) may go.
-pub fn check(spending: &Spending, chain: &[Arc<Lease>]) -> Result<(), Refusal> {
+/// The most a call may spend: its request's output cap (or `default_output`), and as input
+/// the request's size in bytes (no token is shorter than a byte of the text it encodes),
+/// priced when its model is.
+pub fn bound(
+    request: &CallRequest,
+    body_len: usize,
+    default_output: u64,
+    prices: Option<&Prices>,
+) -> Bound {
+    let input_tokens = body_len as u64;
+    let output_tokens = request.output_cap.unwrap_or(default_output);
+    let usage = Usage {
+        model: request.model.clone(),
+        input: input_tokens,
+        output: output_tokens,
+        cached: 0,
+    };
+    Bound {
+        input_tokens,
+        output_tokens,
+        cost_usd: prices.and_then(|p| p.cost(&usage)),
+    }
+}
+
+/// Admits a new model call under `chain` (the lease first) and reserves its bound, or the
+/// `budget-exhausted` refusal.
+pub async fn reserve(
+    spending: &Arc<Spending>,
+    chain: &[Arc<Lease>],
+    bound: Bound,
+) -> Result<Reservation, Refusal> {
+    let chain: Vec<(Arc<str>, Ceilings)> = chain
+        .iter()
+        .map(|lease| (Arc::from(lease.id.as_str()), ceilings(lease)))
+        .collect();
     spending
-        .check(
-            chain
-                .iter()
-                .map(|lease| (lease.id.as_str(), ceilings(lease))),
-        )
-        .map_err(|exhausted| exhausted.refusal())
+        .reserve(&chain, bound)
+        .await
+        .map_err(|exhausted: Exhausted| exhausted.refusal())
 }
 
 /// Asks the origin for an uncompressed answer: the meter reads plain bytes (an answer that
@@ -48,9 +80,9 @@ pub fn ask_identity(headers: &mut http::HeaderMap) {
 pub struct Tap {
     api: Api,
     meter: Meter,
-    /// The lease first, then its ancestors: who the call is charged to.
-    chain: Vec<Arc<str>>,
-    spending: Arc<Spending>,
+    /// The call's reservation: settled when the tap finishes (charged its bound if the tap is
+    /// dropped instead).
+    reservation: Reservation,
     prices: Option<Arc<Prices>>,
     /// The response's status, once its head came.
     status: Option<http::StatusCode>,
@@ -60,7 +92,7 @@ impl std::fmt::Debug for Tap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tap")
             .field("api", &self.api)
-            .field("chain", &self.chain)
+            .field("reservation", &self.reservation)
             .finish_non_exhaustive()
     }
 }
@@ -69,21 +101,21 @@ impl Tap {
     pub fn new(
         api: Api,
         meter: Meter,
-        chain: &[Arc<Lease>],
-        spending: Arc<Spending>,
+        reservation: Reservation,
         prices: Option<Arc<Prices>>,
     ) -> Tap {
         Tap {
             api,
             meter,
-            chain: chain
-                .iter()
-                .map(|lease| Arc::from(lease.id.as_str()))
-                .collect(),
-            spending,
+            reservation,
             prices,
             status: None,
         }
+    }
+
+    /// The call never went out (its upstream was never reached): nothing is charged.
+    pub fn release(self) {
+        self.reservation.release();
     }
 
     /// The response head, before any of its body.
@@ -97,8 +129,8 @@ impl Tap {
         self.meter.feed(chunk);
     }
 
-    /// The response ended (or was cut, or never came): the call is charged, and its line's
-    /// `model` object returned.
+    /// The response ended (or was cut, or never came): the call is charged — what its usage
+    /// says, or its bound — and its line's `model` object returned.
     pub fn finish(self) -> ModelCall {
         let api = api_name(self.api);
         let answered_in_error = self.status.is_some_and(|s| !s.is_success());
@@ -111,7 +143,10 @@ impl Tap {
             cost_usd: Some(cost),
             unpriced: cost.is_none().then_some(true),
             unmetered: None,
+            charged_tokens: None,
+            charged_cost_usd: None,
         };
+        let bound = self.reservation.bound();
         let call = match self.meter.finish() {
             // An error answer spends nothing: a call of no tokens, costing nothing.
             Reading::Unmetered { model, .. } if answered_in_error => {
@@ -121,6 +156,7 @@ impl Tap {
                 let cost = self.prices.as_ref().and_then(|p| p.cost(&usage));
                 metered(usage.model, usage.input, usage.output, usage.cached, cost)
             }
+            // Unread (cut, hung up on, never answered, compressed): charged its bound.
             Reading::Unmetered { model, reason } => ModelCall {
                 api,
                 name: model,
@@ -130,10 +166,11 @@ impl Tap {
                 cost_usd: None,
                 unpriced: None,
                 unmetered: Some(reason),
+                charged_tokens: Some(bound.tokens()),
+                charged_cost_usd: bound.cost_usd,
             },
         };
-        self.spending
-            .charge(self.chain.iter().map(|id| &**id), &Charge::of_call(&call));
+        self.reservation.settle(Charge::of_call(&call));
         call
     }
 }

@@ -19,7 +19,8 @@ use super::upstream::Held;
 use super::{Body, ClientConn, Proxy};
 use crate::intercept::inspect;
 use crate::intercept::Broker;
-use crate::meter::Meter;
+use crate::meter::request::{self, CallRequest};
+use crate::meter::{Api, Meter};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::{parse_authority, TargetError};
 use crate::policy::{Target, TargetHost, UpstreamAddr};
@@ -324,8 +325,35 @@ impl Inside {
         let client_upgrade =
             forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let (body, ahead) = forward::read_ahead(body, &self.cleared.token).await?;
         let set = self.broker.secrets.current();
+        let metered = self.metered(&set, &decision, &parts);
+        // A model call is read whole: what it may spend is in its body.
+        let most = self.proxy.config.max_model_request_bytes;
+        let limit = match metered {
+            Some(_) => most.saturating_add(1),
+            None => inspect::MAX_BODY_SCAN,
+        };
+        let (mut body, ahead) = forward::read_ahead(body, &self.cleared.token, limit).await?;
+        let request = match &metered {
+            Some(_) if ahead.len() > most => {
+                return Err(Refusal::new(
+                    Code::BodyTooLarge,
+                    format!(
+                        "a model call's request body is read whole, and this one is over \
+                         --max-model-request-bytes ({most})"
+                    ),
+                ))
+            }
+            Some((_, meter)) => {
+                Some(request::read(meter.call(), &ahead).map_err(|unreadable| {
+                    Refusal::new(
+                        Code::BadTarget,
+                        format!("the model call's request cannot be bounded: {unreadable}"),
+                    )
+                })?)
+            }
+            None => None,
+        };
         let host = tls_name(&decision.target)?;
         let given: Vec<String> =
             forward::inspected(&self.broker, &set, &decision, &parts, &ahead, true)?
@@ -339,49 +367,88 @@ impl Inside {
         if let (false, Some(named)) = (parts.headers.contains_key(header::HOST), named) {
             parts.headers.insert(header::HOST, named);
         }
-        let tap = self.model_call(&set, &decision, &parts)?;
-        if tap.is_some() {
-            metering::ask_identity(&mut parts.headers);
-        }
+        let tap = match (metered, request) {
+            (Some((api, meter)), Some(mut request)) => {
+                if let Some(rewritten) = request.rewritten.take() {
+                    if parts.headers.contains_key(header::CONTENT_LENGTH) {
+                        parts
+                            .headers
+                            .insert(header::CONTENT_LENGTH, rewritten.len().into());
+                    }
+                    body = body.replaced(rewritten.into());
+                }
+                metering::ask_identity(&mut parts.headers);
+                Some(
+                    self.model_call(api, meter, &request, ahead.len(), &decision)
+                        .await?,
+                )
+            }
+            _ => None,
+        };
         let to = Upstream {
             held: Some(&self.held),
             ..upstream(&self.cleared, &decision.target, &self.upstream, host)
         };
-        let forwarded = forward::send(
+        let sent = forward::send(
             proxy,
             Request::from_parts(parts, body),
             client_upgrade,
             to,
             ex,
         )
-        .await?;
-        ex.model = tap.map(Box::new);
-        Ok(forwarded)
+        .await;
+        match (sent, tap) {
+            (Ok(forwarded), tap) => {
+                ex.model = tap.map(Box::new);
+                Ok(forwarded)
+            }
+            (Err(refusal), Some(tap)) => {
+                // Never sent: nothing spent. Sent, maybe, and no answer read: its bound.
+                match refusal.code {
+                    Code::DnsFailed | Code::AddressNotAllowed | Code::UpstreamTlsFailed => {
+                        tap.release()
+                    }
+                    _ => ex.model = Some(Box::new(tap)),
+                }
+                Err(refusal)
+            }
+            (Err(refusal), None) => Err(refusal),
+        }
     }
 
-    /// A call to a metered host's model API: refused when the lease's chain has spent a
-    /// budget, else the tap that will read its usage. `None` for anything else.
-    fn model_call(
+    /// The API and meter of a call to a metered host's model API; `None` for anything else.
+    fn metered(
         &self,
         set: &SecretSet,
         decision: &Decision,
         parts: &http::request::Parts,
-    ) -> Result<Option<metering::Tap>, Refusal> {
-        let Some(api) = Broker::meter_for(set, &decision.target.host) else {
-            return Ok(None);
-        };
-        let Some(meter) = Meter::for_call(api, &parts.method, parts.uri.path()) else {
-            return Ok(None);
-        };
+    ) -> Option<(Api, Meter)> {
+        let api = Broker::meter_for(set, &decision.target.host)?;
+        let meter = Meter::for_call(api, &parts.method, parts.uri.path())?;
+        Some((api, meter))
+    }
+
+    /// A model call: refused when the lease's chain has spent (or reserved) a budget, else its
+    /// bound reserved and the tap that will read its usage.
+    async fn model_call(
+        &self,
+        api: Api,
+        meter: Meter,
+        request: &CallRequest,
+        body_len: usize,
+        decision: &Decision,
+    ) -> Result<metering::Tap, Refusal> {
+        let prices = self.broker.prices();
+        let config = &self.proxy.config;
+        let bound = metering::bound(
+            request,
+            body_len,
+            config.model_output_bound,
+            prices.as_deref(),
+        );
         let spending = &self.proxy.telemetry.spending;
-        metering::check(spending, &decision.chain)?;
-        Ok(Some(metering::Tap::new(
-            api,
-            meter,
-            &decision.chain,
-            spending.clone(),
-            self.broker.prices(),
-        )))
+        let reservation = metering::reserve(spending, &decision.chain, bound).await?;
+        Ok(metering::Tap::new(api, meter, reservation, prices))
     }
 }
 

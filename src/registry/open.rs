@@ -94,13 +94,25 @@ pub fn stream_pending_path(options: &StoreOptions, stream: &str) -> PathBuf {
 /// [`super::Clock`]): beside a file journal (`<journal>.clock`, as its queue), under
 /// `--data-dir` for a stream (`<data-dir>/<stream>.clock`).
 pub fn clock_path(location: &JournalLocation, options: &StoreOptions) -> PathBuf {
+    beside(location, options, "clock")
+}
+
+/// Where a proxy following `location` keeps what its model calls reserved and spent (see
+/// [`crate::budget::log`]): `<journal>.spent`, or `<data-dir>/<stream>.spent`.
+pub fn spent_path(location: &JournalLocation, options: &StoreOptions) -> PathBuf {
+    beside(location, options, "spent")
+}
+
+/// A proxy's own file for `location`: beside a file journal, under `--data-dir` for a stream.
+fn beside(location: &JournalLocation, options: &StoreOptions, suffix: &str) -> PathBuf {
     match location {
         JournalLocation::File(path) => {
             let mut name = path.as_os_str().to_owned();
-            name.push(".clock");
+            name.push(".");
+            name.push(suffix);
             PathBuf::from(name)
         }
-        JournalLocation::Nats(nats) => options.data_dir.join(format!("{}.clock", nats.stream)),
+        JournalLocation::Nats(nats) => options.data_dir.join(format!("{}.{suffix}", nats.stream)),
     }
 }
 

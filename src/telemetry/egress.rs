@@ -110,7 +110,8 @@ pub struct EgressEvent {
 
 /// The `model` object of a metered call's line: the token fields and `cost_usd` when its
 /// usage was read (`cost_usd` null and `unpriced` when the price table has no such model),
-/// `unmetered` with the reason when it was not — never zeros in place of an unread usage.
+/// `unmetered` with the reason when it was not, and what it was charged in its place
+/// (`charged_tokens`, `charged_cost_usd`: its bound) — never zeros in place of an unread usage.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelCall {
     pub api: &'static str,
@@ -128,6 +129,12 @@ pub struct ModelCall {
     pub unpriced: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unmetered: Option<&'static str>,
+    /// An unmetered call is charged its bound: the tokens (input and output) and, when its
+    /// model is priced, the cost it may have spent at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged_cost_usd: Option<f64>,
 }
 
 /// Serialises `value` as the string its `Display` writes.
@@ -192,6 +199,9 @@ pub struct LoggedModel {
     pub unpriced: bool,
     /// Why the response's usage could not be read.
     pub unmetered: Option<String>,
+    /// What an unmetered call was charged in its place: its bound.
+    pub charged_tokens: Option<u64>,
+    pub charged_cost_usd: Option<f64>,
 }
 
 impl LoggedModel {

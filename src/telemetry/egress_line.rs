@@ -290,6 +290,8 @@ mod tests {
             cost_usd: Some(None),
             unpriced: Some(true),
             unmetered: None,
+            charged_tokens: None,
+            charged_cost_usd: None,
         }));
         event.error = Some("upstream: \"reset\"\n\tby peer \u{1}\u{7f}".into());
         event.revoked = Some(true);

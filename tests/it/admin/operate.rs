@@ -604,12 +604,7 @@ async fn sigterm_drains_and_exits_zero_and_logs_keep_secrets_out() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
-    let mut banner = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut banner)
-        .await
-        .unwrap();
-    let addr = banner.trim().rsplit(' ').next().unwrap().to_owned();
+    let addr = crate::support::served_addr(&mut child).await;
     let proxy = format!("http://agent:{lease}@{addr}");
     assert_eq!(
         curl(

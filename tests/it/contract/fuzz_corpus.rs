@@ -19,6 +19,8 @@ mod inspect;
 mod journal_fold;
 #[path = "../../../fuzz/checks/meter.rs"]
 mod meter;
+#[path = "../../../fuzz/checks/meter_request.rs"]
+mod meter_request;
 #[path = "../../../fuzz/checks/run_answer.rs"]
 mod run_answer;
 #[path = "../../../fuzz/checks/secrets_file.rs"]
@@ -62,6 +64,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
         ("meter", meter::check, 10),
+        ("meter_request", meter_request::check, 12),
         ("run_answer", run_answer::check, 10),
         ("secrets_file", secrets_file::check, 15),
         ("snapshot", snapshot::check, 5),

@@ -3,6 +3,7 @@
 
 pub mod brokered;
 pub mod brokered_streams;
+pub mod budget_bounds;
 pub mod budgets;
 pub mod clients;
 pub mod counting;

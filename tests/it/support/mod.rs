@@ -159,6 +159,17 @@ pub fn serve_piped(journal: &str, key: &str, more: &[&str]) -> std::process::Chi
         .unwrap()
 }
 
+/// The proxy address a `serve` child announces on its first stdout line (its banner ends with
+/// the address it listens on).
+pub async fn served_addr(child: &mut tokio::process::Child) -> String {
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut banner)
+        .await
+        .unwrap();
+    banner.trim().rsplit(' ').next().unwrap().to_owned()
+}
+
 /// Runs the binary from an async test without blocking the runtime's threads (which may be
 /// serving the proxy under test).
 pub async fn leasegate(args: &[&str]) -> std::process::Output {

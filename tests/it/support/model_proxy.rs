@@ -86,6 +86,13 @@ impl ModelProxy {
         Staged::new(None).await.start(adjust).await
     }
 
+    /// Shuts the proxy down and starts it again on the same journal, broker and keys.
+    pub async fn restart(mut self) -> ModelProxy {
+        self.server.shutdown().await;
+        self.server = serve(&self.h, &self.broker, |_| {}).await;
+        self
+    }
+
     /// Another proxy with the same broker and keys (a replica, once `adjust` puts its
     /// journal where the first one's is).
     pub async fn another(&self, adjust: impl FnOnce(&mut ServeConfig)) -> Server {
