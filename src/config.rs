@@ -485,8 +485,7 @@ impl ServeConfig {
                         args.upstream_ca.as_deref(),
                     )?;
                     Some(Arc::new(match &args.prices {
-                        Some(prices) => broker
-                            .with_prices(Arc::new(crate::meter::prices::Prices::load(prices)?)),
+                        Some(prices) => broker.with_prices_file(prices)?,
                         None => broker,
                     }))
                 }

@@ -1,12 +1,19 @@
 //! The admin API's `Host`, `Origin`, `Sec-Fetch-Site` and `Content-Type` checks on arbitrary
 //! headers: never panic; an accepted `Host` names localhost, the given name or an IP literal
-//! (an address of the bind); an accepted write is JSON, not cross-site, and its `Origin` (if
-//! any) is an http(s) URL.
+//! (an address of the bind; brackets around an IPv6 address only); an accepted write is JSON,
+//! not cross-site, and its `Origin` (if any) is an http(s) URL.
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use leasegate::admin::origin::{check_write, AdminHosts};
 
 const NAME: &str = "admin.test";
+
+/// `[` an IPv6 address `]`, then anything: brackets hold an IPv6 address, never a name.
+fn bracketed_v6(host: &str) -> bool {
+    host.strip_prefix('[')
+        .and_then(|h| h.split_once(']'))
+        .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok())
+}
 
 pub fn check(data: &[u8]) {
     // The first byte picks the bind and the method; then one header per line, `name: value`.
@@ -36,9 +43,9 @@ pub fn check(data: &[u8]) {
         for host in given {
             let host = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
             let address = match bind {
-                "127.0.0.1:3129" => host.starts_with("127.") || host.starts_with('['),
+                "127.0.0.1:3129" => host.starts_with("127.") || bracketed_v6(&host),
                 "0.0.0.0:3129" => {
-                    host.starts_with('[') || host.starts_with(|c: char| c.is_ascii_digit())
+                    bracketed_v6(&host) || host.starts_with(|c: char| c.is_ascii_digit())
                 }
                 _ => host.starts_with("10.1.2.3"),
             };

@@ -1,9 +1,11 @@
-//! The misuse checks on arbitrary request parts, and the egress log's redacted target on
-//! arbitrary paths and queries: never panics; a request carrying a value or a canary is always
-//! refused for it; a placeholder where its secret is not for is always `secret-misdirected`;
-//! secrets are put in only inside a terminated tunnel, to their host, for an entitled lease; no
-//! refusal repeats a value, a canary or a placeholder; and the redacted target keeps no query
-//! value but the literal `[redacted]`.
+//! The misuse checks on arbitrary request parts, and what the outputs show of arbitrary paths,
+//! queries and details: never panics; a request carrying a value or a canary is always refused
+//! for it; a placeholder where its secret is not for is always `secret-misdirected`; secrets
+//! are put in only inside a terminated tunnel, to their host, for an entitled lease, on a path
+//! whose normal form is one of its routes; no refusal repeats a value, a canary or a
+//! placeholder; the shown target keeps no query value but the literal `[redacted]`; and neither
+//! the shown target nor a scrubbed detail holds a value, a canary or a placeholder's prefix in
+//! any percent-encoding.
 //!
 //! Input: one flags byte (method, terminated, host, entitled agent), then newline-separated
 //! parts: the request target (`path?query`), header values, and the body last. `{V}`, `{C}` and
@@ -11,12 +13,14 @@
 //! the fuzzer reaches them without guessing 30 bytes.
 
 use leasegate::contract::{Key, Lease, Timestamp};
-use leasegate::intercept::inspect::{inspect, redacted_target, Seen};
+use leasegate::intercept::inspect::{inspect, Seen};
 use leasegate::policy::codes::Code;
+use leasegate::policy::path::normalise;
 use leasegate::secrets::{placeholder, SecretSet, Secrets};
 use std::sync::{Arc, OnceLock};
 
-const VALUE: &str = "ghp_fuzzvalue0123456789abcdef";
+// A `/` in the value: a path can hold it across two segments.
+const VALUE: &str = "ghp_fuzz/value0123456789abcdef";
 const CANARY: &str = "AKIA-fuzz-canary-000042";
 const HOST: &str = "api.origin.test";
 const LEASE_ID: &str = "00000001-0000-4000-8000-000000000000";
@@ -120,13 +124,17 @@ pub fn check(data: &[u8]) {
         Some((path, query)) => (path, Some(query)),
         None => (target.as_str(), None),
     };
-    check_redacted(path, query);
-
     let set = set();
+    check_redacted(&set, path, query);
+    check_scrubbed(&set, &target);
+
     let scanned: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    let shown = set.shown_target(path, None);
+    let normal = normalise(path);
     let seen = Seen {
         method,
-        path,
+        path: &shown,
+        normal: normal.as_deref().map_err(|&why| why),
         host,
         parts: &scanned,
         terminated,
@@ -153,6 +161,11 @@ pub fn check(data: &[u8]) {
             assert!(!exposed, "a value or canary passed: {data:?}");
             if !given.is_empty() {
                 assert!(terminated && host == Some(HOST) && entitled, "{data:?}");
+                let routed = matches!(
+                    (method, normal.as_deref()),
+                    ("GET", Ok("/request")) | ("POST", Ok("/upload"))
+                );
+                assert!(routed, "given off its routes: {method} {path:?}");
             }
         }
     }
@@ -162,17 +175,17 @@ pub fn check(data: &[u8]) {
     }
 }
 
-/// Every item after the path's `?` is empty, `[redacted]`, or `name=[redacted]`.
-fn check_redacted(path: &str, query: Option<&str>) {
-    let shown = redacted_target(path, query);
+/// Every item after the shown path's `?` is empty, `[redacted]`, or `name=[redacted]`, and
+/// nothing shown holds what must never be shown.
+fn check_redacted(set: &SecretSet, path: &str, query: Option<&str>) {
+    let shown = set.shown_target(path, query);
+    assert_clean(&shown);
     let Some(query) = query else {
-        assert_eq!(shown, path);
         return;
     };
-    let items = shown
-        .strip_prefix(path)
-        .and_then(|rest| rest.strip_prefix('?'))
-        .unwrap_or_else(|| panic!("{shown:?} does not start with {path:?}?"));
+    let (_, items) = shown
+        .split_once('?')
+        .unwrap_or_else(|| panic!("{shown:?} lost its query"));
     for item in items.split('&') {
         match item.split_once('=') {
             Some((_, value)) => assert_eq!(value, "[redacted]", "{path:?} {query:?}"),
@@ -181,5 +194,23 @@ fn check_redacted(path: &str, query: Option<&str>) {
                 "{path:?} {query:?}"
             ),
         }
+    }
+}
+
+fn check_scrubbed(set: &SecretSet, text: &str) {
+    assert_clean(&set.scrubbed(text));
+}
+
+/// `shown`, raw and percent-decoded up to four times, holds no value, canary or `lgp_` (in
+/// any case).
+fn assert_clean(shown: &str) {
+    let mut current = shown.as_bytes().to_vec();
+    for _ in 0..=4 {
+        for needle in [VALUE, CANARY] {
+            assert!(!holds(&current, needle), "{shown:?} shows {needle:?}");
+        }
+        let lower = current.to_ascii_lowercase();
+        assert!(!holds(&lower, "lgp_"), "{shown:?} shows a placeholder");
+        current = percent_encoding::percent_decode(&current).collect();
     }
 }

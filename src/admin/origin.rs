@@ -38,25 +38,34 @@ impl Refused {
     }
 }
 
-/// A host as compared: lower-case, without brackets or a trailing dot.
+/// A host as compared: lower-case, without a trailing dot.
 fn normalized(host: &str) -> String {
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .trim_end_matches('.')
-        .to_ascii_lowercase()
+    host.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// A `host[:port]` authority split, or `None` if it is not one (userinfo, no host, a bad port).
+/// A `host[:port]` authority split, or `None` if it is not one (userinfo, no host, a bad port,
+/// brackets around anything but an IPv6 address). An IPv6 host comes without its brackets.
 fn split_authority(text: &str) -> Option<(String, Option<u16>)> {
     let authority: http::uri::Authority = text.parse().ok()?;
     if authority.as_str().contains('@') || authority.host().is_empty() {
         return None;
     }
+    let host = match authority.host().strip_prefix('[') {
+        Some(inner) => {
+            let ip = inner
+                .strip_suffix(']')?
+                .parse::<std::net::Ipv6Addr>()
+                .ok()?;
+            ip.to_string()
+        }
+        None if authority.host().contains([']', '\\']) => return None,
+        None => normalized(authority.host()),
+    };
     let port = match &authority.as_str()[authority.host().len()..] {
         "" => None,
         rest => Some(rest.strip_prefix(':')?.parse::<u16>().ok()?),
     };
-    Some((normalized(authority.host()), port))
+    Some((host, port))
 }
 
 impl AdminHosts {
@@ -171,15 +180,31 @@ fn is_same_origin(origin: &str, host: &str) -> bool {
     let Ok(url) = url::Url::parse(origin) else {
         return false;
     };
+    // A browser sends the origin serialized (`scheme://host[:port]`); what only a lenient
+    // parse reads as one (`http:host`, `http:/host`) is not an origin.
+    let scheme = url.scheme().len();
+    let serialized = origin
+        .get(..scheme)
+        .is_some_and(|s| s.eq_ignore_ascii_case(url.scheme()))
+        && origin[scheme..].starts_with("://");
+    if !serialized {
+        return false;
+    }
     let default = match url.scheme() {
         "http" => 80,
         "https" => 443,
         _ => return false,
     };
-    let (Some(origin_host), Some((host, port))) = (url.host_str(), split_authority(host)) else {
+    let origin_host = match url.host() {
+        Some(url::Host::Ipv6(ip)) => ip.to_string(),
+        Some(url::Host::Ipv4(ip)) => ip.to_string(),
+        Some(url::Host::Domain(name)) => normalized(name),
+        None => return false,
+    };
+    let Some((host, port)) = split_authority(host) else {
         return false;
     };
-    normalized(origin_host) == host && url.port().unwrap_or(default) == port.unwrap_or(default)
+    origin_host == host && url.port().unwrap_or(default) == port.unwrap_or(default)
 }
 
 #[cfg(test)]
@@ -225,9 +250,22 @@ mod tests {
             "user@127.0.0.1:3129",
             "",
             "127.0.0.1:notaport",
+            // Forms that broke other proxies' host checks: brackets around a name or an IPv4
+            // address, userinfo either way, a fragment, a path, a backslash.
+            "[localhost]",
+            "[localhost]:3129",
+            "[127.0.0.1]:3129",
+            "localhost@evil.example",
+            "evil.example@localhost",
+            "localhost#@evil.example",
+            "localhost/evil",
+            "localhost\\evil",
+            "localhost\\@evil.example",
+            "127.0.0.1:3129\\evil",
         ] {
             assert!(!host_ok(bound, &[], host), "{host}");
         }
+        assert!(host_ok(bound, &[], "[0:0:0:0:0:0:0:1]:3129"));
         assert!(host_ok(bound, &["Admin.Corp."], "admin.corp:443"));
         assert!(!host_ok(bound, &["admin.corp"], "other.corp"));
     }
@@ -335,5 +373,10 @@ mod tests {
             &headers(&[named, json, ("origin", "http://admin.corp:81")])
         )
         .is_err());
+        // What only a lenient parse takes for an origin is none.
+        for origin in ["http:admin.corp", "http:/admin.corp", "http:\\\\admin.corp"] {
+            let sent = headers(&[named, json, ("origin", origin)]);
+            assert!(check_write(&post, &sent).is_err(), "{origin}");
+        }
     }
 }

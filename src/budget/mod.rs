@@ -244,6 +244,9 @@ pub enum Exhausted {
     /// The chain has a budget, and the call's reservation could not be written to the spend
     /// log: what it spends would not survive a restart, so it is refused.
     Unrecorded(String),
+    /// A lease of the chain has a `budget.cost_usd`, and the call's model has no price (or
+    /// there is no price table): its cost could not be counted, so it is refused.
+    Unpriced { lease_id: String },
 }
 
 impl Exhausted {
@@ -267,6 +270,7 @@ impl Exhausted {
                 ..
             } => format!("lease {lease_id}'s budget.{ceiling} is spent: {spent} of {limit}"),
             Exhausted::OthersUnknown => "the budget cannot be checked: the other replicas' usage is not being read from the egress stream".to_owned(),
+            Exhausted::Unpriced { lease_id } => format!("lease {lease_id} has a budget.cost_usd, and the price table (--prices) gives this call's model no price: its cost could not be counted (give the model a price, or a `*` entry)"),
             Exhausted::Unrecorded(why) => format!("the budget cannot be kept: the call's reservation could not be written to the spend log ({why})"),
         };
         Refusal::new(Code::BudgetExhausted, detail)
@@ -382,6 +386,15 @@ impl Spending {
         chain: &[(Arc<str>, Ceilings)],
         bound: Bound,
     ) -> Result<Reservation, Exhausted> {
+        // A cost ceiling counts what calls cost: one whose cost cannot be told is refused,
+        // never let through uncounted.
+        if bound.cost_usd.is_none() {
+            if let Some((id, _)) = chain.iter().find(|(_, c)| c.cost_usd.is_some()) {
+                return Err(Exhausted::Unpriced {
+                    lease_id: id.to_string(),
+                });
+            }
+        }
         let ids: Vec<Arc<str>> = chain.iter().map(|(id, _)| id.clone()).collect();
         {
             let mut leases = self.lock();

@@ -140,8 +140,9 @@ fn log_loaded(secrets: &Secrets, what: &str) {
     );
 }
 
-/// Reads the secrets file again on every SIGHUP: the new set in whole, or, on any problem,
-/// the set in use kept and the problem logged (never a value: errors name fields, not values).
+/// Reads the secrets file (and the price table) again on every SIGHUP: each new one in whole,
+/// or, on any problem, the one in use kept and the problem logged (never a value: errors name
+/// fields, not values).
 async fn reload_on_hangup(broker: Arc<Broker>, mut hangup: Signal) {
     let secrets = &broker.secrets;
     let env = |name: &str| std::env::var(name).ok();
@@ -153,6 +154,13 @@ async fn reload_on_hangup(broker: Arc<Broker>, mut hangup: Signal) {
                 path = %secrets.path().display(),
                 "secrets file not reloaded, the secrets in use stay: {error}"
             ),
+        }
+        match broker.reload_prices() {
+            None => {}
+            Some(Ok(())) => tracing::info!("price table reloaded"),
+            Some(Err(error)) => {
+                tracing::error!("price table not reloaded, the prices in use stay: {error}")
+            }
         }
     }
 }

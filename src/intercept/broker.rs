@@ -9,6 +9,7 @@
 use super::ca::{CaError, InterceptCa};
 use super::leaf::{server_config, LeafMinter};
 use crate::contract::{Key, Lease};
+use crate::meter::prices::{Prices, PricesError};
 use crate::policy::pattern::HostPattern;
 use crate::policy::TargetHost;
 use crate::secrets::{placeholder, Secret, SecretSet, Secrets};
@@ -48,8 +49,11 @@ pub struct Broker {
     /// The origin-facing side: verified, ALPN http/1.1.
     upstream: Arc<rustls::ClientConfig>,
     ca_pem: String,
-    /// `--prices`: what metered calls cost; `None`: every metered call is unpriced.
-    prices: Option<Arc<crate::meter::prices::Prices>>,
+    /// `--prices`: what metered calls cost (swapped whole on SIGHUP); `None`: every metered
+    /// call is unpriced.
+    prices: arc_swap::ArcSwapOption<Prices>,
+    /// The price table's file, read again on SIGHUP.
+    prices_path: Option<PathBuf>,
     /// The placeholders the checks derived, kept for the lease's next requests.
     pub placeholders: placeholder::Memo,
 }
@@ -93,7 +97,8 @@ impl Broker {
             server,
             upstream: Arc::new(upstream),
             ca_pem,
-            prices: None,
+            prices: arc_swap::ArcSwapOption::empty(),
+            prices_path: None,
             placeholders: placeholder::Memo::default(),
         })
     }
@@ -105,16 +110,33 @@ impl Broker {
 
     /// The interception CA's certificate, PEM: what an agent's clients must trust.
     /// The broker, pricing metered calls with `prices`.
-    pub fn with_prices(self, prices: Arc<crate::meter::prices::Prices>) -> Broker {
+    pub fn with_prices(self, prices: Arc<Prices>) -> Broker {
         Broker {
-            prices: Some(prices),
+            prices: arc_swap::ArcSwapOption::new(Some(prices)),
             ..self
         }
     }
 
-    /// The price table, if one was given.
-    pub fn prices(&self) -> Option<Arc<crate::meter::prices::Prices>> {
-        self.prices.clone()
+    /// The broker, pricing metered calls with the table in `path` (read now, and again by
+    /// [`Broker::reload_prices`]).
+    pub fn with_prices_file(self, path: &Path) -> Result<Broker, PricesError> {
+        let prices = Arc::new(Prices::load(path)?);
+        Ok(Broker {
+            prices_path: Some(path.to_owned()),
+            ..self.with_prices(prices)
+        })
+    }
+
+    /// Reads the price table's file again: the new table in whole, or, on any problem, the
+    /// table in use kept and the problem returned. `None`: no file was given.
+    pub fn reload_prices(&self) -> Option<Result<(), PricesError>> {
+        let path = self.prices_path.as_deref()?;
+        Some(Prices::load(path).map(|prices| self.prices.store(Some(Arc::new(prices)))))
+    }
+
+    /// The price table in use, if one was given.
+    pub fn prices(&self) -> Option<Arc<Prices>> {
+        self.prices.load_full()
     }
 
     pub fn ca_pem(&self) -> &str {

@@ -12,6 +12,7 @@
 use super::broker::{is_entitled, is_for};
 use crate::contract::{Key, Lease};
 use crate::policy::codes::{Code, Refusal};
+use crate::policy::path::Ambiguous;
 use crate::secrets::{placeholder, Hit, Placement, Secret, SecretSet};
 
 /// How much of a request body the checks read: the first 64 KiB (the rest streams unread).
@@ -21,8 +22,12 @@ pub const MAX_BODY_SCAN: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub struct Seen<'a> {
     pub method: &'a str,
-    /// The path, without the query: what route rules match.
+    /// The path, without the query, as outputs show it
+    /// ([`SecretSet::shown_target`]): what a refusal names.
     pub path: &'a str,
+    /// The path [`normalise`](crate::policy::path::normalise)d, or why origins would resolve it
+    /// differently: what route rules match.
+    pub normal: Result<&'a str, Ambiguous>,
     /// The DNS name the request goes to; `None` for an address.
     pub host: Option<&'a str>,
     /// The request target, each header value, the body's first [`MAX_BODY_SCAN`] bytes.
@@ -61,10 +66,10 @@ pub fn inspect<'s>(
             }
         }
     }
-    let goes_to = |secret: &Secret| {
-        seen.terminated
+    let goes_to = |secret: &Secret| -> Result<bool, Refusal> {
+        Ok(seen.terminated
             && seen.host.is_some_and(|host| is_for(secret, host))
-            && routes_take(secret, seen)
+            && routes_take(secret, seen)?)
     };
     if let Some(key) = key {
         for secret in set.secrets() {
@@ -73,7 +78,7 @@ pub fn inspect<'s>(
                 .parts
                 .iter()
                 .any(|part| memchr::memmem::find(part, stand_in.as_bytes()).is_some());
-            if carried && !(is_entitled(secret, lease) && goes_to(secret)) {
+            if carried && !(is_entitled(secret, lease) && goes_to(secret)?) {
                 return Err(misdirected(secret, lease, seen, &stand_in));
             }
         }
@@ -89,11 +94,12 @@ pub fn inspect<'s>(
         .iter()
         .filter(|secret| is_entitled(secret, lease) && is_for(secret, host))
         .collect();
-    let taken: Vec<&Secret> = for_host
-        .iter()
-        .copied()
-        .filter(|secret| routes_take(secret, seen))
-        .collect();
+    let mut taken: Vec<&Secret> = Vec::with_capacity(for_host.len());
+    for secret in &for_host {
+        if routes_take(secret, seen)? {
+            taken.push(secret);
+        }
+    }
     if taken.is_empty() && !for_host.is_empty() {
         let ids: Vec<&str> = for_host.iter().map(|s| s.spec().id.as_str()).collect();
         return Err(Refusal::new(
@@ -109,17 +115,35 @@ pub fn inspect<'s>(
     Ok(taken)
 }
 
-/// A secret without route rules takes every request to its hosts.
-fn routes_take(secret: &Secret, seen: &Seen<'_>) -> bool {
+/// Whether `secret`'s route rules take the request; a secret without route rules takes every
+/// request to its hosts. A path origins resolve differently matches no rule for sure: refused.
+fn routes_take(secret: &Secret, seen: &Seen<'_>) -> Result<bool, Refusal> {
     let routes = &secret.spec().routes;
-    routes.is_empty() || routes.iter().any(|r| r.matches(seen.method, seen.path))
+    if routes.is_empty() {
+        return Ok(true);
+    }
+    match seen.normal {
+        Ok(normal) => Ok(routes.iter().any(|r| r.matches(seen.method, normal))),
+        Err(why) => Err(Refusal::new(
+            Code::PathAmbiguous,
+            format!(
+                "{} {}: the routes of secret {:?} cannot be matched against this path, as {why}",
+                seen.method,
+                seen.path,
+                secret.spec().id
+            ),
+        )),
+    }
 }
 
 fn misdirected(secret: &Secret, lease: &Lease, seen: &Seen<'_>, stand_in: &str) -> Refusal {
     let id = &secret.spec().id;
     let host = seen.host.unwrap_or("an address");
-    // The placeholder may be in the path itself: the refusal never repeats it.
-    let path = seen.path.replace(stand_in, "[placeholder]");
+    // The placeholder may be in the path itself: the refusal never repeats it (the path is
+    // shown redacted already; this holds even where it was not).
+    let path = seen
+        .path
+        .replace(stand_in, crate::secrets::redact::REDACTED);
     let place = match seen.terminated {
         true => format!("{} {host}{path}", seen.method),
         false => format!("{} http://{host}{path} (plain HTTP)", seen.method),
@@ -131,32 +155,6 @@ fn misdirected(secret: &Secret, lease: &Lease, seen: &Seen<'_>, stand_in: &str) 
             lease.id
         ),
     )
-}
-
-/// `path?query` with every query value replaced by `[redacted]` (names kept): what the egress
-/// log shows of a terminated request's target.
-pub fn redacted_target(path: &str, query: Option<&str>) -> String {
-    let Some(query) = query else {
-        return path.to_owned();
-    };
-    let mut out = String::with_capacity(path.len() + query.len());
-    out.push_str(path);
-    out.push('?');
-    for (i, pair) in query.split('&').enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        match pair.split_once('=') {
-            Some((name, _)) => {
-                out.push_str(name);
-                out.push_str("=[redacted]");
-            }
-            // A bare item is all value.
-            None if pair.is_empty() => {}
-            None => out.push_str("[redacted]"),
-        }
-    }
-    out
 }
 
 /// Puts `secret` into the request: its header set (replacing every value the agent sent, a
@@ -205,18 +203,14 @@ mod tests {
     use super::*;
     use crate::contract::Timestamp;
     use crate::secrets::placeholder::Memo;
-    use crate::secrets::Secrets;
     use std::sync::Arc;
 
     const VALUE: &str = "value-of-the-github-secret";
     const CANARY: &str = "canary-never-to-be-sent";
 
     fn set() -> Arc<SecretSet> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("secrets.toml");
-        std::fs::write(
-            &path,
-            format!(
+        SecretSet::for_tests(
+            &format!(
                 r#"canaries = ["{CANARY}"]
 
 [[secret]]
@@ -230,11 +224,8 @@ agents = ["coder"]
 env_name = "GITHUB_TOKEN"
 "#
             ),
+            VALUE,
         )
-        .unwrap();
-        Secrets::load_with(&path, &|_| Some(VALUE.to_owned()))
-            .unwrap()
-            .current()
     }
 
     fn lease(agent: &str) -> Lease {
@@ -255,6 +246,8 @@ env_name = "GITHUB_TOKEN"
         Seen {
             method,
             path,
+            // Leaked: a test's paths live as long as it does.
+            normal: crate::policy::path::normalise(path).map(|n| &*Box::leak(n.into_boxed_str())),
             host: Some(host),
             parts,
             terminated: true,
@@ -396,7 +389,7 @@ env_name = "GITHUB_TOKEN"
             assert_eq!(refused.code, Code::SecretMisdirected);
             assert!(!refused.detail.contains(&stand_in), "{}", refused.detail);
             assert!(
-                refused.detail.contains("/gists/[placeholder]"),
+                refused.detail.contains("/gists/[redacted]"),
                 "{}",
                 refused.detail
             );
@@ -404,22 +397,8 @@ env_name = "GITHUB_TOKEN"
     }
 
     #[test]
-    fn query_values_are_redacted_names_kept() {
-        assert_eq!(redacted_target("/a", None), "/a");
-        assert_eq!(
-            redacted_target("/a", Some("q=1&key=s3cret&flag&&x=")),
-            "/a?q=[redacted]&key=[redacted]&[redacted]&&x=[redacted]"
-        );
-    }
-
-    #[test]
     fn a_query_secret_replaces_what_the_agent_sent() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("secrets.toml");
-        std::fs::write(&path, "[[secret]]\nid = \"search\"\nhosts = [\"s.test\"]\nquery = \"key\"\nenv = \"V\"\nagents = [\"coder\"]\nenv_name = \"SEARCH_KEY\"\n").unwrap();
-        let set = Secrets::load_with(&path, &|_| Some("a+b&c=d/value".to_owned()))
-            .unwrap()
-            .current();
+        let set = SecretSet::for_tests("[[secret]]\nid = \"search\"\nhosts = [\"s.test\"]\nquery = \"key\"\nenv = \"V\"\nagents = [\"coder\"]\nenv_name = \"SEARCH_KEY\"\n", "a+b&c=d/value");
         let (mut parts, ()) = http::Request::get("/find?q=x&key=lgp_search_stand&z=1")
             .body(())
             .unwrap()

@@ -418,26 +418,42 @@ fn framing_of(headers: &http::HeaderMap) -> Framing {
     }
 }
 
+/// `path` as the widest origin reads it for routing: each segment without its `;` parameters,
+/// empty segments dropped, lower case.
+fn call_key(path: &str) -> String {
+    let mut key = String::with_capacity(path.len());
+    for segment in path.split('/') {
+        let segment = segment.split(';').next().unwrap_or(segment);
+        if !segment.is_empty() {
+            key.push('/');
+            key.extend(segment.chars().map(|c| c.to_ascii_lowercase()));
+        }
+    }
+    key
+}
+
 impl Meter {
     /// The most bytes of a body a meter ever holds (an event of a sieved stream, three
     /// captured strings).
     pub const MOST_HELD: usize = HOLD + 3 * json::CAPTURE;
 
     /// The meter for a request, or `None` when it is not a metered call (another method or
-    /// path, e.g. `GET /v1/models`). `path` is the request target's path (a query is ignored);
-    /// it matches when it ends with the call's path (`/v1/chat/completions`, `/v1/responses`,
-    /// `/v1/messages`), so that a provider's prefix (`/openai/v1/...`) is still metered, and one
-    /// trailing `/` is ignored.
+    /// path, e.g. `GET /v1/models`). `path` is the request's path as the origin resolves it
+    /// ([`normalise`](crate::policy::path::normalise)d; a query is ignored); it matches when it
+    /// ends with the call's path (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`), so
+    /// that a provider's prefix (`/openai/v1/...`) is still metered. What some origin would
+    /// still take for the call is metered too: letters in any case, empty segments (`//`, a
+    /// trailing `/`) and `;` parameters are ignored in the comparison.
     pub fn for_call(api: Api, method: &http::Method, path: &str) -> Option<Meter> {
         if method != http::Method::POST {
             return None;
         }
         let path = path.split_once('?').map_or(path, |(path, _)| path);
-        let path = path.strip_suffix('/').unwrap_or(path);
+        let key = call_key(path);
         let call = match api {
-            Api::OpenAi if path.ends_with("/v1/chat/completions") => Call::ChatCompletions,
-            Api::OpenAi if path.ends_with("/v1/responses") => Call::Responses,
-            Api::Anthropic if path.ends_with("/v1/messages") => Call::Messages,
+            Api::OpenAi if key.ends_with("/v1/chat/completions") => Call::ChatCompletions,
+            Api::OpenAi if key.ends_with("/v1/responses") => Call::Responses,
+            Api::Anthropic if key.ends_with("/v1/messages") => Call::Messages,
             Api::OpenAi | Api::Anthropic => return None,
         };
         Some(Meter {

@@ -540,6 +540,13 @@ fn which_requests_are_metered_calls() {
         (Api::Anthropic, &post, "/v1/messages", true),
         (Api::Anthropic, &post, "/v1/messages/count_tokens", false),
         (Api::Anthropic, &post, "/v1/chat/completions", false),
+        // What some origin still routes to the call is metered.
+        (Api::OpenAi, &post, "/v1//chat/completions", true),
+        (Api::OpenAi, &post, "/v1/chat/completions;x=1", true),
+        (Api::OpenAi, &post, "/v1;v=2/chat/completions/", true),
+        (Api::OpenAi, &post, "/V1/Chat/Completions", true),
+        (Api::Anthropic, &post, "//v1/MESSAGES//", true),
+        (Api::OpenAi, &post, "/v1/chat/completions2", false),
     ] {
         assert_eq!(
             Meter::for_call(api, method, path).is_some(),

@@ -1,10 +1,13 @@
-//! Policy: target normalisation, host patterns, verdicts, port lists, the address guard and
+//! Policy: target and path normalisation, request framing, host patterns, verdicts, port lists, the address guard and
 //! refusal codes.
 //!
 //! Invariant: pure. Data and `now` come in as arguments; nothing here does I/O.
 
+pub mod chained;
 pub mod codes;
+pub mod framing;
 pub mod guard;
+pub mod path;
 pub mod pattern;
 pub mod ports;
 pub mod rule;

@@ -7,8 +7,9 @@
 //! dial failures 502); the client's first bytes reach the upstream untouched, and only once
 //! judged: first bytes that open a TLS record of any content type ([`hello::opening`]) must
 //! be a complete ClientHello, with no other record before it (`tls-unverifiable` otherwise),
-//! whose SNI the lease may reach (`sni-mismatch` otherwise); under `--require-sni` anything
-//! but such a ClientHello is `tls-unverifiable`.
+//! whose SNI the lease may reach (`sni-mismatch` otherwise); first bytes that open no record
+//! must not be a request to another proxy ([`chained`]: `bad-target`); under `--require-sni`
+//! anything but such a ClientHello is `tls-unverifiable`.
 
 use super::answer;
 use super::body::RelayEnd;
@@ -18,6 +19,7 @@ use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Cleared;
 use super::terminate;
 use super::{Body, ClientConn, Proxy};
+use crate::policy::chained::{self, Chained};
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::target::parse_host;
 use crate::policy::{HostVerdict, Rule, UpstreamAddr};
@@ -137,8 +139,19 @@ async fn tunnel(
         FirstBytes::ServerFirst if require_sni => Err(unverifiable(Unverifiable::ServerFirst)),
         FirstBytes::Hello(None) | FirstBytes::NotTls | FirstBytes::ServerFirst => Ok(()),
         FirstBytes::Unverifiable(why) => Err(unverifiable(why)),
+        FirstBytes::Chained(what) => Err(Refusal::new(
+            Code::BadTarget,
+            format!(
+                "the tunnel's first bytes are {what}: a tunnel is never a way to another proxy"
+            ),
+        )),
     };
-    if let Err(refusal) = checked.or_else(|refusal| proxy.policy_failure(&mut ex, refusal)) {
+    // Report mode lets a policy refusal through; a request to another proxy is none.
+    let checked = checked.or_else(|refusal| match refusal.code.is_policy() {
+        true => proxy.policy_failure(&mut ex, refusal),
+        false => Err(refusal),
+    });
+    if let Err(refusal) = checked {
         proxy.record_refusal(&mut ex, &refusal).await;
         ex.error = Some(refusal.detail);
         return;
@@ -173,6 +186,8 @@ enum FirstBytes {
     NotTls,
     /// The upstream spoke before the client sent anything (SMTP, SSH and the like).
     ServerFirst,
+    /// Plain bytes that are (or may yet be) a request to another proxy.
+    Chained(&'static str),
     /// Began like TLS (or had to, under `--require-sni`) but cannot be checked.
     Unverifiable(Unverifiable),
     /// Nothing either way for the tunnel idle timeout.
@@ -209,10 +224,14 @@ async fn look_at_first_bytes<S: AsyncRead + Unpin>(
             };
         }
     }
+    let mut plain = false;
     let judged = async {
         loop {
             match hello::opening(buf) {
-                Opening::NotTls => return FirstBytes::NotTls,
+                Opening::NotTls => {
+                    plain = true;
+                    return read_plain(client, buf).await;
+                }
                 Opening::Tls => return read_client_hello(client, buf).await,
                 Opening::NeedMore => match client.read_buf(buf).await {
                     Ok(0) | Err(_) => return FirstBytes::ClientGone,
@@ -221,9 +240,30 @@ async fn look_at_first_bytes<S: AsyncRead + Unpin>(
             }
         }
     };
-    tokio::time::timeout(config.header_read_timeout, judged)
-        .await
-        .unwrap_or(FirstBytes::Unverifiable(Unverifiable::Timeout))
+    let judged = tokio::time::timeout(config.header_read_timeout, judged).await;
+    judged.unwrap_or(match plain {
+        true => FirstBytes::Chained(
+            "a prefix that did not tell, within the header-read timeout, whether it is a \
+             request to another proxy",
+        ),
+        false => FirstBytes::Unverifiable(Unverifiable::Timeout),
+    })
+}
+
+/// Reads until the plain first bytes in `buf` tell whether they are a request to another
+/// proxy ([`chained::judge`]). A client that ends its sending first sent what it had.
+async fn read_plain<S: AsyncRead + Unpin>(client: &mut S, buf: &mut Vec<u8>) -> FirstBytes {
+    loop {
+        match chained::judge(buf) {
+            Chained::Plain => return FirstBytes::NotTls,
+            Chained::Proxy(what) => return FirstBytes::Chained(what),
+            Chained::NeedMore => match client.read_buf(buf).await {
+                Ok(0) => return FirstBytes::NotTls,
+                Err(_) => return FirstBytes::ClientGone,
+                Ok(_) => {}
+            },
+        }
+    }
 }
 
 /// Reads until `buf` holds a whole ClientHello, or is known never to.

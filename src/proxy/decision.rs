@@ -154,6 +154,14 @@ pub fn decide(
             )));
         }
     }
+    if let Asked::Inside { method, .. } = ask.asked {
+        if method == http::Method::CONNECT {
+            return Err(open(Refusal::new(
+                Code::MethodNotAllowed,
+                "CONNECT inside a tunnel: a tunnel is never a way to another proxy",
+            )));
+        }
+    }
     let target = ask
         .target
         .map_err(|e| open(Refusal::new(Code::BadTarget, e.to_string())))?;

@@ -1,6 +1,7 @@
 //! Forwarding absolute-form `http://` requests: checks, then the request goes upstream with
 //! hop-by-hop headers and our credentials removed, bodies streamed both ways, and WebSocket
-//! upgrades relayed once the upstream agrees.
+//! upgrades relayed once the upstream agrees; the answer comes back without fields that could
+//! pass for the proxy's own refusal.
 //!
 //! Invariant: what reaches the upstream names the same host the decision was made for — the
 //! `Host` header must agree with the absolute URI, and the connection is to a checked address
@@ -11,7 +12,7 @@ use super::body::Prefixed;
 use super::decision::Asked;
 use super::decision::Decision;
 use super::exchange::Exchange;
-use super::identify::LEASE_ID_HEADER;
+use super::identify::{self, LEASE_ID_HEADER};
 use super::pipeline::Cleared;
 use super::upstream::held::{Held, Taken};
 use super::upstream::PoolKey;
@@ -20,6 +21,8 @@ use super::{empty, Body, ClientConn, Proxy};
 use crate::intercept::inspect::{inspect, Seen, MAX_BODY_SCAN};
 use crate::intercept::Broker;
 use crate::policy::codes::{Code, Refusal};
+use crate::policy::framing;
+use crate::policy::path::{self, Ambiguous};
 use crate::policy::{Target, TargetHost, UpstreamAddr};
 use crate::secrets::{Secret, SecretSet};
 use crate::telemetry::egress::Kind;
@@ -59,6 +62,11 @@ pub async fn handle(
         }
         Err(refusal) => Err(refusal),
     };
+    let decided = decided.and_then(|cleared| {
+        let target = uri.path_and_query().map_or("", |p| p.as_str());
+        identify::token_kept(&cleared.identity, target, req.headers())?;
+        Ok(cleared)
+    });
     let sent = match decided {
         Ok(cleared) => {
             let mut req = req;
@@ -97,7 +105,16 @@ async fn checked(
     let (parts, body) = req.into_parts();
     let (body, ahead) = read_ahead(body, &cleared.token, MAX_BODY_SCAN).await?;
     let set = broker.secrets.current();
-    inspected(broker, &set, &cleared.decision, &parts, &ahead, false)?;
+    let normal = path::normalise(parts.uri.path());
+    inspected(
+        broker,
+        &set,
+        &cleared.decision,
+        &parts,
+        &ahead,
+        normal.as_deref().map_err(|&why| why),
+        false,
+    )?;
     Ok(Request::from_parts(parts, body))
 }
 
@@ -119,13 +136,15 @@ pub async fn read_ahead(
     }
 }
 
-/// [`inspect`] of a request of `decision`'s lease: its target, header values and `ahead`.
+/// [`inspect`] of a request of `decision`'s lease: its target, header values and `ahead`; its
+/// path [`normalise`](path::normalise)d is `normal`.
 pub fn inspected<'s>(
     broker: &Broker,
     set: &'s SecretSet,
     decision: &Decision,
     parts: &http::request::Parts,
     ahead: &[u8],
+    normal: Result<&str, Ambiguous>,
     terminated: bool,
 ) -> Result<Vec<&'s Secret>, Refusal> {
     let lease = &decision.chain[0];
@@ -140,9 +159,11 @@ pub fn inspected<'s>(
         TargetHost::Name(name) => Some(name.as_str()),
         TargetHost::Ip(_) => None,
     };
+    let shown = set.shown_target(parts.uri.path(), None);
     let seen = Seen {
         method: parts.method.as_str(),
-        path: parts.uri.path(),
+        path: &shown,
+        normal,
         host,
         parts: &scanned,
         terminated,
@@ -151,7 +172,8 @@ pub fn inspected<'s>(
 }
 
 /// What makes a request forwardable at all, before any lease is looked at: an absolute
-/// `http://` URI and at most one `Host`. Returns the URI's authority.
+/// `http://` URI, and one reading of its framing ([`framing::check`]). Returns the URI's
+/// authority.
 fn request_shape(req: &Request<Incoming>) -> Result<&str, Refusal> {
     let uri = req.uri();
     let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
@@ -166,9 +188,7 @@ fn request_shape(req: &Request<Incoming>) -> Result<&str, Refusal> {
             format!("scheme {scheme} is not forwarded; use CONNECT for TLS"),
         ));
     }
-    if req.headers().get_all(header::HOST).iter().count() > 1 {
-        return Err(Refusal::new(Code::BadTarget, "more than one Host header"));
-    }
+    framing::check(req.version(), req.headers())?;
     Ok(authority.as_str())
 }
 
@@ -377,6 +397,17 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
+    /// Each field of the answer that holds a value of `set` shown as
+    /// [`SecretSet::answered_field`] gives it (the value taken out).
+    pub fn without_values(&mut self, set: &SecretSet) {
+        for value in self.response.headers_mut().values_mut() {
+            if let Some(shown) = set.answered_field(value.as_bytes()) {
+                *value = HeaderValue::from_bytes(&shown)
+                    .unwrap_or_else(|_| HeaderValue::from_static(crate::secrets::redact::REDACTED));
+            }
+        }
+    }
+
     /// The client's response: the upstream's, with a metered body that owns the exchange
     /// (or, for a WebSocket, a relayed upgrade that does).
     pub fn into_client_response(
@@ -389,6 +420,7 @@ impl Forwarded {
             && self.upgrade.is_some())
         .then(|| hyper::upgrade::on(&mut self.response));
         let (mut parts, body) = self.response.into_parts();
+        unforged(&mut parts);
         ex.status = Some(parts.status.as_u16());
         if let (Some(upstream_upgrade), Some(client_upgrade)) = (upstream_upgrade, self.upgrade) {
             strip_hop_by_hop(&mut parts.headers, true);
@@ -413,6 +445,35 @@ impl Forwarded {
         let counter = ex.bytes_down.clone();
         let body = Metered::new(body, counter, self.token, Some(ex));
         Response::from_parts(parts, body.boxed_unsync())
+    }
+}
+
+/// The prefix of the fields the proxy's own answers carry (`x-leasegate-refusal`).
+const OUR_FIELDS: &str = "x-leasegate-";
+
+/// An upstream's answer never passes for one of the proxy's own refusals: its
+/// `X-Leasegate-*` fields go, and so does a reason phrase that names a refusal code.
+fn unforged(parts: &mut http::response::Parts) {
+    let ours: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|name| name.as_str().starts_with(OUR_FIELDS))
+        .cloned()
+        .collect();
+    for name in ours {
+        parts.headers.remove(name);
+    }
+    let names_a_code = parts
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .is_some_and(|reason| {
+            let reason = reason.as_bytes().trim_ascii();
+            Code::ALL
+                .iter()
+                .any(|code| code.as_str().as_bytes().eq_ignore_ascii_case(reason))
+        });
+    if names_a_code {
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
     }
 }
 

@@ -142,6 +142,54 @@ pub fn identify(headers: &HeaderMap, port_lease: Option<&str>) -> Result<Identit
     Ok(identity)
 }
 
+/// Refuses a request that carries a token it proved its lease with anywhere but the fields
+/// that never go upstream (`Proxy-Authorization`, `X-Lease-Id`): in `target` (path and query),
+/// another field, or the Basic credentials of `Authorization`. A token an origin sees can be
+/// replayed against the proxy: `secret-exposed`, which revokes the lease and kills the token.
+pub fn token_kept(identity: &Identity, target: &str, headers: &HeaderMap) -> Result<(), Refusal> {
+    let tags = identity.tags.iter().flatten().filter(|tag| !tag.is_empty());
+    for tag in tags {
+        let holds = |bytes: &[u8]| memchr::memmem::find(bytes, tag.as_bytes()).is_some();
+        let mut place = holds(target.as_bytes()).then_some("the request target");
+        for (name, value) in headers {
+            if place.is_some() {
+                break;
+            }
+            if name == http::header::PROXY_AUTHORIZATION || name == LEASE_ID_HEADER {
+                continue;
+            }
+            if holds(value.as_bytes())
+                || (name == http::header::AUTHORIZATION && basic_holds(value, &holds))
+            {
+                place = Some(name.as_str());
+            }
+        }
+        if let Some(place) = place {
+            return Err(Refusal::new(
+                Code::SecretExposed,
+                format!(
+                    "the request carries lease {}'s own proxy token in {place}: it goes to the \
+                     proxy only (Proxy-Authorization), never to an origin, and the lease is \
+                     revoked so the token is worthless",
+                    identity.lease_id
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the Basic credentials of an `Authorization` value, decoded, hold what `holds` finds.
+fn basic_holds(value: &http::HeaderValue, holds: &dyn Fn(&[u8]) -> bool) -> bool {
+    let Some((scheme, rest)) = value.to_str().ok().and_then(|v| v.trim().split_once(' ')) else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case("basic")
+        && base64::engine::general_purpose::STANDARD
+            .decode(rest.trim())
+            .is_ok_and(|decoded| holds(&decoded))
+}
+
 fn unknown(detail: &str) -> Refusal {
     Refusal::new(Code::LeaseUnknown, detail)
 }

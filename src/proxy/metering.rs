@@ -153,7 +153,13 @@ impl Tap {
                 metered(model, 0, 0, 0, Some(0.0))
             }
             Reading::Metered(usage) => {
-                let cost = self.prices.as_ref().and_then(|p| p.cost(&usage));
+                // An answer naming a model the table does not price, to a request naming one
+                // it does (an alias resolved), costs the request's bound: never nothing.
+                let cost = self
+                    .prices
+                    .as_ref()
+                    .and_then(|p| p.cost(&usage))
+                    .or(bound.cost_usd);
                 metered(usage.model, usage.input, usage.output, usage.cached, cost)
             }
             // Unread (cut, hung up on, never answered, compressed): charged its bound.

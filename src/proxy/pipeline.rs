@@ -300,6 +300,20 @@ impl Proxy {
         }
     }
 
+    /// `refusal` with its detail scrubbed of every secret's value, canary and placeholder
+    /// ([`SecretSet::scrubbed`](crate::secrets::SecretSet::scrubbed)): the journal, the egress
+    /// line and the answer all take the detail from here.
+    fn scrubbed(&self, mut refusal: Refusal) -> Refusal {
+        if let Some(broker) = &self.broker {
+            if let std::borrow::Cow::Owned(clean) =
+                broker.secrets.current().scrubbed(&refusal.detail)
+            {
+                refusal.detail = clean;
+            }
+        }
+        refusal
+    }
+
     /// The one rescue point: a refusal becomes the client's response (and maybe a revocation).
     pub async fn refuse(
         &self,
@@ -308,6 +322,7 @@ impl Proxy {
         target_fallback: &str,
     ) -> Response<Body> {
         ex.observe_decision();
+        let refusal = self.scrubbed(refusal);
         self.record_refusal(ex, &refusal).await;
         ex.status = Some(refusal.code.status().as_u16());
         // The line says why, in the words the client read (a closed lease: what closed it).

@@ -5,14 +5,16 @@
 //! Invariant: the origin's TLS, verified for the CONNECT host, is up before the client hears
 //! 200, so a failure is a 502 `upstream-tls-failed` and never a blind relay; the client's SNI
 //! must be the CONNECT host (`sni-mismatch` otherwise); every request inside is decided by
-//! [`Proxy::clear_inside`] over the registry's current state, inspected
-//! ([`crate::intercept::inspect`]) before anything of it reaches the origin, and written on its
-//! own egress line (kind `https`).
+//! [`Proxy::clear_inside`] over the registry's current state, its framing checked
+//! ([`crate::policy::framing`]), inspected ([`crate::intercept::inspect`]) before anything of it
+//! reaches the origin, and written on its own egress line (kind `https`); no field of an
+//! origin's answer shows the agent a secret's value.
 
 use super::body::{Counted, RelayEnd};
 use super::decision::{Ask, Asked, Decision};
 use super::exchange::{Counter, Exchange};
 use super::forward::{self, Forwarded, Upstream};
+use super::identify;
 use super::metering;
 use super::pipeline::Cleared;
 use super::upstream::Held;
@@ -22,6 +24,8 @@ use crate::intercept::Broker;
 use crate::meter::request::{self, CallRequest};
 use crate::meter::{Api, Meter};
 use crate::policy::codes::{Code, Refusal};
+use crate::policy::framing;
+use crate::policy::path::{self, Ambiguous};
 use crate::policy::target::{parse_authority, TargetError};
 use crate::policy::{Target, TargetHost, UpstreamAddr};
 use crate::secrets::SecretSet;
@@ -283,19 +287,27 @@ impl Inside {
             self.conn.client,
             self.conn.listener,
         );
-        ex.path = Some(inspect::redacted_target(
-            req.uri().path(),
-            req.uri().query(),
-        ));
+        ex.path = Some(
+            self.broker
+                .secrets
+                .current()
+                .shown_target(req.uri().path(), req.uri().query()),
+        );
+        let version = req.version();
         match self.pass(req, &mut ex).await {
             Ok(forwarded) => forwarded.into_client_response(proxy, &self.conn, ex),
             Err(refusal) => {
                 let path = ex.path.as_deref().unwrap_or_default();
                 let shown = format!("https://{}{path}", self.authority);
-                // Inside the tunnel the answer may travel over HTTP/2, which has no
-                // connection-specific fields.
                 let mut answer = proxy.refuse(&mut ex, refusal, &shown).await;
+                // HTTP/2 has no connection-specific fields; over HTTP/1.1 a refusal that
+                // closes (a request whose framing cannot be trusted) still closes, so
+                // nothing after it is read as a request.
+                let close = answer.headers().get(header::CONNECTION).cloned();
                 forward::strip_hop_by_hop(answer.headers_mut(), false);
+                if let (Some(close), true) = (close, version < http::Version::HTTP_2) {
+                    answer.headers_mut().insert(header::CONNECTION, close);
+                }
                 answer
             }
         }
@@ -322,11 +334,15 @@ impl Inside {
         let decision = proxy
             .clear_inside(&self.cleared.identity, ask, &self.cleared.token, ex)
             .await?;
+        framing::check(req.version(), req.headers())?;
+        let target = req.uri().path_and_query().map_or("", |p| p.as_str());
+        identify::token_kept(&self.cleared.identity, target, req.headers())?;
         let client_upgrade =
             forward::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let set = self.broker.secrets.current();
-        let metered = self.metered(&set, &decision, &parts);
+        let normal = path::normalise(parts.uri.path());
+        let metered = self.metered(&set, &decision, &parts, &normal)?;
         // A model call is read whole: what it may spend is in its body.
         let most = self.proxy.config.max_model_request_bytes;
         let limit = match metered {
@@ -355,14 +371,26 @@ impl Inside {
             None => None,
         };
         let host = tls_name(&decision.target)?;
-        let given: Vec<String> =
-            forward::inspected(&self.broker, &set, &decision, &parts, &ahead, true)?
-                .into_iter()
-                .map(|secret| {
-                    inspect::put_in(&mut parts, secret)?;
-                    Ok(secret.spec().id.clone())
-                })
-                .collect::<Result<_, Refusal>>()?;
+        let secrets = forward::inspected(
+            &self.broker,
+            &set,
+            &decision,
+            &parts,
+            &ahead,
+            normal.as_deref().map_err(|&why| why),
+            true,
+        )?;
+        // What route rules or the meter read is what the origin is sent.
+        if let (Ok(normal), true) = (&normal, metered.is_some() || !secrets.is_empty()) {
+            resolved(&mut parts, normal)?;
+        }
+        let given: Vec<String> = secrets
+            .into_iter()
+            .map(|secret| {
+                inspect::put_in(&mut parts, secret)?;
+                Ok(secret.spec().id.clone())
+            })
+            .collect::<Result<_, Refusal>>()?;
         ex.secrets = given;
         if let (false, Some(named)) = (parts.headers.contains_key(header::HOST), named) {
             parts.headers.insert(header::HOST, named);
@@ -398,8 +426,9 @@ impl Inside {
         )
         .await;
         match (sent, tap) {
-            (Ok(forwarded), tap) => {
+            (Ok(mut forwarded), tap) => {
                 ex.model = tap.map(Box::new);
+                forwarded.without_values(&set);
                 Ok(forwarded)
             }
             (Err(refusal), Some(tap)) => {
@@ -416,16 +445,31 @@ impl Inside {
         }
     }
 
-    /// The API and meter of a call to a metered host's model API; `None` for anything else.
+    /// The API and meter of a call to a metered host's model API; `None` for anything else. A
+    /// path origins resolve differently is refused on a metered host: whether it is a model
+    /// call cannot be told for sure.
     fn metered(
         &self,
         set: &SecretSet,
         decision: &Decision,
         parts: &http::request::Parts,
-    ) -> Option<(Api, Meter)> {
-        let api = Broker::meter_for(set, &decision.target.host)?;
-        let meter = Meter::for_call(api, &parts.method, parts.uri.path())?;
-        Some((api, meter))
+        normal: &Result<String, Ambiguous>,
+    ) -> Result<Option<(Api, Meter)>, Refusal> {
+        let Some(api) = Broker::meter_for(set, &decision.target.host) else {
+            return Ok(None);
+        };
+        let normal = normal.as_ref().map_err(|why| {
+            Refusal::new(
+                Code::PathAmbiguous,
+                format!(
+                    "{} {}: a metered host's requests are metered on the path as the origin \
+                     resolves it, and origins resolve this one differently, as {why}",
+                    parts.method,
+                    set.shown_target(parts.uri.path(), None)
+                ),
+            )
+        })?;
+        Ok(Meter::for_call(api, &parts.method, normal).map(|meter| (api, meter)))
     }
 
     /// A model call: refused when the lease's chain has spent (or reserved) a budget, else its
@@ -450,6 +494,27 @@ impl Inside {
         let reservation = metering::reserve(spending, &decision.chain, bound).await?;
         Ok(metering::Tap::new(api, meter, reservation, prices))
     }
+}
+
+/// `parts`' path replaced by `normal` (its query kept), where they differ.
+fn resolved(parts: &mut http::request::Parts, normal: &str) -> Result<(), Refusal> {
+    if parts.uri.path() == normal {
+        return Ok(());
+    }
+    let target = match parts.uri.query() {
+        Some(query) => format!("{normal}?{query}"),
+        None => normal.to_owned(),
+    };
+    let unusable = || {
+        Refusal::new(
+            Code::BadTarget,
+            "the resolved request target would not parse",
+        )
+    };
+    let mut uri = http::uri::Parts::from(parts.uri.clone());
+    uri.path_and_query = Some(target.parse().map_err(|_| unusable())?);
+    parts.uri = http::Uri::from_parts(uri).map_err(|_| unusable())?;
+    Ok(())
 }
 
 /// The host a request inside names: `Host`, or HTTP/2's `:authority`; both, when both are

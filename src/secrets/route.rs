@@ -1,9 +1,11 @@
 //! One route rule of a secret: a method and a path glob, and whether a request matches it.
 //!
-//! Invariant: `*` matches exactly one non-empty path segment and `**`, only as the last
-//! segment, one or more; every other segment matches itself byte for byte. A path with a `.`
-//! or `..` segment (percent-encoded or not) matches no rule: what the origin would make of it
-//! is not decided here.
+//! Invariant: rules match a path [`normalise`](path::normalise)d as the origin resolves it (no dot segments, only
+//! unreserved characters decoded), never the raw path. `*` matches exactly one non-empty
+//! segment and `**`, only as the last segment, one or more; every other segment matches itself
+//! byte for byte, normalised the same way.
+
+use crate::policy::path;
 
 /// `method = "GET"` (exact, upper case) or `"*"`, and a path glob such as `/repos/*/issues/**`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +62,20 @@ impl Route {
                         "path {path:?}: a wildcard is a whole segment, * (one segment) or ** (the rest)"
                     ))
                 }
-                p if is_dot_segment(p) => {
-                    return Err(format!("path {path:?}: a . or .. segment never matches"))
+                "" if i + 1 < parts.len() => {
+                    return Err(format!(
+                        "path {path:?}: an empty segment (//) never matches, as origins merge it"
+                    ))
                 }
-                p => segments.push(Segment::Literal(p.to_owned())),
+                p => match path::segment(p) {
+                    Ok(path::Segment::Plain(literal)) => segments.push(Segment::Literal(literal)),
+                    Ok(path::Segment::Dot | path::Segment::DotDot) => {
+                        return Err(format!("path {path:?}: a . or .. segment never matches"))
+                    }
+                    Err(why) => {
+                        return Err(format!("path {path:?}: never matches, as {why}"))
+                    }
+                },
             }
         }
         Ok(Route {
@@ -73,20 +85,16 @@ impl Route {
         })
     }
 
-    /// Whether a request with `method` and `path` (its path; a query, if left on, is ignored)
-    /// is one this rule admits.
-    pub fn matches(&self, method: &str, path: &str) -> bool {
+    /// Whether a request with `method` and the [`normalise`](path::normalise)d path `normal` is one this rule
+    /// admits.
+    pub fn matches(&self, method: &str, normal: &str) -> bool {
         if self.method.as_deref().is_some_and(|m| m != method) {
             return false;
         }
-        let path = path.split_once('?').map_or(path, |(p, _)| p);
-        let Some(body) = path.strip_prefix('/') else {
+        let Some(body) = normal.strip_prefix('/') else {
             return false;
         };
         let parts: Vec<&str> = body.split('/').collect();
-        if parts.iter().any(|p| is_dot_segment(p)) {
-            return false;
-        }
         let fixed = self.segments.len();
         let lengths_fit = match self.rest {
             true => parts.len() > fixed,
@@ -104,60 +112,91 @@ impl Route {
     }
 }
 
-/// `.` or `..`, also with the dots percent-encoded (`%2e`).
-fn is_dot_segment(segment: &str) -> bool {
-    let decoded = segment.replace("%2e", ".").replace("%2E", ".");
-    decoded == "." || decoded == ".."
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::path::normalise;
 
     fn route(method: &str, path: &str) -> Route {
         Route::parse(method, path).unwrap()
     }
 
+    /// Whether `r` admits `method` on the raw `path`, as the checks ask: on its normal form,
+    /// and an ambiguous path never.
+    fn admits(r: &Route, method: &str, path: &str) -> bool {
+        normalise(path).is_ok_and(|normal| r.matches(method, &normal))
+    }
+
     #[test]
     fn a_literal_path_matches_itself_only() {
         let r = route("GET", "/user");
-        assert!(r.matches("GET", "/user"));
-        assert!(r.matches("GET", "/user?page=2"));
-        assert!(!r.matches("GET", "/user/"));
-        assert!(!r.matches("GET", "/users"));
-        assert!(!r.matches("GET", "/User"));
-        assert!(!r.matches("POST", "/user"));
-        assert!(!r.matches("GET", "user"));
+        assert!(admits(&r, "GET", "/user"));
+        assert!(!admits(&r, "GET", "/user/"));
+        assert!(!admits(&r, "GET", "/users"));
+        assert!(!admits(&r, "GET", "/User"));
+        assert!(!admits(&r, "POST", "/user"));
+        assert!(!admits(&r, "GET", "user"));
     }
 
     #[test]
     fn one_star_is_one_non_empty_segment() {
         let r = route("*", "/repos/*/issues");
-        assert!(r.matches("GET", "/repos/a/issues"));
-        assert!(r.matches("DELETE", "/repos/a/issues"));
-        assert!(!r.matches("GET", "/repos//issues"));
-        assert!(!r.matches("GET", "/repos/a/b/issues"));
-        assert!(!r.matches("GET", "/repos/a/issues/1"));
+        assert!(admits(&r, "GET", "/repos/a/issues"));
+        assert!(admits(&r, "DELETE", "/repos/a/issues"));
+        assert!(!admits(&r, "GET", "/repos//issues"));
+        assert!(!admits(&r, "GET", "/repos/a/b/issues"));
+        assert!(!admits(&r, "GET", "/repos/a/issues/1"));
     }
 
     #[test]
     fn double_star_is_one_or_more_segments_at_the_end() {
         let r = route("POST", "/repos/**");
-        assert!(r.matches("POST", "/repos/a"));
-        assert!(r.matches("POST", "/repos/a/b/c"));
-        assert!(r.matches("POST", "/repos/"));
-        assert!(!r.matches("POST", "/repos"));
-        assert!(!r.matches("POST", "/repo/a"));
+        assert!(admits(&r, "POST", "/repos/a"));
+        assert!(admits(&r, "POST", "/repos/a/b/c"));
+        assert!(admits(&r, "POST", "/repos/"));
+        assert!(!admits(&r, "POST", "/repos"));
+        assert!(!admits(&r, "POST", "/repo/a"));
     }
 
     #[test]
-    fn dot_segments_match_no_rule() {
+    fn dot_segments_are_resolved_before_matching() {
         let r = route("GET", "/repos/**");
-        assert!(!r.matches("GET", "/repos/../admin"));
-        assert!(!r.matches("GET", "/repos/./a"));
-        assert!(!r.matches("GET", "/repos/%2e%2e/admin"));
-        assert!(!r.matches("GET", "/repos/%2E/a"));
-        assert!(r.matches("GET", "/repos/.hidden"));
+        assert!(!admits(&r, "GET", "/repos/../admin"));
+        assert!(!admits(&r, "GET", "/repos/%2e%2e/admin"));
+        assert!(!admits(&r, "GET", "/repos/a/../../admin"));
+        assert!(admits(&r, "GET", "/repos/./a"));
+        assert!(admits(&r, "GET", "/repos/%2E/a"));
+        assert!(admits(&r, "GET", "/repos/a/../b"));
+        assert!(admits(&r, "GET", "/repos/.hidden"));
+    }
+
+    #[test]
+    fn path_tricks_match_no_rule() {
+        let r = route("GET", "/repos/**");
+        for trick in [
+            "/repos/..;/admin",
+            "/repos/..;x=1/admin",
+            "/repos/%2e%2e;/admin",
+            "/repos/..%3b/admin",
+            "/repos/a%2F..%2F..%2Fadmin",
+            "/repos/a%5C..%5C..%5Cadmin",
+            "/repos/a\\..\\..\\admin",
+            "/repos/%252e%252e/admin",
+            "/repos/%c0%ae%c0%ae/admin",
+            "/repos/a%00/../../admin",
+        ] {
+            assert!(!admits(&r, "GET", trick), "{trick}");
+        }
+    }
+
+    #[test]
+    fn literals_match_their_normal_form() {
+        let r = route("GET", "/us%65r/%7Ea");
+        assert!(admits(&r, "GET", "/user/~a"));
+        assert!(admits(&r, "GET", "/%75ser/%7ea"));
+        let r = route("GET", "/a%3fb");
+        assert!(admits(&r, "GET", "/a%3Fb"));
+        assert!(!admits(&r, "GET", "/a?b"));
     }
 
     #[test]
@@ -183,6 +222,11 @@ mod tests {
                 "GET",
                 "/a/../b",
                 "path \"/a/../b\": a . or .. segment never matches",
+            ),
+            (
+                "GET",
+                "/a/..;/b",
+                "path \"/a/..;/b\": never matches, as it has a dot segment with a parameter or trailing characters (such as ..;)",
             ),
             (
                 "GET",

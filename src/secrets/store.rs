@@ -127,6 +127,13 @@ impl SecretSet {
         self.canaries.len()
     }
 
+    /// Where the leftmost value or canary in `bytes` is (start, end), exactly as
+    /// [`SecretSet::find_exact`] finds it.
+    pub(super) fn find_span(&self, bytes: &[u8]) -> Option<(usize, usize)> {
+        let found = self.finder.as_ref()?.find(bytes)?;
+        Some((found.start(), found.end()))
+    }
+
     /// Whether `bytes` holds any secret's value or any canary, exactly (byte for byte, no
     /// decoding): the first found, leftmost.
     pub fn find_exact(&self, bytes: &[u8]) -> Option<Hit> {
@@ -140,6 +147,19 @@ impl SecretSet {
                 number: index - self.secrets.len() + 1,
             },
         })
+    }
+}
+
+#[cfg(test)]
+impl SecretSet {
+    /// The set a secrets file of `text` loads, every value it names being `value`.
+    pub(crate) fn for_tests(text: &str, value: &str) -> Arc<SecretSet> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secrets.toml");
+        std::fs::write(&path, text).unwrap();
+        Secrets::load_with(&path, &|_| Some(value.to_owned()))
+            .unwrap()
+            .current()
     }
 }
 

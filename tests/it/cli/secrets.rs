@@ -205,17 +205,7 @@ async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
     assert_eq!(h.revocations().await.len(), 1);
 
     // SIGHUP: a broken file leaves the set in use (and the proxy up); a good one replaces it.
-    let hangup = |want: &'static str| {
-        served.signal(nix::sys::signal::Signal::SIGHUP);
-        let served = &served;
-        async move {
-            eventually(Duration::from_secs(20), || async {
-                served.logs().contains(want).then_some(())
-            })
-            .await
-            .unwrap_or_else(|| panic!("no {want:?} after SIGHUP:\n{}", served.logs()))
-        }
-    };
+    let hangup = |want: &'static str| hangup(&served, want);
     let good = std::fs::read_to_string(&secrets).unwrap();
     std::fs::write(
         &secrets,
@@ -269,4 +259,87 @@ async fn serve_with_secrets_starts_and_no_output_holds_a_value() {
             assert!(!text.contains(secret), "{name} holds {secret}:\n{text}");
         }
     }
+}
+
+/// A price table of one model.
+const PRICES: &str =
+    "[[model]]\nname = \"gpt-4o-mini*\"\ninput_per_million = 0.15\noutput_per_million = 0.6\n";
+
+/// A secrets file or price table cut short (a write caught half-way) never widens anything:
+/// the start stops with its problem, and a reload keeps what is in use and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_secrets_file_or_price_table_stops_the_start_and_is_never_reloaded() {
+    let h = Harness::new();
+    let secrets = secrets_file(h.dir.path());
+    let good = std::fs::read_to_string(&secrets).unwrap();
+    let prices = h.dir.path().join("prices.toml");
+    let mut args = secrets_args(h.dir.path(), "origin.test", &secrets);
+    args.extend(["--prices".to_owned(), s(&prices).to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = [("LG_TEST_GITHUB_PAT", ENV_VALUE), ("RUST_LOG", "info")];
+    // Cut inside the second secret's table, and inside the model's entry.
+    let cut_secrets = &good[..good.find("query = \"key\"").unwrap()];
+    let cut_prices = &PRICES[..PRICES.find("output_per_million").unwrap()];
+    for (what, secrets_text, prices_text, problem) in [
+        ("secrets", cut_secrets, PRICES, "the secrets file"),
+        ("prices", good.as_str(), cut_prices, "the price table"),
+    ] {
+        std::fs::write(&secrets, secrets_text).unwrap();
+        std::fs::write(&prices, prices_text).unwrap();
+        let mut command = leasegate_command(&[
+            "serve",
+            "--admin",
+            "off",
+            "--journal",
+            s(&h.journal),
+            "--key-file",
+            s(&h.key_path),
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        command
+            .args(&args)
+            .envs(env)
+            .stdout(std::process::Stdio::null());
+        let out = exited(
+            command
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(problem) && stderr.contains("not valid"),
+            "{what}: {stderr}"
+        );
+    }
+
+    std::fs::write(&secrets, &good).unwrap();
+    std::fs::write(&prices, PRICES).unwrap();
+    let served = Served::start_with_env(&h, "-n 1024", &args, &env);
+    let hangup = |want: &'static str| hangup(&served, want);
+    std::fs::write(&secrets, cut_secrets).unwrap();
+    std::fs::write(&prices, cut_prices).unwrap();
+    hangup("price table not reloaded, the prices in use stay").await;
+    let logs = served.logs();
+    assert!(
+        logs.contains("secrets file not reloaded, the secrets in use stay"),
+        "{logs}"
+    );
+    // Still the whole set: two secrets, the proxy up.
+    let status = curl(&[&format!("http://{}/status", served.admin)], &[]).await;
+    assert_eq!(status.status, 200, "{status:?}");
+    std::fs::write(&prices, PRICES).unwrap();
+    hangup("price table reloaded").await;
+}
+
+/// Sends `served` a SIGHUP and waits (20 s at most) for `want` in its log.
+async fn hangup(served: &Served, want: &str) {
+    served.signal(nix::sys::signal::Signal::SIGHUP);
+    eventually(Duration::from_secs(20), || async {
+        served.logs().contains(want).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("no {want:?} after SIGHUP:\n{}", served.logs()))
 }

@@ -21,6 +21,8 @@ mod journal_fold;
 mod meter;
 #[path = "../../../fuzz/checks/meter_request.rs"]
 mod meter_request;
+#[path = "../../../fuzz/checks/path_normalise.rs"]
+mod path_normalise;
 #[path = "../../../fuzz/checks/run_answer.rs"]
 mod run_answer;
 #[path = "../../../fuzz/checks/secrets_file.rs"]
@@ -31,6 +33,8 @@ mod snapshot;
 mod stream_record;
 #[path = "../../../fuzz/checks/target_parser.rs"]
 mod target_parser;
+#[path = "../../../fuzz/checks/tunnel_first_bytes.rs"]
+mod tunnel_first_bytes;
 
 /// Runs `check` on every seed of `target`; returns how many there were.
 fn replay(target: &str, check: fn(&[u8])) -> usize {
@@ -65,11 +69,13 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("journal_fold", journal_fold::check, 10),
         ("meter", meter::check, 10),
         ("meter_request", meter_request::check, 12),
+        ("path_normalise", path_normalise::check, 12),
         ("run_answer", run_answer::check, 10),
         ("secrets_file", secrets_file::check, 15),
         ("snapshot", snapshot::check, 5),
         ("stream_record", stream_record::check, 8),
         ("target_parser", target_parser::check, 20),
+        ("tunnel_first_bytes", tunnel_first_bytes::check, 10),
     ] {
         let seeds = replay(target, check);
         assert!(seeds >= at_least, "{target}: only {seeds} seeds");

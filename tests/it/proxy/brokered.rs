@@ -49,6 +49,7 @@ env = "{value_env}"
 routes = [
   {{ method = "GET", path = "/request" }}, {{ method = "POST", path = "/upload" }},
   {{ method = "GET", path = "/ws" }}, {{ method = "GET", path = "/big/*" }},
+  {{ method = "GET", path = "/echo-redirect" }},
   {{ method = "GET", path = "/slow" }}, {{ method = "GET", path = "/repo.git/**" }},
 ]
 agents = ["tester"]
@@ -343,23 +344,30 @@ pub async fn refused_and_revoked(b: &Brokered, lease: &str, out: CurlOutput, cod
             "{code}: {file:?}"
         );
     }
-    // Every admin answer the dashboard draws from, and the metrics.
-    for path in [
-        format!("/leases/{lease}"),
-        format!("/leases/{lease}/requests"),
-        "/leases".to_owned(),
-        "/refusals".to_owned(),
-        "/metrics".to_owned(),
-        "/status".to_owned(),
-        "/".to_owned(),
-    ] {
-        let (status, text) = admin_text(&b.server, &path).await;
-        assert_eq!(status, 200, "{path}");
+    for (path, text) in admin_answers(b, &[lease]).await {
         assert!(
             !text.contains(VALUE) && !text.contains(CANARY),
             "{code}: {path}"
         );
     }
+}
+
+/// Every admin answer the dashboard draws from, and the metrics, with `leases`' views and
+/// recent requests: (path, text), each answered 200.
+pub async fn admin_answers(b: &Brokered, leases: &[&str]) -> Vec<(String, String)> {
+    let mut paths = Vec::new();
+    for lease in leases {
+        paths.push(format!("/leases/{lease}"));
+        paths.push(format!("/leases/{lease}/requests"));
+    }
+    paths.extend(["/leases", "/refusals", "/metrics", "/status", "/"].map(str::to_owned));
+    let mut answers = Vec::with_capacity(paths.len());
+    for path in paths {
+        let (status, text) = admin_text(&b.server, &path).await;
+        assert_eq!(status, 200, "{path}");
+        answers.push((path, text));
+    }
+    answers
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

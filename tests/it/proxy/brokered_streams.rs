@@ -24,7 +24,7 @@ use tokio_rustls::client::TlsStream;
 
 /// A TLS connection to `HOST` through a CONNECT tunnel on `proxy` under `lease`, trusting only
 /// the interception CA, offering `alpn`.
-async fn tls_through(
+pub async fn tls_through(
     b: &Brokered,
     proxy: SocketAddr,
     lease: &str,
@@ -148,7 +148,7 @@ async fn an_endless_stream_is_cut_when_the_lease_is_revoked() {
 }
 
 /// Reads from `stream` until what was read contains `needle`; returns it all.
-async fn read_until_tls(stream: &mut TlsStream<TcpStream>, needle: &str) -> String {
+pub async fn read_until_tls(stream: &mut TlsStream<TcpStream>, needle: &str) -> String {
     use tokio::io::AsyncReadExt;
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];

@@ -322,27 +322,37 @@ output_per_million = 1000
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cost_ceiling_is_spent_by_priced_calls_and_an_unpriced_model_adds_no_cost() {
+async fn a_cost_ceiling_is_spent_by_priced_calls_and_refuses_a_model_it_cannot_price() {
     let (staged, lease) = budgeted(Some(PRICES), json!({"cost_usd": 0.25})).await;
     let m = staged.start(|_| {}).await;
     let claude = call_body("claude-haiku-4-5", false);
 
+    // A partial price table never widens a budget: a call whose cost cannot be counted is
+    // refused, before it reaches the API.
     let unpriced = model_call(&m, &m.server, &lease, true, &claude, &[]).await;
-    assert_eq!(unpriced.status, 200, "{}", unpriced.body_text());
+    assert_eq!(unpriced.status, 429, "{}", unpriced.body_text());
+    assert_eq!(
+        unpriced.header("x-leasegate-refusal").as_deref(),
+        Some("budget-exhausted")
+    );
+    assert!(
+        unpriced.body_text().contains(&format!(
+            "lease {lease} has a budget.cost_usd, and the price table (--prices) gives this \
+             call's model no price"
+        )),
+        "{}",
+        unpriced.body_text()
+    );
+    assert!(m.api.seen().is_empty(), "the unpriced call reached the API");
     // $0.1, $0.2, $0.3: the third passes the ceiling, the fourth is refused.
     for _ in 0..3 {
         let out = chat(&m, &m.server, &lease).await;
         assert_eq!(out.status, 200, "{}", out.body_text());
     }
     assert_exhausted(&chat(&m, &m.server, &lease).await, &lease, "cost_usd");
-    let refused = model_call(&m, &m.server, &lease, true, &claude, &[]).await;
-    assert_exhausted(&refused, &lease, "cost_usd");
 
-    let lines = model_lines(&m.h.egress, 4).await;
-    let unpriced = json!({"api": "anthropic", "name": "claude-haiku-4-5", "input_tokens": 10,
-        "output_tokens": 90, "cached_tokens": 0, "cost_usd": null, "unpriced": true});
-    assert_eq!(lines[0]["model"], unpriced);
-    for line in &lines[1..] {
+    let lines = model_lines(&m.h.egress, 3).await;
+    for line in &lines {
         let cost = line["model"]["cost_usd"].as_f64().unwrap();
         assert!((cost - 0.1).abs() < 1e-12, "{line}");
         assert_eq!(line["model"], mini_call(cost.into()));
@@ -355,8 +365,22 @@ async fn a_cost_ceiling_is_spent_by_priced_calls_and_an_unpriced_model_adds_no_c
     );
     assert_eq!(
         (&spent["unpriced"], &spent["tokens"]),
-        (&json!(1), &json!(400))
+        (&json!(0), &json!(300))
     );
+}
+
+/// Without a price table a cost ceiling cannot be kept: every model call under it is refused
+/// (a token ceiling alone is kept without prices).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_ceiling_without_a_price_table_refuses_every_call() {
+    let (staged, lease) = budgeted(None, json!({"cost_usd": 5.0})).await;
+    let m = staged.start(|_| {}).await;
+    let out = chat(&m, &m.server, &lease).await;
+    assert_eq!(out.status, 429, "{}", out.body_text());
+    assert!(out.body_text().contains("no price"), "{}", out.body_text());
+    assert!(m.api.seen().is_empty());
+    let (_, view) = admin_get(&m.server, &format!("/leases/{lease}")).await;
+    assert_eq!(view["status"], "open", "refused, not revoked: {view}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,7 @@
 //! real clients, descriptor limits.
 
 pub mod brokered;
+pub mod brokered_paths;
 pub mod brokered_streams;
 pub mod budget_bounds;
 pub mod budgets;
@@ -9,5 +10,6 @@ pub mod clients;
 pub mod counting;
 pub mod descriptors;
 pub mod end_to_end;
+pub mod hardening;
 pub mod pipeline;
 pub mod tunnels;

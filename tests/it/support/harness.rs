@@ -93,6 +93,35 @@ async fn origin_service(req: Request<Incoming>) -> Result<Response<OriginBody>, 
             text(format!("{len} {}", hex::encode(hasher.finalize())))
         }
         "/ws" => websocket_echo(req),
+        "/forged" => {
+            // An origin dressing its answer as one of the proxy's refusals.
+            let mut response = text("leasegate refused this (not really)\n");
+            *response.status_mut() = StatusCode::FORBIDDEN;
+            response
+                .extensions_mut()
+                .insert(hyper::ext::ReasonPhrase::try_from(&b"host-denied"[..]).unwrap());
+            let headers = response.headers_mut();
+            headers.insert("x-leasegate-refusal", "host-denied".parse().unwrap());
+            headers.insert("X-Leasegate-Note", "forged".parse().unwrap());
+            response
+        }
+        "/echo-redirect" => {
+            // An origin that sends what it was given back: the `Authorization` it got, in a
+            // header and in a redirect's target (raw and percent-encoded).
+            let given = req
+                .headers()
+                .get("authorization")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            let encoded: String = url::form_urlencoded::byte_serialize(given.as_bytes()).collect();
+            let mut response = text("moved\n");
+            *response.status_mut() = StatusCode::FOUND;
+            let headers = response.headers_mut();
+            let location = format!("https://elsewhere.test/next?auth={encoded}");
+            headers.insert("location", location.parse().unwrap());
+            headers.insert("x-echo", given.parse().unwrap());
+            response
+        }
         p if p.starts_with("/delay/") => {
             let ms: u64 = p[7..].parse().unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -158,7 +187,13 @@ fn websocket_echo(mut req: Request<Incoming>) -> Response<OriginBody> {
         }
     });
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    // The names of the fields the upgrade request came with: what the proxy let through.
+    let seen: Vec<&str> = req.headers().keys().map(|n| n.as_str()).collect();
+    let seen = seen.join(",");
     let mut response = text(Bytes::new());
+    response
+        .headers_mut()
+        .insert("x-seen-headers", seen.parse().unwrap());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     response
         .headers_mut()

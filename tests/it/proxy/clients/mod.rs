@@ -6,12 +6,14 @@
 //! in a network namespace whose only interface is loopback
 //! ([`in_loopback_only_namespace`]), so a client that ignored its proxy settings would fail
 //! rather than reach out. `brokered` runs them through a terminated host, with the placeholder
-//! of a brokered secret.
+//! of a brokered secret. `origin_paths` runs Go's and Node's own path resolution beside
+//! leasegate's.
 
 mod brokered;
 mod go;
 mod model_sdks;
 mod node;
+mod origin_paths;
 
 use crate::support::harness::{
     curl, https_file_origin, https_origin, port_range, proxy_url, Harness,
