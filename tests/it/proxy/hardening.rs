@@ -674,3 +674,30 @@ async fn inside_a_terminated_tunnel_our_fields_never_reach_the_origin() {
         );
     }
 }
+
+/// The secret's own host over plain HTTP: nothing is put in, and its placeholder there is
+/// misuse (the value would cross the network in the clear).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_is_never_put_on_plain_http_even_to_its_own_host() {
+    let b = Brokered::start().await;
+    let url = format!("http://{HOST}:{}/request", b.plain.addr.port());
+    let out = b.curl(&b.lease, &[&url]).await;
+    assert_eq!(out.status, 200, "{out:?}");
+    assert!(
+        !out.body_text().contains("authorization"),
+        "{}",
+        out.body_text()
+    );
+    let bearer = format!("Authorization: Bearer {}", b.placeholder(&b.lease));
+    let out = b.curl(&b.lease, &["-H", &bearer, &url]).await;
+    assert_eq!(out.status, 403, "{out:?}");
+    assert_eq!(
+        out.header("x-leasegate-refusal").as_deref(),
+        Some("secret-misdirected")
+    );
+    assert!(
+        out.body_text().contains("(plain HTTP)"),
+        "{}",
+        out.body_text()
+    );
+}

@@ -222,14 +222,15 @@ impl NatsCluster {
             .unwrap()
     }
 
-    /// Waits until JetStream answers (a cluster elects its meta leader first), then opens
-    /// (creating) the journal stream `stream` with one replica per node.
+    /// Waits until JetStream answers (a cluster elects its meta leader first, and on a loaded
+    /// 2-core machine the nodes may take over 30 s to see each other as placement peers), then
+    /// opens (creating) the journal stream `stream` with one replica per node.
     pub async fn journal(&self, stream: &str) -> NatsStream {
         let options = NatsOptions {
             replicas: self.nodes.len(),
             ..NatsOptions::default()
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             match NatsStream::connect(&self.location(stream), &options, &StreamSpec::JOURNAL).await
             {
