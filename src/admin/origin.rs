@@ -58,7 +58,6 @@ fn split_authority(text: &str) -> Option<(String, Option<u16>)> {
                 .ok()?;
             ip.to_string()
         }
-        None if authority.host().contains([']', '\\']) => return None,
         None => normalized(authority.host()),
     };
     let port = match &authority.as_str()[authority.host().len()..] {
@@ -262,6 +261,8 @@ mod tests {
             "localhost\\evil",
             "localhost\\@evil.example",
             "127.0.0.1:3129\\evil",
+            "local]host",
+            "[::1",
         ] {
             assert!(!host_ok(bound, &[], host), "{host}");
         }

@@ -60,21 +60,14 @@ pub fn check(version: Version, headers: &HeaderMap) -> Result<(), Refusal> {
 mod tests {
     use super::*;
 
+    /// Every field appended, repeats kept.
     fn headers(fields: &[(&str, &[u8])]) -> HeaderMap {
-        fields
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.parse::<http::HeaderName>().unwrap(),
-                    http::HeaderValue::from_bytes(v).unwrap(),
-                )
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .fold(HeaderMap::new(), |mut map, (n, v)| {
-                map.append(n, v);
-                map
-            })
+        let mut map = HeaderMap::new();
+        for (name, value) in fields {
+            let name: http::HeaderName = name.parse().unwrap();
+            map.append(name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        map
     }
 
     #[test]

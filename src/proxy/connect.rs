@@ -224,14 +224,10 @@ async fn look_at_first_bytes<S: AsyncRead + Unpin>(
             };
         }
     }
-    let mut plain = false;
     let judged = async {
         loop {
             match hello::opening(buf) {
-                Opening::NotTls => {
-                    plain = true;
-                    return read_plain(client, buf).await;
-                }
+                Opening::NotTls => return read_plain(client, buf).await,
                 Opening::Tls => return read_client_hello(client, buf).await,
                 Opening::NeedMore => match client.read_buf(buf).await {
                     Ok(0) | Err(_) => return FirstBytes::ClientGone,
@@ -241,7 +237,8 @@ async fn look_at_first_bytes<S: AsyncRead + Unpin>(
         }
     };
     let judged = tokio::time::timeout(config.header_read_timeout, judged).await;
-    judged.unwrap_or(match plain {
+    // What the bytes held opened with says which of the two was being waited for.
+    judged.unwrap_or(match hello::opening(buf) == Opening::NotTls {
         true => FirstBytes::Chained(
             "a prefix that did not tell, within the header-read timeout, whether it is a \
              request to another proxy",

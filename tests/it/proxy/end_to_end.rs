@@ -3,7 +3,7 @@
 use crate::support::harness::AT_ONCE;
 use crate::support::harness::{
     admin_get, curl, eventually, exchange, http_origin, https_origin, pattern_byte, proxy_url, raw,
-    raw_to_close, sha_hex, status_of, Harness,
+    sha_hex, status_of, Harness,
 };
 use crate::support::harness::{status_through, through};
 use leasegate::contract::Timestamp;
@@ -825,64 +825,6 @@ async fn assert_self_loops_are_refused(h: &Harness) {
         "{answer}"
     );
     server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn smuggling_shapes_are_refused() {
-    let h = Harness::new();
-    let origin = http_origin().await;
-    let lease = h.lease(&["origin.test"], &[]);
-    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
-    let port = origin.addr.port();
-    let head = format!("POST http://origin.test:{port}/upload HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\n");
-    for (what, headers) in [
-        (
-            "duplicate Content-Length",
-            "Content-Length: 5\r\nContent-Length: 6\r\n",
-        ),
-        (
-            "TE not ending in chunked",
-            "Transfer-Encoding: Chunked , x\r\n",
-        ),
-        (
-            "two Host headers",
-            "Host: other.test\r\nContent-Length: 5\r\n",
-        ),
-    ] {
-        let answer = raw(server.addr, format!("{head}{headers}\r\nhello").as_bytes()).await;
-        assert_eq!(status_of(&answer), 400, "{what}: {answer}");
-    }
-    assert_eq!(
-        origin.connections.load(std::sync::atomic::Ordering::SeqCst),
-        0,
-        "nothing reached the origin"
-    );
-
-    // TE + CL: Transfer-Encoding wins (RFC 9112 §6.3), Content-Length is dropped, and the
-    // connection closes after the response, so a request smuggled behind the body is never read.
-    let smuggled = format!("GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\n\r\n");
-    let answer = raw_to_close(
-        server.addr,
-        format!("{head}Transfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n5\r\nhello\r\n0\r\n\r\n{smuggled}").as_bytes(),
-    )
-    .await;
-    assert_eq!(status_of(&answer), 200, "{answer}");
-    assert!(
-        answer.ends_with(&format!("5 {}", sha_hex(b"hello"))),
-        "{answer}"
-    );
-    assert_eq!(
-        answer.matches("HTTP/1.1").count(),
-        1,
-        "the smuggled request was answered: {answer}"
-    );
-    // A body that is not valid chunked framing is the client's error.
-    let answer = raw(
-        server.addr,
-        format!("{head}Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nhello").as_bytes(),
-    )
-    .await;
-    assert_eq!(status_of(&answer), 400, "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

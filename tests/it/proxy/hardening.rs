@@ -8,6 +8,7 @@ use super::brokered_streams::tls_through;
 use crate::support::harness::*;
 use base64::Engine;
 use leasegate::proxy::OnRefusal;
+use leasegate::server::Server;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,7 @@ use tokio::net::TcpListener;
 /// connection closes after the answer; every other shape is refused. (Two equal
 /// `Content-Length` fields are one length to hyper and to the origin it sends one to: no
 /// shape of smuggling.)
-const SHAPES: [(&str, &str, &str); 11] = [
+const SHAPES: [(&str, &str, &str); 14] = [
     (
         "TE and CL",
         "Transfer-Encoding: chunked\r\nContent-Length: 40\r\n",
@@ -31,6 +32,11 @@ const SHAPES: [(&str, &str, &str); 11] = [
         "CL and TE",
         "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
         CHUNKED,
+    ),
+    (
+        "unequal lengths",
+        "Content-Length: 5\r\nContent-Length: 6\r\n",
+        "hello",
     ),
     ("a length list", "Content-Length: 5, 5\r\n", "hello"),
     ("a signed length", "Content-Length: +5\r\n", "hello"),
@@ -53,6 +59,16 @@ const SHAPES: [(&str, &str, &str); 11] = [
         "a misspelt coding",
         "Transfer-Encoding: xchunked\r\n",
         CHUNKED,
+    ),
+    (
+        "a list not ending in chunked",
+        "Transfer-Encoding: Chunked , x\r\n",
+        CHUNKED,
+    ),
+    (
+        "two Host fields",
+        "Host: other.test\r\nContent-Length: 5\r\n",
+        "hello",
     ),
     (
         "whitespace before the colon (TE)",
@@ -99,12 +115,18 @@ fn https_only(lines: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
     lines.into_iter().filter(|l| l["kind"] == "https").collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn smuggling_shapes_are_refused_and_nothing_after_them_is_read() {
+/// A proxy whose one lease may reach a plain-HTTP origin as `origin.test`.
+async fn to_plain_origin() -> (Harness, Origin, String, Server) {
     let h = Harness::new();
     let origin = http_origin().await;
     let lease = h.lease(&["origin.test"], &[]);
     let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    (h, origin, lease, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_shapes_are_refused_and_nothing_after_them_is_read() {
+    let (h, origin, lease, server) = to_plain_origin().await;
     let port = origin.addr.port();
     let hidden = format!(
         "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: \
@@ -129,6 +151,13 @@ async fn smuggling_shapes_are_refused_and_nothing_after_them_is_read() {
     // pooled connection of the first).
     let reached = origin.connections.load(Ordering::SeqCst);
     assert!((1..=BY_CODING).contains(&reached), "{reached}");
+    // A body that is not the chunked framing it claims is the client's error.
+    let bad_chunks = format!(
+        "POST http://origin.test:{port}/upload HTTP/1.1\r\nHost: origin.test:{port}\r\n\
+         X-Lease-Id: {lease}\r\nTransfer-Encoding: chunked\r\n\r\nhello"
+    );
+    let answer = raw(server.addr, bad_chunks.as_bytes()).await;
+    assert_eq!(status_of(&answer), 400, "{answer}");
     // Refused as bad targets where the HTTP parser passed them (the rest it answered itself):
     // none revokes, and the lease still works.
     let ok = raw(server.addr, hidden.as_bytes()).await;
@@ -453,7 +482,7 @@ async fn our_credentials_and_the_lease_token_never_reach_an_origin() {
 }
 
 /// The answer to `request` once the proxy knows the lease it names (folded from the journal).
-async fn eventually_answer(server: &leasegate::server::Server, request: &str) -> String {
+async fn eventually_answer(server: &Server, request: &str) -> String {
     let found = eventually(Duration::from_secs(10), || async {
         let answer = raw(server.addr, request.as_bytes()).await;
         (!answer.contains("lease-unknown")).then_some(answer)
@@ -465,10 +494,7 @@ async fn eventually_answer(server: &leasegate::server::Server, request: &str) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_origin_cannot_dress_as_a_refusal_or_hand_a_secret_back() {
     // Forwarded: the origin's `x-leasegate-*` fields and a reason phrase naming a code go.
-    let h = Harness::new();
-    let origin = http_origin().await;
-    let lease = h.lease(&["origin.test"], &[]);
-    let server = h.start(h.config(&[("origin.test", "127.0.0.1")])).await;
+    let (h, origin, lease, server) = to_plain_origin().await;
     let port = origin.addr.port();
     let request = format!(
         "GET http://origin.test:{port}/forged HTTP/1.1\r\nHost: origin.test:{port}\r\n\
