@@ -20,6 +20,8 @@
 //! presented nobody is authenticated, so nobody gets one.
 
 pub mod caller;
+pub mod ending;
+pub mod issue;
 pub mod origin;
 pub mod placeholders;
 pub mod query;
@@ -57,6 +59,12 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use walks::Walks;
+
+/// Leases one caller may issue a second (`--max-issue-rate`'s default).
+pub const DEFAULT_ISSUE_RATE: std::num::NonZeroU32 = match std::num::NonZeroU32::new(50) {
+    Some(n) => n,
+    None => unreachable!(),
+};
 
 /// Admin connections held at once; one more is answered 503 and closed.
 pub const MAX_CONNECTIONS: usize = 128;
@@ -100,6 +108,8 @@ pub struct AdminState {
     pub refused_connections: AtomicU64,
     /// When the admin API was built: the status's uptime.
     pub started: Instant,
+    /// `POST /leases`: the issuer's rules and its per-caller rate.
+    pub authority: crate::issuer::Authority,
 }
 
 impl AdminState {
@@ -122,7 +132,20 @@ impl AdminState {
             scrapes: scrape::Scrapes::default(),
             refused_connections: AtomicU64::new(0),
             started: Instant::now(),
+            authority: crate::issuer::Authority::new(
+                crate::contract::narrow::RootPolicy::default(),
+                crate::issuer::IssueRate::new(DEFAULT_ISSUE_RATE),
+            ),
         })
+    }
+
+    /// Issues leases under `issuing` (the root policy and rate `serve` was given).
+    pub fn issuing(mut self, issuing: crate::config::Issuing) -> AdminState {
+        self.authority = crate::issuer::Authority::new(
+            issuing.root,
+            crate::issuer::IssueRate::new(issuing.rate),
+        );
+        self
     }
 }
 
@@ -350,6 +373,15 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             let id = id.to_string();
             revoke(&state, &id, req).await
         }
+        (&Method::POST, ["leases"]) => issue::issue(&state, &caller, req).await,
+        (&Method::POST, ["leases", id, "complete"]) => {
+            let id = id.to_string();
+            ending::end(&state, &id, Event::Completed, req).await
+        }
+        (&Method::POST, ["leases", id, "stop"]) => {
+            let id = id.to_string();
+            ending::end(&state, &id, Event::Stopped, req).await
+        }
         (&Method::GET, ["refusals"]) => {
             let limit = query_pairs(req.uri().query(), &["limit"])
                 .and_then(|pairs| limit_of(&pairs, 50, recent_refusals::CAPACITY));
@@ -366,7 +398,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             _,
             ["healthz" | "readyz" | "status" | "metrics" | "leases" | "refusals" | "rates"]
             | ["leases", _]
-            | ["leases", _, "revoke" | "requests" | "placeholders"],
+            | ["leases", _, "revoke" | "requests" | "placeholders" | "complete" | "stop"],
         ) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
@@ -701,17 +733,41 @@ fn lease_requests(state: &AdminState, id: &str, limit: usize) -> Response<Body> 
     )
 }
 
-async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Response<Body> {
-    let body = http_body_util::Limited::new(req.into_body(), 16 * 1024).collect();
-    let body = match tokio::time::timeout(BODY_TIMEOUT, body).await {
-        Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("unreadable body: {e}")),
-        Err(_) => {
-            return error(
-                StatusCode::REQUEST_TIMEOUT,
-                format!("the body did not arrive within {BODY_TIMEOUT:?}"),
-            )
+/// A request's body, at most `limit` bytes (413 beyond) within [`BODY_TIMEOUT`] (408).
+pub(crate) async fn read_body(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<bytes::Bytes, Response<Body>> {
+    let body = http_body_util::Limited::new(req.into_body(), limit).collect();
+    match tokio::time::timeout(BODY_TIMEOUT, body).await {
+        Ok(Ok(body)) => Ok(body.to_bytes()),
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is larger than {limit} bytes"),
+            ))
         }
+        Ok(Err(e)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("unreadable body: {e}"),
+        )),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// The most a revocation's, a completion's or a stop's body holds.
+pub(crate) const SMALL_BODY: usize = 16 * 1024;
+
+async fn revoke(state: &AdminState, id: &str, req: Request<Incoming>) -> Response<Body> {
+    let body = match read_body(req, SMALL_BODY).await {
+        Ok(body) => body,
+        Err(answer) => return answer,
     };
     let reason = if body.is_empty() {
         None

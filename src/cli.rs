@@ -426,6 +426,14 @@ pub struct RunArgs {
     /// public roots).
     #[arg(long, env = "LEASEGATE_ADMIN_CA")]
     pub admin_ca: Option<PathBuf>,
+    /// How long to wait for the lease to be served (a grant the proxy has not read yet, a
+    /// proxy still starting) before giving up without starting the command.
+    #[arg(long, env = "LEASEGATE_RUN_WAIT", default_value = "10s", value_parser = parse_duration)]
+    pub wait: std::time::Duration,
+    /// When the command exits, end the lease: exit code 0 completes it (a `completed` record
+    /// with the usage the proxy measured), any other code or a signal stops it.
+    #[arg(long, env = "LEASEGATE_COMPLETE_ON_EXIT")]
+    pub complete_on_exit: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -637,6 +645,18 @@ pub struct ServeArgs {
     /// Let --admin bind beyond loopback without --admin-token-file (warned at every start).
     #[arg(long, env = "LEASEGATE_ADMIN_INSECURE")]
     pub admin_insecure: bool,
+    /// Leases one caller (the operator, or one lease issuing its children) may issue a
+    /// second through `POST /leases`; more are answered 429.
+    #[arg(long, env = "LEASEGATE_MAX_ISSUE_RATE", default_value_t = crate::admin::DEFAULT_ISSUE_RATE)]
+    pub max_issue_rate: std::num::NonZeroU32,
+    /// The most `budget.depth` a root lease issued through `POST /leases` gets (generations of
+    /// children beneath it); a root that asks for none gets this.
+    #[arg(long, env = "LEASEGATE_ISSUE_MAX_DEPTH", default_value_t = 4, value_parser = clap::value_parser!(u64).range(0..=16))]
+    pub issue_max_depth: u64,
+    /// The most `budget.fan_out` a root lease issued through `POST /leases` gets (children
+    /// live at once); a root that asks for none gets this.
+    #[arg(long, env = "LEASEGATE_ISSUE_MAX_FAN_OUT", default_value_t = 8, value_parser = clap::value_parser!(u64).range(0..=256))]
+    pub issue_max_fan_out: u64,
     /// Time allowed for one upstream connect.
     #[arg(long, env = "LEASEGATE_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: std::time::Duration,

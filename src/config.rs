@@ -185,6 +185,25 @@ pub struct ServeConfig {
     /// `--secrets` with `--ca-dir`: the secrets loaded at start and what terminates their
     /// hosts' tunnels; `None`: every tunnel is a blind relay.
     pub broker: Option<Arc<Broker>>,
+    /// `POST /leases`: the root policy and the per-caller rate.
+    pub issuing: Issuing,
+}
+
+/// How the admin API issues leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Issuing {
+    pub root: crate::contract::narrow::RootPolicy,
+    /// `--max-issue-rate`: leases per second per caller.
+    pub rate: std::num::NonZeroU32,
+}
+
+impl Default for Issuing {
+    fn default() -> Issuing {
+        Issuing {
+            root: Default::default(),
+            rate: crate::admin::DEFAULT_ISSUE_RATE,
+        }
+    }
 }
 
 /// `serve`'s flags resolved: its configuration, and what only the start itself needs.
@@ -207,6 +226,9 @@ pub const DEV_DIR: &str = ".leasegate";
 pub const EGRESS_STREAM_DEV_KEY: &str = "egress-stream.key";
 
 /// A file of `serve --dev` (`dev.key`, `journal.jsonl`, `egress.jsonl`) under [`DEV_DIR`].
+/// The file of `--dev`'s admin token, in [`DEV_DIR`].
+pub const DEV_ADMIN_TOKEN: &str = "admin-token";
+
 pub fn dev_file(name: &str) -> PathBuf {
     Path::new(DEV_DIR).join(name)
 }
@@ -395,7 +417,15 @@ impl ServeConfig {
             max_model_request_bytes: args.max_model_request_bytes,
             ..ProxyConfig::try_from(&args.policy)?
         };
-        let admin_token = match &args.admin_token_file {
+        // `--dev` keeps its admin token in its directory: issuing leases needs one.
+        let admin_token_file = match (&args.admin_token_file, dev) {
+            (Some(path), _) => Some(path.clone()),
+            (None, true) => Some(dev_file(DEV_ADMIN_TOKEN)),
+            (None, false) => None,
+        };
+        let admin_token = match &admin_token_file {
+            // `serve --dev` writes it before this runs; nothing else reads it.
+            Some(path) if args.admin_token_file.is_none() && !path.exists() => String::new(),
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|error| ConfigError::Read {
                     path: path.display().to_string(),
@@ -477,6 +507,13 @@ impl ServeConfig {
             admin_insecure: args.admin_insecure,
             drain_timeout: args.drain_timeout,
             wall: WallClock::system(),
+            issuing: Issuing {
+                root: crate::contract::narrow::RootPolicy {
+                    max_depth: args.issue_max_depth,
+                    max_fan_out: args.issue_max_fan_out,
+                },
+                rate: args.max_issue_rate,
+            },
             broker: match (&args.secrets, &args.ca_dir) {
                 (Some(path), Some(ca_dir)) => {
                     let broker = Broker::new(

@@ -13,6 +13,7 @@ pub mod descriptors;
 pub mod durable;
 pub mod fast_hash;
 pub mod intercept;
+pub mod issuer;
 pub mod log_gate;
 pub mod memory;
 pub mod meter;

@@ -449,7 +449,8 @@ impl Server {
                     config.admin_token.clone(),
                     AdminHosts::new(*admin_addr, &config.admin_hosts),
                 )
-                .map_err(StartError::Admin)?,
+                .map_err(StartError::Admin)?
+                .issuing(config.issuing),
             )),
             None => None,
         };

@@ -125,5 +125,6 @@ pub fn serve_config(journal: JournalLocation, dir: &Path, key: &Key) -> ServeCon
         drain_timeout: Duration::from_secs(1),
         wall: Default::default(),
         broker: None,
+        issuing: Default::default(),
     }
 }

@@ -76,6 +76,7 @@ fn lease(agent: &str) -> Lease {
         deny_hosts: vec![],
         key_fingerprint: key().fingerprint().into(),
         budget: None,
+        terms: None,
     }
 }
 

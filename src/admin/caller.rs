@@ -90,6 +90,11 @@ impl Caller {
             {
                 Ok(())
             }
+            // Its own children (the issuer refuses any other parent), and its own ending.
+            (Caller::Lease(_), ["leases"]) if !is_get => Ok(()),
+            (Caller::Lease(own), ["leases", id, "complete" | "stop"]) if !is_get && own == id => {
+                Ok(())
+            }
             (Caller::Lease(_), _) => Err(NotAuthorized::NotItsLease),
         }
     }

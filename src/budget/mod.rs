@@ -32,6 +32,18 @@ pub struct Ceilings {
 }
 
 impl Ceilings {
+    /// The ceilings of `lease`'s budget that model calls spend.
+    pub fn of(lease: &crate::contract::Lease) -> Ceilings {
+        lease
+            .budget
+            .as_deref()
+            .map(|b| Ceilings {
+                tokens: b.tokens,
+                cost_usd: b.cost_usd,
+            })
+            .unwrap_or_default()
+    }
+
     /// Whether either ceiling is set.
     pub fn any(&self) -> bool {
         self.tokens.is_some() || self.cost_usd.is_some()
@@ -334,6 +346,42 @@ impl Spending {
         self.admit(&leases, chain)
     }
 
+    /// Whether other replicas spend, and their spending is not being read now.
+    fn others_unknown(&self) -> bool {
+        self.others
+            .get()
+            .is_some_and(|live| !live.load(Ordering::Acquire))
+    }
+
+    /// What `chain` (a lease first, then its ancestors, each with its budget) has left of
+    /// each ceiling: the least, along the chain, of a ceiling less its subtree's spending and
+    /// what its calls in flight reserved (`None`: no ceiling of that kind on the chain). What
+    /// a new child's budget is clamped to; refused, like a call, when other replicas'
+    /// spending is not being read.
+    pub fn remaining<'a>(
+        &self,
+        chain: impl IntoIterator<Item = (&'a str, Ceilings)>,
+    ) -> Result<(Option<u64>, Option<f64>), Exhausted> {
+        let leases = self.lock();
+        let (mut tokens, mut cost): (Option<u64>, Option<f64>) = (None, None);
+        for (id, budget) in chain.into_iter().filter(|(_, c)| c.any()) {
+            if self.others_unknown() {
+                return Err(Exhausted::OthersUnknown);
+            }
+            let known = leases.get(id).copied().unwrap_or_default();
+            if let Some(limit) = budget.tokens {
+                let used = known.subtree.tokens.saturating_add(known.in_flight.tokens);
+                let left = limit.saturating_sub(used);
+                tokens = Some(tokens.map_or(left, |t| t.min(left)));
+            }
+            if let Some(limit) = budget.cost_usd {
+                let left = (limit - known.subtree.cost_usd - known.in_flight.cost_usd).max(0.0);
+                cost = Some(cost.map_or(left, |c| c.min(left)));
+            }
+        }
+        Ok((tokens, cost))
+    }
+
     /// The first lease of `chain` whose subtree has spent, with its calls in flight, a
     /// ceiling, if any.
     fn admit<'a>(
@@ -342,11 +390,7 @@ impl Spending {
         chain: impl IntoIterator<Item = (&'a str, Ceilings)>,
     ) -> Result<(), Exhausted> {
         for (id, budget) in chain.into_iter().filter(|(_, c)| c.any()) {
-            if self
-                .others
-                .get()
-                .is_some_and(|live| !live.load(Ordering::Acquire))
-            {
+            if self.others_unknown() {
                 return Err(Exhausted::OthersUnknown);
             }
             let known = leases.get(id).copied().unwrap_or_default();

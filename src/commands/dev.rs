@@ -6,7 +6,7 @@
 //! published test key never signs anything here.
 
 use crate::commands::issue::{self, IssueError, IssueRequest};
-use crate::config::{dev_file, Demo, DEV_DIR, EGRESS_STREAM_DEV_KEY};
+use crate::config::{dev_file, Demo, DEV_ADMIN_TOKEN, DEV_DIR, EGRESS_STREAM_DEV_KEY};
 use crate::contract::keys::KeyError;
 use crate::contract::{Key, Keyring, Timestamp};
 use crate::registry::ledger::{Ledger, Status};
@@ -64,6 +64,14 @@ pub fn prepare(egress_stream: bool) -> Result<(), DevError> {
     let key_path = dev_file("dev.key");
     if !key_path.exists() {
         write_key_file(&key_path, &Key::generate())?;
+    }
+    let token_path = dev_file(DEV_ADMIN_TOKEN);
+    if !token_path.exists() {
+        let mut raw = [0u8; 32];
+        rand::fill(&mut raw);
+        let token = format!("{}\n", hex::encode(raw));
+        crate::durable::create_new(&token_path, 0o600, token.as_bytes())
+            .map_err(io_error(&token_path))?;
     }
     let stream_key = dev_file(EGRESS_STREAM_DEV_KEY);
     if egress_stream && !stream_key.exists() {

@@ -64,10 +64,26 @@ pub enum RunError {
         status: http::StatusCode,
         message: String,
     },
-    #[error("lease {lease} does not open anything now (status {status}); not starting {command}")]
+    #[error(
+        "lease {lease} does not open anything now (status {status}{why}); not starting {command}"
+    )]
     NotOpen {
         lease: String,
         status: String,
+        /// What closed it, as the admin API says (`: revoked by issuer at …: reason`).
+        why: String,
+        command: String,
+    },
+    #[error(
+        "lease {lease} is not served by the proxy at {url} after {waited:?} ({last}): not \
+         starting {command}. Issue it through the admin API (POST /leases answers once it is \
+         served), or check that the proxy reads the journal it was written to"
+    )]
+    NotServed {
+        lease: String,
+        url: String,
+        waited: std::time::Duration,
+        last: String,
         command: String,
     },
     #[error("{0}: command not found")]
@@ -155,23 +171,113 @@ pub struct RunAuth {
     pub admin_ca: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
 }
 
+/// How `run` waits for its lease and what it does when the child exits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// How long the lease may take to be served (`--wait`).
+    pub wait: std::time::Duration,
+    /// `--complete-on-exit`: exit 0 completes the lease, any other ending stops it.
+    pub complete_on_exit: bool,
+}
+
+/// The lease's view once the admin API serves it: an unknown lease (not folded yet) or an
+/// admin API not up yet is asked again until `wait` has passed.
+async fn served(
+    admin: &AdminApi,
+    lease: &str,
+    token: Option<&str>,
+    wait: std::time::Duration,
+    command: &str,
+) -> Result<serde_json::Value, RunError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let last = match admin.lookup(lease, token).await {
+            Ok(view) => return Ok(view),
+            Err(e @ (RunError::UnknownLease { .. } | RunError::Unreachable { .. })) => e,
+            Err(e) => return Err(e),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(match last {
+                RunError::Unreachable { .. } if wait.is_zero() => last,
+                last => RunError::NotServed {
+                    lease: lease.to_owned(),
+                    url: admin.shown().to_owned(),
+                    waited: wait,
+                    last: last.to_string(),
+                    command: command.to_owned(),
+                },
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// What closed a lease, from the view's `closed`: `, revoked by issuer at T: reason`.
+fn closed_by(closed: &serde_json::Value) -> String {
+    let Some(event) = closed["event"].as_str() else {
+        return String::new();
+    };
+    let mut why = format!(", {event}");
+    if let Some(ancestor) = closed["ancestor"].as_str() {
+        why.push_str(&format!(" (ancestor {ancestor})"));
+    }
+    if let Some(by) = closed["by"].as_str() {
+        why.push_str(&format!(" by {by}"));
+    }
+    if let Some(at) = closed["at"].as_str() {
+        why.push_str(&format!(" at {at}"));
+    }
+    if let Some(reason) = closed["reason"].as_str() {
+        why.push_str(&format!(": {reason}"));
+    }
+    why
+}
+
+/// With `--complete-on-exit`: the lease completed (exit 0) or stopped (anything else) as the
+/// child ended; a failure is said on stderr and does not change the exit code.
+async fn end_lease(
+    admin: &AdminApi,
+    lease: &str,
+    token: Option<&str>,
+    code: u8,
+    signal: Option<i32>,
+) {
+    let (how, reason) = match (code, signal) {
+        (_, Some(signal)) => ("stop", format!("the agent was killed by signal {signal}")),
+        (0, None) => ("complete", "the agent exited with code 0".to_owned()),
+        (code, None) => ("stop", format!("the agent exited with code {code}")),
+    };
+    match admin.end(lease, token, how, &reason).await {
+        Ok(answer) => {
+            let usage = match answer.get("usage") {
+                Some(usage) => format!(" (usage {usage})"),
+                None => String::new(),
+            };
+            eprintln!("leasegate run: lease {lease} {how}d: {reason}{usage}");
+        }
+        Err(e) => eprintln!("leasegate run: warning: lease {lease} was not {how}d: {e}"),
+    }
+}
+
 /// Runs `command` under `lease`; returns the exit code to exit with.
 pub async fn run(
     lease: &str,
     proxy: Option<&str>,
     admin: &str,
     auth: &RunAuth,
+    options: RunOptions,
     command: &[String],
 ) -> Result<u8, RunError> {
     let shown = command.join(" ");
     let admin = AdminApi::new(admin, auth.admin_ca.clone())?;
     let token = auth.lease_token.as_deref();
-    let view = admin.lookup(lease, token).await?;
+    let view = served(&admin, lease, token, options.wait, &shown).await?;
     let status = view["status"].as_str().unwrap_or("unknown");
     if status != "open" {
         return Err(RunError::NotOpen {
             lease: lease.to_owned(),
             status: status.to_owned(),
+            why: closed_by(&view["closed"]),
             command: shown,
         });
     }
@@ -239,11 +345,15 @@ pub async fn run(
     drop(trust);
     let status = status.map_err(|e| RunError::Spawn(shown, e))?;
     use std::os::unix::process::ExitStatusExt;
-    Ok(match (status.code(), status.signal()) {
+    let code = match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => (128 + signal) as u8,
         _ => 1,
-    })
+    };
+    if options.complete_on_exit {
+        end_lease(&admin, lease, token, code, status.signal()).await;
+    }
+    Ok(code)
 }
 
 /// The lease's placeholders and the interception CA, asked of the admin API with the lease's
@@ -337,11 +447,16 @@ pub fn exec(args: RunArgs) -> CliResult {
             return Ok(ExitCode::from(125));
         }
     };
+    let options = RunOptions {
+        wait: args.wait,
+        complete_on_exit: args.complete_on_exit,
+    };
     match runtime.block_on(run(
         &args.lease,
         args.proxy.as_deref(),
         &args.admin,
         &auth,
+        options,
         &args.command,
     )) {
         Ok(code) => Ok(ExitCode::from(code)),

@@ -39,6 +39,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.dev {
         dev::prepare(args.egress_stream.is_some() && args.egress_stream_key.is_none())?;
     }
+    let args_token_is_dev = args.dev && args.admin_token_file.is_none();
     let start = ServeConfig::resolve(args).await?;
     if let Some(demo) = &start.demo {
         // Before anything is bound: a refused allow list starts nothing.
@@ -116,6 +117,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         if let Some(hint) = local_test {
             println!("{hint}");
+        }
+        if args_token_is_dev && server.admin_addr.is_some() {
+            let path = crate::config::dev_file(crate::config::DEV_ADMIN_TOKEN);
+            println!(
+                "admin token in {} (the dashboard and POST /leases ask for it): \
+                 export LEASEGATE_ADMIN_TOKEN_FILE=$PWD/{}",
+                path.display(),
+                path.display()
+            );
         }
     } else if egress_on_stdout {
         // stdout carries the egress log's JSON lines: keep it pure.

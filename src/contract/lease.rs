@@ -54,7 +54,49 @@ pub struct Lease {
     /// The manifest's budget ceilings leasegate reads; `None` when it sets none of them (the
     /// usual case: a million leases pay one pointer each, not the struct).
     pub budget: Option<Box<Budget>>,
+    /// The rest of the granted manifest an issuer narrows against and the edge enforces (tool
+    /// and path lists, commands, approvals) and the issuer's request digest; `None` when all
+    /// are empty (a lease of hosts only pays one pointer).
+    pub terms: Option<Box<Terms>>,
 }
+
+/// The granted manifest's lists beyond hosts, kept so a child can be narrowed against them,
+/// and the digest of the request that issued the lease (`POST /leases` with an
+/// `Idempotency-Key`), so a retry is told from a different request with the same key.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Terms {
+    pub tools: Vec<String>,
+    pub read_paths: Vec<String>,
+    pub write_paths: Vec<String>,
+    pub commands: Vec<String>,
+    pub deny_commands: Vec<String>,
+    pub deny_paths: Vec<String>,
+    pub approvals: Vec<String>,
+    /// The `issue_request` member of the lease (a SHA-256, hex): what its issuer was asked.
+    pub request: Option<String>,
+}
+
+impl Terms {
+    fn read(lease: &Value) -> Option<Box<Terms>> {
+        let manifest = &lease["manifest"];
+        let list = strings;
+        let terms = Terms {
+            tools: list(&manifest["allow"]["tools"]),
+            read_paths: list(&manifest["allow"]["read_paths"]),
+            write_paths: list(&manifest["allow"]["write_paths"]),
+            commands: list(&manifest["allow"]["commands"]),
+            deny_commands: list(&manifest["deny"]["commands"]),
+            deny_paths: list(&manifest["deny"]["paths"]),
+            approvals: list(&manifest["approvals"]),
+            request: lease[ISSUE_REQUEST].as_str().map(str::to_owned),
+        };
+        (terms != Terms::default()).then(|| Box::new(terms))
+    }
+}
+
+/// The lease member where leasegate's issuer keeps the digest of the request it answered
+/// (inside the signed bytes: nobody can move it to another lease).
+pub const ISSUE_REQUEST: &str = "issue_request";
 
 /// How the views that show a lease's end name the wall-clock budget when it set that end.
 pub const WALL_CLOCK_BUDGET: &str = "budget.wall_clock_ms";
@@ -71,6 +113,10 @@ pub struct Budget {
     pub wall_clock_ms: Option<u64>,
     /// Tool calls or turns.
     pub steps: Option<u64>,
+    /// Generations of children that may be issued beneath this lease.
+    pub depth: Option<u64>,
+    /// Children that may be live under this lease at once.
+    pub fan_out: Option<u64>,
 }
 
 impl Budget {
@@ -81,6 +127,8 @@ impl Budget {
             cost_usd: value["cost_usd"].as_f64(),
             wall_clock_ms: value["wall_clock_ms"].as_u64(),
             steps: value["steps"].as_u64(),
+            depth: value["depth"].as_u64(),
+            fan_out: value["fan_out"].as_u64(),
         };
         (budget != Budget::default()).then(|| Box::new(budget))
     }
@@ -173,16 +221,7 @@ impl Lease {
     fn from_valid(value: &Value) -> Lease {
         // The schema has vouched for every member read here.
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-        let hosts = |v: &Value| -> Vec<String> {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let hosts = strings;
         let time = |v: &Value| {
             Timestamp::parse(v.as_str().unwrap_or_default()).unwrap_or(Timestamp::from_millis(0))
         };
@@ -200,8 +239,22 @@ impl Lease {
             deny_hosts: hosts(&manifest["deny"]["hosts"]),
             key_fingerprint: value["key_fingerprint"].as_str().unwrap_or_default().into(),
             budget: Budget::read(&manifest["budget"]),
+            terms: Terms::read(value),
         }
     }
+}
+
+/// The strings of a schema-valid array (anything else: none).
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Text given as a lease id that does not have its form: the one message every command's

@@ -6,6 +6,7 @@
 pub mod canonical;
 pub mod keys;
 pub mod lease;
+pub mod narrow;
 pub mod record;
 pub mod rules;
 pub mod schema;

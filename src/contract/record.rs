@@ -203,6 +203,109 @@ pub fn revoked(
     validated(record)
 }
 
+/// Builds a `narrowed` record: what the issuer changed between the declared manifest and the
+/// grant, `summary` cut to the schema's 500 characters.
+pub fn narrowed(
+    lease_id: &str,
+    parent_lease_id: Option<&str>,
+    summary: &str,
+    at: Timestamp,
+) -> Result<Value, RecordError> {
+    let mut record = json!({
+        "schema_version": WRITTEN_VERSION,
+        "at": at.to_string(),
+        "event": "narrowed",
+        "lease_id": lease_id,
+        "reason": summary.chars().take(REASON_MAX_CHARS).collect::<String>(),
+    });
+    with_parent(&mut record, parent_lease_id);
+    validated(record)
+}
+
+/// What a `refused` record says: a fresh id naming the refusal, the reserved codes, their
+/// reading and the declared manifest's hash.
+#[derive(Debug, Clone)]
+pub struct Refusal<'a> {
+    pub refusal_id: &'a str,
+    pub parent_lease_id: Option<&'a str>,
+    pub reasons: &'a [String],
+    pub reason: &'a str,
+    pub declared_hash: &'a str,
+}
+
+/// Builds a `refused` record.
+pub fn refused(refusal: &Refusal<'_>, at: Timestamp) -> Result<Value, RecordError> {
+    let mut record = json!({
+        "schema_version": WRITTEN_VERSION,
+        "at": at.to_string(),
+        "event": "refused",
+        "lease_id": refusal.refusal_id,
+        "reasons": refusal.reasons,
+        "reason": refusal.reason.chars().take(REASON_MAX_CHARS).collect::<String>(),
+        "declared_hash": refusal.declared_hash,
+    });
+    with_parent(&mut record, refusal.parent_lease_id);
+    validated(record)
+}
+
+/// What a lease consumed, as a `completed` record's `usage` says it: an absent field is
+/// unmeasured, not zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub tokens: Option<u64>,
+    pub cost_usd: Option<f64>,
+}
+
+/// Builds a signed `stopped` (with `reason`) or `completed` (with `usage`, and a `reason` when
+/// given) record under `key`, the lease's own.
+pub fn ended(
+    event: Event,
+    lease_id: &str,
+    parent_lease_id: Option<&str>,
+    reason: Option<&str>,
+    usage: Option<Usage>,
+    key: &Key,
+    at: Timestamp,
+) -> Result<Value, RecordError> {
+    let mut record = json!({
+        "schema_version": WRITTEN_VERSION,
+        "at": at.to_string(),
+        "event": event.as_str(),
+        "lease_id": lease_id,
+    });
+    with_parent(&mut record, parent_lease_id);
+    if let Some(reason) = reason {
+        record["reason"] = reason
+            .chars()
+            .take(REASON_MAX_CHARS)
+            .collect::<String>()
+            .into();
+    }
+    // A completed record says what was measured: nothing measured is an empty `usage`.
+    let usage = match event {
+        Event::Completed => Some(usage.unwrap_or_default()),
+        _ => usage,
+    };
+    if let Some(usage) = usage {
+        let mut measured = Map::new();
+        if let Some(tokens) = usage.tokens {
+            measured.insert("tokens".into(), tokens.into());
+        }
+        if let Some(cost) = usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0) {
+            measured.insert("cost_usd".into(), json!(cost));
+        }
+        record["usage"] = Value::Object(measured);
+    }
+    sign(&mut record, key)?;
+    validated(record)
+}
+
+fn with_parent(record: &mut Value, parent_lease_id: Option<&str>) {
+    if let Some(parent) = parent_lease_id {
+        record["parent_lease_id"] = parent.into();
+    }
+}
+
 fn validated(record: Value) -> Result<Value, RecordError> {
     Schema::Record
         .validate(&record)

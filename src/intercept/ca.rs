@@ -6,6 +6,19 @@
 //! dNSName constraints and its key is its own; [`InterceptCa::permits`] says yes only to DNS
 //! names inside those subtrees, so nothing here vouches for a name the certificate cannot.
 
+/// The variables an agent's clients read a trust bundle from, pointed at a file holding the
+/// system's roots and the interception CA (`run` writes it; the `POST /leases` answer names
+/// them).
+pub const BUNDLE_VARS: [&str; 4] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+];
+
+/// Node adds `NODE_EXTRA_CA_CERTS` to its own roots: pointed at the CA alone.
+pub const CA_VAR: &str = "NODE_EXTRA_CA_CERTS";
+
 use crate::durable::create_new;
 use crate::policy::{HostPattern, TargetHost};
 use rcgen::{

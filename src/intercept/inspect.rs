@@ -239,6 +239,7 @@ env_name = "GITHUB_TOKEN"
             deny_hosts: vec![],
             key_fingerprint: Arc::from("k"),
             budget: None,
+            terms: None,
         }
     }
 

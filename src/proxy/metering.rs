@@ -19,14 +19,7 @@ use std::sync::Arc;
 
 /// The ceilings of a lease's budget that model calls spend.
 pub fn ceilings(lease: &Lease) -> Ceilings {
-    lease
-        .budget
-        .as_deref()
-        .map(|b| Ceilings {
-            tokens: b.tokens,
-            cost_usd: b.cost_usd,
-        })
-        .unwrap_or_default()
+    Ceilings::of(lease)
 }
 
 /// The most a call may spend: its request's output cap (or `default_output`), and as input

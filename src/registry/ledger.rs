@@ -130,6 +130,30 @@ pub enum LineError {
     /// Longer than `--max-journal-line`: skipped unread (a store never holds it whole).
     #[error("line of {len} bytes or more is longer than --max-journal-line ({max} bytes)")]
     TooLong { len: u64, max: usize },
+    /// A child grant its ancestors' `budget.depth` or its parent's `budget.fan_out` forbids.
+    #[error("granted lease {lease} not loaded: {lineage}")]
+    Lineage { lease: String, lineage: Lineage },
+}
+
+/// Why a new child of a lease may not be granted: an ancestor's `budget.depth` allows no
+/// generation this far down, or the parent's `budget.fan_out` live children are all there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Lineage {
+    #[error(
+        "lease {ancestor} has budget.depth {depth}: no lease {generation} generation(s) beneath \
+         it may be issued"
+    )]
+    Depth {
+        ancestor: String,
+        depth: u64,
+        generation: u64,
+    },
+    #[error("lease {parent} has budget.fan_out {fan_out} and {live} live children already")]
+    FanOut {
+        parent: String,
+        fan_out: u64,
+        live: u64,
+    },
 }
 
 /// Why a closing record's signature is not trusted.
@@ -189,6 +213,7 @@ impl LineError {
             LineError::Rule(_) => InvalidReason::Rule,
             LineError::Signature { .. } => InvalidReason::Signature,
             LineError::TooLong { .. } => InvalidReason::TooLong,
+            LineError::Lineage { .. } => InvalidReason::Rule,
         }
     }
 }
@@ -260,6 +285,9 @@ pub struct Ledger {
     retired: RetiredMap,
     /// Compiled host lists shared by leases with the same lists.
     shared: SharedPolicies,
+    /// The children granted under each lease with a `budget.fan_out`, in grant order (those
+    /// seen closed or expired are dropped as the next child is counted).
+    children: PersistentMap<String, Vector<String>>,
     /// How long a closed or expired lease is kept whole; `None`: forever.
     retention: Option<Duration>,
     /// The longest line applied (`--max-journal-line`); a longer one is skipped as `too-long`.
@@ -290,6 +318,7 @@ impl Ledger {
             granted: 0,
             retired: RetiredMap::default(),
             shared: SharedPolicies::default(),
+            children: PersistentMap::default(),
             retention: None,
             max_line: super::journal::MAX_LINE,
             max_lifetime: None,
@@ -458,7 +487,16 @@ impl Ledger {
                 if known {
                     (Applied::DuplicateGrant(id), Event::Granted)
                 } else {
+                    if let Some(parent) = lease.parent.as_deref() {
+                        self.lineage(parent, lease.issued_at).map_err(|lineage| {
+                            LineError::Lineage {
+                                lease: id.clone(),
+                                lineage,
+                            }
+                        })?;
+                    }
                     let lease = self.capped(lease);
+                    self.count_child(&lease);
                     self.release_held(&lease);
                     let lease = Arc::new(lease);
                     let policy = self.shared.share(&lease, policy);
@@ -634,6 +672,81 @@ impl Ledger {
         })
     }
 
+    /// Whether a new child of `parent`, issued at `at`, keeps the chain's lineage: every
+    /// ancestor with a `budget.depth` (the parent being one generation up) allows a
+    /// generation this far down, and the parent's `budget.fan_out` has room for one more live
+    /// child. A lease whose parent is not loaded is left to the chain check (it opens nothing).
+    /// Folded in journal order, so every replica admits the same children of a full parent.
+    pub fn lineage(&self, parent: &str, at: Timestamp) -> Result<(), Lineage> {
+        let Some(parent_lease) = self.lease(parent) else {
+            return Ok(());
+        };
+        let up = std::iter::once(parent_lease).chain(self.ancestors(parent));
+        for (i, ancestor) in up.enumerate() {
+            let generation = i as u64 + 1;
+            if let Some(depth) = ancestor.budget.as_ref().and_then(|b| b.depth) {
+                if generation > depth {
+                    return Err(Lineage::Depth {
+                        ancestor: ancestor.id.clone(),
+                        depth,
+                        generation,
+                    });
+                }
+            }
+        }
+        if let Some(fan_out) = parent_lease.budget.as_ref().and_then(|b| b.fan_out) {
+            let live = self.live_children(parent, at).count() as u64;
+            if live >= fan_out {
+                return Err(Lineage::FanOut {
+                    parent: parent.to_owned(),
+                    fan_out,
+                    live,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The children of `parent` (a lease with a `budget.fan_out`) that are live at `at`:
+    /// loaded, not closed, not expired.
+    pub fn live_children<'a>(
+        &'a self,
+        parent: &str,
+        at: Timestamp,
+    ) -> impl Iterator<Item = &'a String> + 'a {
+        self.children
+            .get(parent)
+            .into_iter()
+            .flatten()
+            .filter(move |child| self.is_live(child, at))
+    }
+
+    fn is_live(&self, id: &str, at: Timestamp) -> bool {
+        self.lease(id).is_some_and(|lease| {
+            !self.closures.contains_key(id) && lease.lifetime(at) != Lifetime::Expired
+        })
+    }
+
+    /// Counts `lease` among its parent's children when the parent has a `budget.fan_out`,
+    /// dropping those no longer live.
+    fn count_child(&mut self, lease: &Lease) {
+        let Some(parent) = lease.parent.as_deref() else {
+            return;
+        };
+        let limited = self
+            .lease(parent)
+            .is_some_and(|p| p.budget.as_ref().is_some_and(|b| b.fan_out.is_some()));
+        if !limited {
+            return;
+        }
+        let mut kept: Vector<String> = self
+            .live_children(parent, lease.issued_at)
+            .cloned()
+            .collect();
+        kept.push_back(lease.id.clone());
+        self.children.insert(parent.to_owned(), kept);
+    }
+
     /// The ids of the known ancestors of `id` (loaded or retired), nearest first.
     pub fn ancestor_ids(&self, id: &str) -> Vec<String> {
         let parent_of = |id: &str| match self.lease(id) {
@@ -780,6 +893,7 @@ impl Ledger {
         self.order.remove(&seq);
         self.leases.remove(id);
         self.closures.remove(id);
+        self.children.remove(id);
     }
 
     /// Retires every lease closed (or expired) longer than the retention ago at `now`; returns

@@ -52,11 +52,11 @@ use super::clock::{Clock, KEEP_EVERY};
 use super::journal;
 use super::ledger::Ledger;
 use super::pending::{pending_path, Pending, Staged};
-use super::revocation::{issuer_revocation, RevocationError};
+use super::revocation::{issuer_ending, issuer_revocation, IssuerRevocation, RevocationError};
 use super::store::{FileStore, Position, Store};
 use super::tokens::LeaseTokens;
 use crate::contract::record::Record;
-use crate::contract::{Keyring, Timestamp};
+use crate::contract::{Event, Keyring, Timestamp};
 use crate::log_gate::{Flood, Say};
 use arc_swap::ArcSwap;
 use serde_json::{Map, Value};
@@ -108,6 +108,17 @@ pub enum RevokeError {
     Timeout(Duration),
     #[error("the journal is not taking records (the lease is revoked in memory, its record queued behind {0} other(s))")]
     Queued(usize),
+}
+
+/// Why a record was not appended and folded (see [`Registry::append_and_fold`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("appending to the journal: {0}")]
+    Journal(std::io::Error),
+    #[error("the journal took no record within {0:?}")]
+    Timeout(Duration),
+    #[error("the record is in the journal but not folded within {0:?}")]
+    NotFolded(Duration),
 }
 
 impl RevokeError {
@@ -650,11 +661,38 @@ impl Registry {
         reason: &str,
         extra: Map<String, Value>,
     ) -> Result<bool, RevokeError> {
+        self.close_by(lease_id, |ledger, now| {
+            issuer_revocation(ledger, lease_id, reason, extra, now)
+        })
+        .await
+    }
+
+    /// Ends `lease_id` with a signed `stopped` or `completed` record (`usage` on the latter),
+    /// through the same path as [`Registry::revoke`]: closed in memory and torn down first, the
+    /// record staged, appended and read back. `Ok(false)`: a closing record already applies.
+    pub async fn end(
+        &self,
+        lease_id: &str,
+        event: Event,
+        reason: Option<&str>,
+        usage: Option<crate::contract::record::Usage>,
+    ) -> Result<bool, RevokeError> {
+        self.close_by(lease_id, |ledger, now| {
+            issuer_ending(ledger, lease_id, event, reason, usage, now)
+        })
+        .await
+    }
+
+    async fn close_by(
+        &self,
+        lease_id: &str,
+        build: impl FnOnce(&Ledger, Timestamp) -> Result<Option<IssuerRevocation>, RevocationError>,
+    ) -> Result<bool, RevokeError> {
         let now = self.now();
-        // Check and close under one lock: of two concurrent revocations, the second sees the
+        // Check and close under one lock: of two concurrent closings, the second sees the
         // first's closure and writes nothing.
         let revocation = self.publish(|next| {
-            let revocation = issuer_revocation(&next.ledger, lease_id, reason, extra, now)?;
+            let revocation = build(&next.ledger, now)?;
             if let Some(revocation) = &revocation {
                 next.ledger.close(lease_id, revocation.closure.clone());
             }
@@ -706,11 +744,11 @@ impl Registry {
         Ok(true)
     }
 
-    /// Waits until the fold reaches `at` (a read fails, or the append timeout passes). Either
-    /// way the record is in the store and the follower folds it; the closure in memory holds
-    /// till then. While a follower runs, it does the reading, woken to read now; otherwise
-    /// (the commands, tests) this refreshes.
-    async fn read_until(&self, at: Position) {
+    /// Waits until the fold reaches `at` (a read fails, or the append timeout passes); whether
+    /// it did. Either way the record is in the store and the follower folds it; the closure
+    /// in memory holds till then. While a follower runs, it does the reading, woken to read
+    /// now; otherwise (the commands, tests) this refreshes.
+    async fn read_until(&self, at: Position) -> bool {
         if self.last_read().is_some() {
             let mut folded = self.folded.subscribe();
             self.wake_tail.notify_one();
@@ -721,27 +759,52 @@ impl Registry {
             .await
             .is_err()
             {
-                tracing::warn!(%at, reached = %*folded.borrow(), store = %self.store.describe(), "our revocation is not read back yet; the follower will fold it");
+                tracing::warn!(%at, reached = %*folded.borrow(), store = %self.store.describe(), "our record is not read back yet; the follower will fold it");
+                return false;
             }
-            return;
+            return true;
         }
         let deadline = tokio::time::Instant::now() + self.append_timeout;
         loop {
             let reached = match self.refresh_reaching().await {
-                Ok((_, reached)) if reached >= at => return,
+                Ok((_, reached)) if reached >= at => return true,
                 Ok((_, reached)) => reached,
                 Err(error) => {
-                    tracing::warn!(%error, store = %self.store.describe(), "reading our revocation back failed; the follower will fold it");
-                    return;
+                    tracing::warn!(%error, store = %self.store.describe(), "reading our record back failed; the follower will fold it");
+                    return false;
                 }
             };
             if tokio::time::timeout_at(deadline, self.store.wait_for_more())
                 .await
                 .is_err()
             {
-                tracing::warn!(%at, %reached, store = %self.store.describe(), "our revocation is not read back yet; the follower will fold it");
-                return;
+                tracing::warn!(%at, %reached, store = %self.store.describe(), "our record is not read back yet; the follower will fold it");
+                return false;
             }
+        }
+    }
+
+    /// Appends one record that closes nothing (a grant, `narrowed`, `refused`) through the
+    /// store and waits until the fold has read it back: once this returns `Ok`, every
+    /// snapshot published from then on holds it. Nothing is queued: a record the store did
+    /// not take is the caller's to report (a grant not appended was never given).
+    pub async fn append_and_fold(&self, record: &Value) -> Result<(), AppendError> {
+        let appended = tokio::time::timeout(self.append_timeout, self.store.append(record)).await;
+        let at = match appended {
+            Ok(Ok(at)) => at,
+            Ok(Err(error)) => {
+                self.append_failed(error.to_string());
+                return Err(AppendError::Journal(error));
+            }
+            Err(_) => {
+                self.append_failed(format!("no append within {:?}", self.append_timeout));
+                return Err(AppendError::Timeout(self.append_timeout));
+            }
+        };
+        self.append_succeeded();
+        match self.read_until(at).await {
+            true => Ok(()),
+            false => Err(AppendError::NotFolded(self.append_timeout)),
         }
     }
 

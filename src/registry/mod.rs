@@ -25,7 +25,7 @@ pub use ledger::{
     Applied, ChainError, Closure, FoldStats, InvalidReason, Ledger, LineError, SignatureProblem,
     Status,
 };
-pub use live::{Registry, RevokeError, Snapshot};
+pub use live::{AppendError, Registry, RevokeError, Snapshot};
 pub use open::{OpenError, StoreOptions};
 pub use retired::Retired;
 pub use store::{Batch, FileStore, JournalLocation, Position, Store};

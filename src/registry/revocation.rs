@@ -8,7 +8,7 @@
 
 use super::ledger::{Closure, Ledger, Status};
 use crate::contract::record::{self, Revocation};
-use crate::contract::{Event, RecordError, Timestamp};
+use crate::contract::{Event, Key, Lease, RecordError, Timestamp};
 use crate::policy::codes::Refusal;
 use crate::policy::Target;
 use serde_json::{json, Map, Value};
@@ -32,6 +32,25 @@ pub struct IssuerRevocation {
     pub closure: Closure,
 }
 
+/// A loaded lease and the key its records are signed with; `None` when it is retired (closed
+/// long ago: nothing should be written).
+fn closable<'a>(
+    ledger: &'a Ledger,
+    lease_id: &str,
+) -> Result<Option<(&'a Lease, &'a Key)>, RevocationError> {
+    if ledger.retired(lease_id).is_some() {
+        return Ok(None);
+    }
+    let lease = ledger
+        .lease(lease_id)
+        .ok_or_else(|| RevocationError::Unknown(lease_id.to_owned()))?;
+    let key = ledger
+        .keyring()
+        .and_then(|k| k.get(&lease.key_fingerprint))
+        .ok_or_else(|| RevocationError::NoKey(lease_id.to_owned()))?;
+    Ok(Some((lease, key)))
+}
+
 /// The signed `revoked` record of `lease_id` at `now`, or `None` if the lease is already
 /// revoked then, or retired (closed long ago): nothing should be written.
 pub fn issuer_revocation(
@@ -41,19 +60,12 @@ pub fn issuer_revocation(
     extra: Map<String, Value>,
     now: Timestamp,
 ) -> Result<Option<IssuerRevocation>, RevocationError> {
-    if ledger.retired(lease_id).is_some() {
+    let Some((lease, key)) = closable(ledger, lease_id)? else {
         return Ok(None);
-    }
-    let lease = ledger
-        .lease(lease_id)
-        .ok_or_else(|| RevocationError::Unknown(lease_id.to_owned()))?;
+    };
     if ledger.status(lease_id, now) == Some(Status::Revoked) {
         return Ok(None);
     }
-    let key = ledger
-        .keyring()
-        .and_then(|k| k.get(&lease.key_fingerprint))
-        .ok_or_else(|| RevocationError::NoKey(lease_id.to_owned()))?;
     let record = record::revoked(
         &Revocation {
             lease_id,
@@ -69,6 +81,41 @@ pub fn issuer_revocation(
         event: Event::Revoked,
         at: now,
         by: Some("issuer".to_owned()),
+        reason: record["reason"].as_str().map(str::to_owned),
+    };
+    Ok(Some(IssuerRevocation { record, closure }))
+}
+
+/// The signed `stopped` or `completed` record of `lease_id` at `now` (see
+/// [`record::ended`]), or `None` when a closing record already applies to it (or it is
+/// retired): a lease ends once.
+pub fn issuer_ending(
+    ledger: &Ledger,
+    lease_id: &str,
+    event: Event,
+    reason: Option<&str>,
+    usage: Option<record::Usage>,
+    now: Timestamp,
+) -> Result<Option<IssuerRevocation>, RevocationError> {
+    let Some((lease, key)) = closable(ledger, lease_id)? else {
+        return Ok(None);
+    };
+    if ledger.closure(lease_id).is_some() {
+        return Ok(None);
+    }
+    let record = record::ended(
+        event,
+        lease_id,
+        lease.parent.as_deref(),
+        reason,
+        usage,
+        key,
+        now,
+    )?;
+    let closure = Closure {
+        event,
+        at: now,
+        by: None,
         reason: record["reason"].as_str().map(str::to_owned),
     };
     Ok(Some(IssuerRevocation { record, closure }))

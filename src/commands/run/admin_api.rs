@@ -7,7 +7,7 @@
 //! connection goes to the addresses checked, never to a second resolution of the name.
 
 use super::RunError;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
@@ -122,11 +122,45 @@ impl AdminApi {
         self.answer(lease, token.is_some(), status, &body).map(Some)
     }
 
+    /// Ends the lease, as its own token may: `POST /leases/{id}/complete` (`completed`) or
+    /// `/stop`, with `reason`. The answer's JSON on 200 (409 when it was already closed is
+    /// an error that says so).
+    pub async fn end(
+        &self,
+        lease: &str,
+        token: Option<&str>,
+        how: &str,
+        reason: &str,
+    ) -> Result<Value, RunError> {
+        let body = serde_json::json!({"reason": reason}).to_string();
+        let (status, answer) = self
+            .request(
+                http::Method::POST,
+                &["leases", lease, how],
+                token,
+                Some(body),
+            )
+            .await?;
+        self.answer(lease, token.is_some(), status, &answer)
+    }
+
     /// `GET` of the path made of `segments` (with `token` as bearer token): status and body.
     async fn get(
         &self,
         segments: &[&str],
         token: Option<&str>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
+        self.request(http::Method::GET, segments, token, None).await
+    }
+
+    /// `method` on the path made of `segments` (with `token` as bearer token, and a JSON
+    /// `body`): status and body.
+    async fn request(
+        &self,
+        method: http::Method,
+        segments: &[&str],
+        token: Option<&str>,
+        body: Option<String>,
     ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
         let addrs = self.addresses(token.is_some()).await?;
         let stream = tokio::net::TcpStream::connect(&addrs[..])
@@ -142,12 +176,18 @@ impl AdminApi {
             Some(port) => format!("{}:{port}", self.url.host_str().unwrap_or_default()),
             None => self.url.host_str().unwrap_or_default().to_owned(),
         };
-        let mut request = http::Request::get(path.path()).header(http::header::HOST, authority);
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path.path())
+            .header(http::header::HOST, authority);
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
+        if body.is_some() {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
         let request = request
-            .body(Empty::<bytes::Bytes>::new())
+            .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
             .map_err(|e| RunError::Url(self.shown.clone(), e.to_string()))?;
         if self.is_tls() {
             let name = ServerName::try_from(self.host().to_owned())
@@ -190,7 +230,7 @@ impl AdminApi {
     async fn send<IO>(
         &self,
         io: IO,
-        request: http::Request<Empty<bytes::Bytes>>,
+        request: http::Request<Full<bytes::Bytes>>,
     ) -> Result<(http::StatusCode, bytes::Bytes), RunError>
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,

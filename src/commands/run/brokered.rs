@@ -24,16 +24,7 @@ pub const SYSTEM_BUNDLES: [&str; 3] = [
     "/etc/ssl/cert.pem",
 ];
 
-/// The variables pointed at `bundle.pem` (the system's roots and the CA).
-const BUNDLE_VARS: [&str; 4] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "GIT_SSL_CAINFO",
-];
-
-/// Node adds `NODE_EXTRA_CA_CERTS` to its own roots: the CA alone.
-const CA_VAR: &str = "NODE_EXTRA_CA_CERTS";
+use crate::intercept::ca::{BUNDLE_VARS, CA_VAR};
 
 /// The variable the JVM reads options from, whatever launches it (`java`, Gradle, Maven).
 pub const JAVA_VAR: &str = "JAVA_TOOL_OPTIONS";

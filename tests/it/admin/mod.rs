@@ -6,5 +6,6 @@ pub mod closing;
 pub mod dashboard;
 pub mod dashboard_api;
 pub mod flood;
+pub mod issue;
 pub mod operate;
 pub mod placeholders;

@@ -11,31 +11,15 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A request to the admin API with an optional bearer token: status, headers+body text.
-async fn admin(
+/// A request to the admin API with an optional bearer token: status, body text.
+pub(crate) async fn admin(
     server: &Server,
     method: &str,
     path: &str,
     token: Option<&str>,
     body: &str,
 ) -> (u16, String) {
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    // A write is JSON, as the admin API requires of one.
-    let json = match method {
-        "GET" => "",
-        _ => "Content-Type: application/json\r\n",
-    };
-    let answer = raw(
-        server.admin_addr.unwrap(),
-        format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}{json}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
-    )
-    .await;
-    (
-        crate::support::harness::status_of(&answer),
-        answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned(),
-    )
+    crate::support::harness::admin_call(server, method, path, token, &[], body).await
 }
 
 fn json_of(text: &str) -> Value {

@@ -26,7 +26,7 @@ fn t(text: &str) -> Timestamp {
 
 #[test]
 fn a_lease_without_ceilings_holds_no_budget() {
-    let lease = loaded("2026-01-01T11:00:00.000Z", json!({"depth": 2})).unwrap();
+    let lease = loaded("2026-01-01T11:00:00.000Z", json!({})).unwrap();
     assert!(lease.budget.is_none());
     assert_eq!(lease.expires_at, t("2026-01-01T11:00:00.000Z"));
     assert!(!lease.ends_by_wall_clock());
@@ -49,6 +49,8 @@ fn a_wall_clock_budget_ends_the_lease_before_its_signed_expiry() {
             cost_usd: Some(0.5),
             wall_clock_ms: Some(1500),
             steps: Some(7),
+            depth: None,
+            fan_out: None,
         })
     );
     assert_eq!(lease.expires_at, t("2026-01-01T10:00:01.500Z"));

@@ -568,6 +568,7 @@ impl Harness {
             drain_timeout: Duration::from_secs(30),
             wall: Default::default(),
             broker: None,
+            issuing: Default::default(),
         }
     }
 
@@ -782,6 +783,42 @@ pub async fn all_leases(server: &Server) -> Option<Vec<Value>> {
 }
 
 /// `GET path` on the admin API: status and JSON body.
+/// A request to the admin API with an optional bearer token and more header fields: its
+/// status and body text.
+pub async fn admin_call(
+    server: &Server,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut head = String::new();
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    // A write is JSON, as the admin API requires of one.
+    if method != "GET" {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let answer = raw(
+        server.admin_addr.unwrap(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    (
+        status_of(&answer),
+        answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned(),
+    )
+}
+
 pub async fn admin_get(server: &Server, path: &str) -> (u16, Value) {
     let (status, body) = admin_text(server, path).await;
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
