@@ -5,6 +5,7 @@ pub mod bridges;
 pub mod catch_up;
 pub mod egress_forgery;
 pub mod failover;
+pub mod issuing;
 pub mod missing_stream;
 pub mod purge;
 pub mod quorum_loss;

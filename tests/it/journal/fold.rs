@@ -804,3 +804,59 @@ fn a_refolded_ledger_keeps_closures_and_drops_grants() {
     assert_eq!(next.status(&id(2), t(AT)), Some(Status::Open));
     assert_eq!(next.granted(), 4);
 }
+
+/// A lease of `key(1)` under `parent` with the manifest budget `budget`, granted at `AT`.
+fn budgeted(n: u32, parent: Option<&str>, budget: serde_json::Value) -> String {
+    let mut signed = lease(&key(1), &id(n), parent, WINDOW, &["*.example.com"], &[]);
+    signed["manifest"]["budget"] = budget;
+    sign(&mut signed, &key(1)).unwrap();
+    granted_line(&signed, AT)
+}
+
+/// Leases written by another issuer that break an ancestor's `budget.depth` or a parent's
+/// `budget.fan_out` are not loaded: they open nothing, on every replica alike (journal order).
+#[test]
+fn grants_that_break_depth_or_fan_out_are_not_loaded() {
+    let (ledger, problems) = fold(&[
+        budgeted(1, None, json!({"depth": 1, "fan_out": 2})),
+        budgeted(2, Some(&id(1)), json!({})),
+        // Two generations beneath a depth of 1.
+        budgeted(3, Some(&id(2)), json!({})),
+        budgeted(4, Some(&id(1)), json!({})),
+        // A third live child of a fan_out of 2.
+        budgeted(5, Some(&id(1)), json!({})),
+    ]);
+    assert_eq!(problems, 2);
+    for (n, loaded) in [(2, true), (3, false), (4, true), (5, false)] {
+        assert_eq!(ledger.lease(&id(n)).is_some(), loaded, "lease {n}");
+    }
+    assert!(matches!(
+        ledger.check_chain(&id(3), t(AT)),
+        Err(ChainError::Unknown(_))
+    ));
+    let rule = InvalidReason::ALL
+        .iter()
+        .position(|r| *r == InvalidReason::Rule)
+        .unwrap();
+    assert_eq!(ledger.stats().invalid_by_reason[rule], 2);
+    assert_eq!(ledger.stats().rejected_grants, 2);
+    assert_eq!(ledger.live_children(&id(1), t(AT)).count(), 2);
+    // A closed child frees its place: the next one is loaded.
+    let (ledger, problems) = fold(&[
+        budgeted(1, None, json!({"fan_out": 1})),
+        budgeted(2, Some(&id(1)), json!({})),
+        event_line("completed", &id(2), AT, json!({})),
+        budgeted(3, Some(&id(1)), json!({})),
+    ]);
+    assert_eq!(problems, 0);
+    assert!(ledger.lease(&id(3)).is_some());
+    assert_eq!(ledger.live_children(&id(1), t(AT)).count(), 1);
+    assert!(matches!(
+        ledger.lineage(&id(1), t(AT)),
+        Err(leasegate::registry::ledger::Lineage::FanOut {
+            fan_out: 1,
+            live: 1,
+            ..
+        })
+    ));
+}
