@@ -303,7 +303,8 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             return error(
                 StatusCode::FORBIDDEN,
                 "a lease's proxy token reads only that lease: GET /leases/{id} and \
-                 GET /leases/{id}/placeholders",
+                 GET /leases/{id}/placeholders, POST /leases/{id}/complete and /stop, and \
+                 POST /leases for its own children",
             )
         }
     };

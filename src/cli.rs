@@ -722,44 +722,90 @@ pub struct KeygenArgs {
 
 #[derive(Debug, Args)]
 pub struct IssueArgs {
-    /// The lease journal (JSON Lines) to append to.
-    #[arg(long, env = "LEASEGATE_JOURNAL")]
-    pub journal: PathBuf,
-    /// The signing key.
-    #[arg(long, env = "LEASEGATE_KEY_FILE")]
-    pub key_file: PathBuf,
+    /// The lease journal (JSON Lines) to append to (not with --admin).
+    #[arg(
+        long,
+        env = "LEASEGATE_JOURNAL",
+        required_unless_present = "admin",
+        conflicts_with = "admin"
+    )]
+    pub journal: Option<PathBuf>,
+    /// The signing key (not with --admin: the proxy signs with its own).
+    #[arg(
+        long,
+        env = "LEASEGATE_KEY_FILE",
+        required_unless_present = "admin",
+        conflicts_with = "admin"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// Issue through a running proxy's admin API (`POST /leases`, e.g. http://127.0.0.1:3129)
+    /// instead of appending to a journal file: the lease is served once this prints, and a
+    /// child is clamped to what its parent has left as the proxy measured it.
+    #[arg(long, env = "LEASEGATE_ISSUE_ADMIN")]
+    pub admin: Option<String>,
+    /// With --admin: a file holding the admin token (`serve --dev` writes
+    /// `.leasegate/admin-token`).
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE", requires = "admin")]
+    pub admin_token_file: Option<PathBuf>,
+    /// With --admin: the `Idempotency-Key` of the request, so that running the same command
+    /// again returns the same lease instead of a second one.
+    #[arg(long, requires = "admin")]
+    pub idempotency_key: Option<String>,
+    /// A declared manifest (JSON) to start from: members left out take the contract's empty
+    /// values, and the flags below add to its lists and set its budget.
+    #[arg(long, env = "LEASEGATE_MANIFEST")]
+    pub manifest: Option<PathBuf>,
     /// A host the lease may reach: `*`, `*.example.com` or an exact name or IPv4 address.
     #[arg(
         long = "allow-host",
         env = "LEASEGATE_ALLOW_HOST",
         value_delimiter = ',',
-        required = true
+        required_unless_present = "manifest"
     )]
     pub allow_hosts: Vec<String>,
     /// A host the lease must not reach (beats any allow).
     #[arg(long = "deny-host", env = "LEASEGATE_DENY_HOST", value_delimiter = ',')]
     pub deny_hosts: Vec<String>,
+    /// A governed tool the lease may call (`allow.tools`; `<server>/<tool>` for an MCP tool).
+    #[arg(long = "tool", value_delimiter = ',')]
+    pub tools: Vec<String>,
+    /// An action that needs a human first (`approvals`).
+    #[arg(long = "approval", value_delimiter = ',')]
+    pub approvals: Vec<String>,
+    /// `budget.tokens`: model tokens, input plus output, for the lease and its children.
+    #[arg(long)]
+    pub tokens: Option<u64>,
+    /// `budget.cost_usd`: model spend in US dollars (needs `serve --prices` to be counted).
+    #[arg(long)]
+    pub cost_usd: Option<f64>,
+    /// `budget.steps`: tool calls or turns.
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// `budget.depth`: generations of children that may be issued beneath the lease.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
+    pub depth: Option<u64>,
+    /// `budget.fan_out`: children that may be live under the lease at once.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=256))]
+    pub fan_out: Option<u64>,
     /// Sign an --allow-host wildcard over a public suffix (`*.com`, `*.co.uk`, `*.github.io`:
     /// every name anyone may register there), with a warning; refused without it. On the
-    /// command line only: no variable turns it on.
-    #[arg(long)]
+    /// command line only: no variable turns it on. Not with --admin (the API refuses them).
+    #[arg(long, conflicts_with = "admin")]
     pub force: bool,
-    /// Parent lease id: the new lease's hosts must be contained in the parent's.
+    /// Parent lease id: the new lease is narrowed to the parent's (hosts and tools within
+    /// its, its denials and approvals kept, its budget and end at most the parent's).
     #[arg(long, env = "LEASEGATE_PARENT", value_parser = crate::contract::lease::lease_id)]
     pub parent: Option<String>,
     /// Lifetime, e.g. `15m`, `1h`, `2s`.
     #[arg(long, env = "LEASEGATE_TTL", default_value = "1h", value_parser = parse_duration)]
     pub ttl: std::time::Duration,
-    /// Agent name shown in tables and logs.
-    #[arg(long, env = "LEASEGATE_NAME", default_value = "agent")]
-    pub name: String,
-    /// Why the agent runs (the manifest's intent.purpose).
-    #[arg(
-        long,
-        env = "LEASEGATE_PURPOSE",
-        default_value = "development lease issued by leasegate"
-    )]
-    pub purpose: String,
+    /// Agent name shown in tables and logs (the manifest's agent.name; default `agent`).
+    #[arg(long, env = "LEASEGATE_NAME")]
+    pub name: Option<String>,
+    /// Why the agent runs (the manifest's intent.purpose; default `development lease issued
+    /// by leasegate`).
+    #[arg(long, env = "LEASEGATE_PURPOSE")]
+    pub purpose: Option<String>,
     /// What to print on stdout: `all` (the lease id, its proxy token, its expiry: one per
     /// line), or one value alone for `$(...)` in scripts: `id` or `token`.
     #[arg(long, env = "LEASEGATE_PRINT", value_enum, default_value_t = IssuePrint::All)]

@@ -509,8 +509,8 @@ impl ServeConfig {
             wall: WallClock::system(),
             issuing: Issuing {
                 root: crate::contract::narrow::RootPolicy {
-                    max_depth: args.issue_max_depth,
-                    max_fan_out: args.issue_max_fan_out,
+                    max_depth: Some(args.issue_max_depth),
+                    max_fan_out: Some(args.issue_max_fan_out),
                 },
                 rate: args.max_issue_rate,
             },

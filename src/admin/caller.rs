@@ -1,10 +1,11 @@
 //! Who is asking the admin API: the operator (the admin token), one lease (its own proxy token,
 //! `<lease-id>.<tag>`), or nobody in particular (no token configured, none presented).
 //!
-//! Invariant: a lease token opens exactly two routes, `GET /leases/{id}` and
-//! `GET /leases/{id}/placeholders`, for the lease it was minted for and no other — so what an
-//! agent holding its own token (`leasegate run` hands it one) can read through the admin API
-//! is what its lease already gives it; every other route answers 403 to it. Credentials
+//! Invariant: a lease token opens `GET /leases/{id}` and `GET /leases/{id}/placeholders` and
+//! `POST /leases/{id}/complete|stop` for the lease it was minted for and no other, and
+//! `POST /leases`, where the issuer grants it children of its own lease only, never wider — so
+//! what an agent holding its own token (`leasegate run` hands it one) can reach through the
+//! admin API is what its lease already gives it; every other route answers 403 to it. Credentials
 //! (`proxy_url` with a credential, placeholders) go only to the operator and, for its own
 //! lease, to the lease. Tokens are compared in constant time; a bearer that names a lease but
 //! does not verify is refused (401), whatever else is configured.

@@ -27,7 +27,8 @@ pub const MAX_BODY: usize = 256 * 1024;
 /// The longest `Idempotency-Key`.
 pub const MAX_IDEMPOTENCY_KEY: usize = 255;
 
-/// The lifetime of a lease that asks for none.
+/// The lifetime of a root lease that asks for none (a child that asks for none ends with its
+/// parent).
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// How long a lease's own port may take to open after its grant is folded.
@@ -87,7 +88,7 @@ pub fn parse(
                 .and_then(|t| Timestamp::parse_lenient(t).ok())
                 .ok_or("\"expires_at\" must be a UTC time like 2026-01-01T10:00:00.000Z")?,
         ),
-        (None, None) => Ends::After(DEFAULT_LIFETIME),
+        (None, None) => Ends::Unasked(DEFAULT_LIFETIME),
     };
     let idempotency_key = match idempotency_key {
         None => None,
@@ -166,14 +167,14 @@ pub async fn issue(state: &AdminState, caller: &Caller, req: Request<Incoming>) 
         )
         .await;
     match issued {
-        Ok(issued) => granted(state, caller, issued).await,
+        Ok(issued) => granted(state, issued).await,
         Err(e) => refused(e),
     }
 }
 
 /// 201 (200 for a replay): the lease, its credential, where its proxy is and what an agent's
 /// environment needs.
-async fn granted(state: &AdminState, caller: &Caller, issued: Issued) -> Response<Body> {
+async fn granted(state: &AdminState, issued: Issued) -> Response<Body> {
     let id = issued.lease.id.clone();
     if let Some(ports) = &state.ports {
         // A lease's own port opens as the port keeper sees the fold: within moments.
@@ -237,7 +238,6 @@ async fn granted(state: &AdminState, caller: &Caller, issued: Issued) -> Respons
         true => StatusCode::OK,
         false => StatusCode::CREATED,
     };
-    let _ = caller;
     json_response(
         status,
         json!({

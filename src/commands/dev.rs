@@ -111,6 +111,7 @@ pub fn demo_lease(demo: &Demo) -> Result<DemoLease, DevError> {
         &demo.journal,
         &key,
         &IssueRequest {
+            manifest: serde_json::json!({}),
             allow_hosts: demo.hosts.clone(),
             deny_hosts: vec![],
             parent: None,

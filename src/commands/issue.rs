@@ -1,14 +1,17 @@
-//! The development issuer: sign a lease for given hosts and append `granted`; append a signed
-//! `revoked`.
+//! `leasegate issue`: a lease from flags or a manifest file, signed and appended to a journal
+//! file (the development issuer), or asked of a running proxy's admin API (`--admin`); and a
+//! signed `revoked` appended for `revoke`.
 //!
 //! Invariant: every lease we sign loads under our own checks (schema, L1, L2, signature)
-//! before it is appended, and a child's hosts are contained in its parent's.
+//! before it is appended, and is what the issuer's rules (`contract::narrow`) grant: a child
+//! is narrowed to its parent's lists, ceilings and end, never wider.
 
 use super::{dev, CliResult};
 use crate::cli::{IssueArgs, IssuePrint};
 use crate::contract::canonical::canonical_bytes;
 use crate::contract::keys::sha256_hex;
 use crate::contract::lease::sign;
+use crate::contract::narrow::{self, Ask, Parent, Refused, Remaining, RootPolicy};
 use crate::contract::record;
 use crate::contract::schema::WRITTEN_VERSION;
 use crate::contract::token;
@@ -22,6 +25,7 @@ use serde_json::{json, Map, Value};
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,12 +34,12 @@ pub enum IssueError {
     Journal { path: String, error: std::io::Error },
     #[error("parent lease: {0}")]
     Parent(#[from] ChainError),
-    #[error("host {host:?} is not contained in parent {parent}'s allow.hosts ({allowed})")]
-    NotContained {
-        host: String,
-        parent: String,
-        allowed: String,
-    },
+    #[error("refused ({}): {}", .0.reasons.join(", "), .0.reason)]
+    Refused(Refused),
+    #[error("{path}: {reason}")]
+    Manifest { path: String, reason: String },
+    #[error("the admin API at {url}: {reason}")]
+    Admin { url: String, reason: String },
     #[error(
         "lease {lease} is not in the journal under the key {key} (a lease signed with another \
          key, or a mistyped id)"
@@ -66,6 +70,9 @@ pub enum IssueError {
 /// What to issue.
 #[derive(Debug, Clone)]
 pub struct IssueRequest {
+    /// The declared manifest the flags go into (`{}`: only what the fields below say); its
+    /// hosts are added to, its name and purpose replaced.
+    pub manifest: Value,
     pub allow_hosts: Vec<String>,
     pub deny_hosts: Vec<String>,
     pub parent: Option<String>,
@@ -80,6 +87,8 @@ pub struct IssueRequest {
 pub struct Issued {
     pub lease_id: String,
     pub expires_at: Timestamp,
+    /// What the issuer's rules changed (empty: nothing).
+    pub narrowed: Vec<String>,
 }
 
 fn fold(journal_path: &Path, key: &Key) -> Result<Ledger, IssueError> {
@@ -154,76 +163,141 @@ fn to_a_labels(text: &str) -> String {
     }
 }
 
-/// Signs a lease and appends its `granted` record.
+/// The declared manifest of `request`: its `manifest` with the hosts added (each in its normal
+/// form), the name and purpose set.
+fn declared(request: &IssueRequest) -> Result<Value, IssueError> {
+    let mut given = match &request.manifest {
+        Value::Object(_) => request.manifest.clone(),
+        _ => json!({}),
+    };
+    for (list, flags, name) in [
+        ("allow", &request.allow_hosts, "allow"),
+        ("deny", &request.deny_hosts, "deny"),
+    ] {
+        let mut hosts: Vec<String> = given[list]["hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h.as_str().map(str::to_owned))
+            .collect();
+        hosts.extend(flags.iter().cloned());
+        if !given[list].is_object() {
+            given[list] = json!({});
+        }
+        given[list]["hosts"] = normalise_hosts(&hosts, name)?.into();
+    }
+    if !given["agent"].is_object() {
+        given["agent"] = json!({});
+    }
+    given["agent"]["name"] = request.name.as_str().into();
+    if !given["intent"].is_object() {
+        given["intent"] = json!({});
+    }
+    given["intent"]["purpose"] = request.purpose.as_str().into();
+    Ok(narrow::completed(&given, WRITTEN_VERSION))
+}
+
+/// What `chain` (a lease, then its ancestors) leaves of each ceiling, from the ceilings alone:
+/// a journal file's issuer does not see what was spent (issue through `--admin` for that).
+fn ceilings(chain: &[Arc<Lease>]) -> Remaining {
+    let least_u64 = |f: fn(&crate::contract::lease::Budget) -> Option<u64>| {
+        chain
+            .iter()
+            .filter_map(|l| l.budget.as_deref().and_then(f))
+            .min()
+    };
+    Remaining {
+        tokens: least_u64(|b| b.tokens),
+        steps: least_u64(|b| b.steps),
+        cost_usd: chain
+            .iter()
+            .filter_map(|l| l.budget.as_ref().and_then(|b| b.cost_usd))
+            .reduce(f64::min),
+    }
+}
+
+/// Signs a lease and appends its `granted` record (and `narrowed`, when the rules changed
+/// anything); a refusal appends its `refused` record and is returned as the error.
 pub fn issue(journal_path: &Path, key: &Key, request: &IssueRequest) -> Result<Issued, IssueError> {
     let ttl_ms =
         i64::try_from(request.ttl.as_millis()).map_err(|_| IssueError::Ttl(request.ttl))?;
-    let allow = normalise_hosts(&request.allow_hosts, "allow")?;
-    let deny = normalise_hosts(&request.deny_hosts, "deny")?;
-    let mut expires_at = request.now.saturating_add_millis(ttl_ms);
+    let declared = declared(request)?;
+    let ends = request.now.saturating_add_millis(ttl_ms);
+    let declared_hash = sha256_hex(&canonical_bytes(&declared).map_err(LeaseError::from)?);
+    let ledger;
+    let mut parent = None;
     if let Some(parent_id) = &request.parent {
-        let ledger = fold(journal_path, key)?;
+        ledger = fold(journal_path, key)?;
         let chain = ledger.check_chain(parent_id, request.now)?;
-        let parent = &chain[0];
-        // A malformed entry of the parent contains nothing.
-        let parent_allow: Vec<HostPattern> = parent
-            .allow_hosts
-            .iter()
-            .filter_map(|h| HostPattern::parse(h).ok())
-            .collect();
-        for host in &allow {
-            let pattern = HostPattern::parse(host).map_err(|e| IssueError::Pattern(e, "allow"))?;
-            if !parent_allow.iter().any(|p| p.contains(&pattern)) {
-                return Err(IssueError::NotContained {
-                    host: host.clone(),
-                    parent: parent_id.clone(),
-                    allowed: parent.allow_hosts.join(", "),
-                });
-            }
-        }
-        // A child never outlives its parent.
-        expires_at = expires_at.min(parent.expires_at);
+        let live_children = ledger.live_children(parent_id, request.now).count() as u64;
+        parent = Some((chain[0].clone(), ceilings(&chain), live_children));
     }
-
-    let mut manifest = json!({
-        "schema_version": WRITTEN_VERSION,
-        "agent": {"name": request.name, "kind": "external", "runtime_agent": "unknown"},
-        "intent": {"purpose": request.purpose},
-        "allow": {"tools": [], "read_paths": [], "write_paths": [], "hosts": allow, "commands": []},
-        "deny": {"commands": [], "paths": [], "hosts": deny},
-        "budget": {},
-        "approvals": [],
+    let decided = narrow::narrow(&Ask {
+        declared: &declared,
+        parent: parent.as_ref().map(|(lease, remaining, live)| Parent {
+            lease,
+            remaining: *remaining,
+            live_children: *live,
+        }),
+        root: RootPolicy::OPEN,
+        ends,
+        now: request.now,
+        // `exec` refuses them without --force, saying how.
+        public_suffix_wildcards: true,
     });
+    let grant = match decided {
+        Ok(grant) => grant,
+        Err(refused) => {
+            let refusal_id = uuid::Uuid::new_v4().to_string();
+            let record = record::refused(
+                &record::Refusal {
+                    refusal_id: &refusal_id,
+                    parent_lease_id: request.parent.as_deref(),
+                    reasons: &refused.reasons,
+                    reason: &refused.reason,
+                    declared_hash: &declared_hash,
+                },
+                request.now,
+            )?;
+            append(journal_path, &record)?;
+            return Err(IssueError::Refused(refused));
+        }
+    };
     let lease_id = uuid::Uuid::new_v4().to_string();
     let mut lease = json!({
         "schema_version": WRITTEN_VERSION,
         "lease_id": lease_id,
-        "declared_hash": "",
+        "manifest": grant.manifest,
+        "declared_hash": declared_hash,
         "issued_at": request.now.to_string(),
-        "expires_at": expires_at.to_string(),
+        "expires_at": grant.expires_at.to_string(),
         "issuer_session_id": "leasegate-issue",
     });
     if let Some(parent) = &request.parent {
-        manifest["parent_lease_id"] = parent.as_str().into();
         lease["parent_lease_id"] = parent.as_str().into();
     }
-    lease["declared_hash"] =
-        sha256_hex(&canonical_bytes(&manifest).map_err(LeaseError::from)?).into();
-    lease["manifest"] = manifest.clone();
     sign(&mut lease, key).map_err(LeaseError::from)?;
 
     let mut keyring = Keyring::new(key.is_test_key());
     keyring.insert(key.clone());
     Lease::load(lease.clone(), &keyring)?;
-    let granted = record::granted(&lease, &manifest, request.now)?;
+    let granted = record::granted(&lease, &declared, request.now)?;
     let size = serde_json::to_vec(&granted).map_or(usize::MAX, |line| line.len());
     if size > record::MAX_RECORD_BYTES {
         return Err(IssueError::TooLarge(size));
     }
     append(journal_path, &granted)?;
+    if !grant.narrowed.is_empty() {
+        let summary = grant.summary();
+        append(
+            journal_path,
+            &record::narrowed(&lease_id, request.parent.as_deref(), &summary, request.now)?,
+        )?;
+    }
     Ok(Issued {
         lease_id,
-        expires_at,
+        expires_at: grant.expires_at,
+        narrowed: grant.narrowed,
     })
 }
 
@@ -262,28 +336,192 @@ fn append(journal_path: &Path, record: &Value) -> Result<(), IssueError> {
         })
 }
 
-/// `issue`: sign a lease, append its `granted` record, print what `--print` asks for.
+/// The declared manifest `args` give: `--manifest`'s, with the flags' tools, approvals and
+/// budget added.
+fn manifest_of(args: &IssueArgs) -> Result<Value, IssueError> {
+    let mut manifest = match &args.manifest {
+        Some(path) => {
+            let bad = |reason: String| IssueError::Manifest {
+                path: path.display().to_string(),
+                reason,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+            let value: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            if !value.is_object() {
+                return Err(bad("a manifest is a JSON object".into()));
+            }
+            value
+        }
+        None => json!({}),
+    };
+    let add = |manifest: &mut Value, part: &str, list: &str, items: &[String]| {
+        if items.is_empty() {
+            return;
+        }
+        let target = match part {
+            "" => manifest,
+            part => {
+                if !manifest[part].is_object() {
+                    manifest[part] = json!({});
+                }
+                &mut manifest[part]
+            }
+        };
+        let mut all: Vec<Value> = target[list].as_array().cloned().unwrap_or_default();
+        all.extend(items.iter().map(|i| Value::from(i.as_str())));
+        target[list] = all.into();
+    };
+    add(&mut manifest, "allow", "tools", &args.tools);
+    add(&mut manifest, "", "approvals", &args.approvals);
+    let budget = [
+        ("tokens", args.tokens.map(Value::from)),
+        ("cost_usd", args.cost_usd.map(Value::from)),
+        ("steps", args.steps.map(Value::from)),
+        ("depth", args.depth.map(Value::from)),
+        ("fan_out", args.fan_out.map(Value::from)),
+    ];
+    for (field, value) in budget {
+        if let Some(value) = value {
+            if !manifest["budget"].is_object() {
+                manifest["budget"] = json!({});
+            }
+            manifest["budget"][field] = value;
+        }
+    }
+    Ok(manifest)
+}
+
+/// `args`' name and purpose: the flag's, else the manifest's, else the defaults.
+fn name_and_purpose(args: &IssueArgs, manifest: &Value) -> (String, String) {
+    let name = args
+        .name
+        .clone()
+        .or_else(|| manifest["agent"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "agent".to_owned());
+    let purpose = args
+        .purpose
+        .clone()
+        .or_else(|| manifest["intent"]["purpose"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "development lease issued by leasegate".to_owned());
+    (name, purpose)
+}
+
+/// `issue --admin`: `POST /leases` to a running proxy.
+fn through_admin(
+    args: &IssueArgs,
+    admin: &str,
+    manifest: Value,
+) -> Result<(Issued, String), IssueError> {
+    let (name, purpose) = name_and_purpose(args, &manifest);
+    let request = IssueRequest {
+        manifest,
+        allow_hosts: args.allow_hosts.clone(),
+        deny_hosts: args.deny_hosts.clone(),
+        parent: args.parent.clone(),
+        ttl: args.ttl,
+        name,
+        purpose,
+        now: Timestamp::now(),
+    };
+    let mut manifest = declared(&request)?;
+    // The proxy completes it itself; the parent goes beside it.
+    if let Some(object) = manifest.as_object_mut() {
+        object.remove("parent_lease_id");
+    }
+    let mut body = json!({"manifest": manifest, "lifetime_seconds": args.ttl.as_secs_f64()});
+    if let Some(parent) = &args.parent {
+        body["parent_lease_id"] = parent.as_str().into();
+    }
+    let failed = |reason: String| IssueError::Admin {
+        url: admin.to_owned(),
+        reason,
+    };
+    let token = match &args.admin_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| failed(format!("reading {}: {e}", path.display())))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let api = super::run::AdminApi::new(admin, None).map_err(|e| failed(e.to_string()))?;
+    let mut headers = Vec::new();
+    if let Some(key) = &args.idempotency_key {
+        headers.push(("Idempotency-Key", key.as_str()));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let (status, answer) = runtime
+        .block_on(api.post(&["leases"], token.as_deref(), &headers, &body))
+        .map_err(|e| failed(e.to_string()))?;
+    if !status.is_success() {
+        let reasons = answer["reasons"]
+            .as_array()
+            .map(|r| {
+                let codes: Vec<&str> = r.iter().filter_map(Value::as_str).collect();
+                format!(" ({})", codes.join(", "))
+            })
+            .unwrap_or_default();
+        return Err(failed(format!(
+            "{status}{reasons}: {}",
+            answer["error"].as_str().unwrap_or_default()
+        )));
+    }
+    let text = |key: &str| answer[key].as_str().unwrap_or_default().to_owned();
+    let issued = Issued {
+        lease_id: text("lease_id"),
+        expires_at: Timestamp::parse(&text("expires_at"))
+            .map_err(|e| failed(format!("expires_at: {e}")))?,
+        narrowed: answer["narrowed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(str::to_owned))
+            .collect(),
+    };
+    Ok((issued, text("token")))
+}
+
+/// `issue`: sign a lease, append its `granted` record (or ask the admin API for one), print
+/// what `--print` asks for.
 pub fn exec(args: IssueArgs) -> CliResult {
     for warning in public_suffix_wildcards(&args.allow_hosts, args.force)? {
         eprintln!("leasegate issue: {warning}");
     }
-    let key = dev::signing_key(&args.key_file)?;
-    let issued = issue(
-        &args.journal,
-        &key,
-        &IssueRequest {
-            allow_hosts: args.allow_hosts,
-            deny_hosts: args.deny_hosts,
-            parent: args.parent,
-            ttl: args.ttl,
-            name: args.name,
-            purpose: args.purpose,
-            now: Timestamp::now(),
-        },
-    )?;
+    let manifest = manifest_of(&args)?;
+    let (issued, token) = match (&args.admin, &args.journal, &args.key_file) {
+        (Some(admin), _, _) => through_admin(&args, admin, manifest)?,
+        (None, Some(journal), Some(key_file)) => {
+            let key = dev::signing_key(key_file)?;
+            let (name, purpose) = name_and_purpose(&args, &manifest);
+            let issued = issue(
+                journal,
+                &key,
+                &IssueRequest {
+                    manifest,
+                    allow_hosts: args.allow_hosts.clone(),
+                    deny_hosts: args.deny_hosts.clone(),
+                    parent: args.parent.clone(),
+                    ttl: args.ttl,
+                    name,
+                    purpose,
+                    now: Timestamp::now(),
+                },
+            )?;
+            let token = token::mint(&key, &issued.lease_id);
+            (issued, token)
+        }
+        // clap requires --journal and --key-file without --admin.
+        _ => return Ok(ExitCode::from(2)),
+    };
+    for clause in &issued.narrowed {
+        eprintln!("leasegate issue: narrowed: {clause}");
+    }
     // `leasegate issue ... | head -1` closes the pipe after the first line: not an error.
     let mut out = std::io::stdout().lock();
-    let token = token::mint(&key, &issued.lease_id);
     let _ = match args.print {
         // Line 1 the lease id, line 2 its proxy token (`--credentials token`), line 3 expiry.
         IssuePrint::All => writeln!(out, "{}", issued.lease_id)
@@ -305,6 +543,7 @@ mod tests {
         let journal = dir.path().join("journal.jsonl");
         let key = Key::generate();
         let request = |hosts: usize| IssueRequest {
+            manifest: json!({}),
             allow_hosts: (0..hosts).map(|i| format!("h{i:06}.example.com")).collect(),
             deny_hosts: Vec::new(),
             parent: None,

@@ -37,19 +37,28 @@ pub struct Parent<'a> {
 }
 
 /// What a root lease may ask for: the issuer's own ceilings (a root has no parent to be
-/// narrowed against).
+/// narrowed against); a root that asks for none gets them. `None`: no ceiling (the
+/// development `issue` into a journal file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RootPolicy {
-    pub max_depth: u64,
-    pub max_fan_out: u64,
+    pub max_depth: Option<u64>,
+    pub max_fan_out: Option<u64>,
+}
+
+impl RootPolicy {
+    /// No ceiling of the issuer's own.
+    pub const OPEN: RootPolicy = RootPolicy {
+        max_depth: None,
+        max_fan_out: None,
+    };
 }
 
 impl Default for RootPolicy {
     /// The contract's reference root policy: 4 generations, 8 live children.
     fn default() -> RootPolicy {
         RootPolicy {
-            max_depth: 4,
-            max_fan_out: 8,
+            max_depth: Some(4),
+            max_fan_out: Some(8),
         }
     }
 }
@@ -64,6 +73,9 @@ pub struct Ask<'a> {
     /// The end the issuer was asked for.
     pub ends: Timestamp,
     pub now: Timestamp,
+    /// An allow pattern that is a wildcard over a public suffix (`*.com`) is granted, not
+    /// refused (`issue --force`).
+    pub public_suffix_wildcards: bool,
 }
 
 /// A grant: the manifest to sign, its end, and what narrowing changed (empty: nothing).
@@ -192,7 +204,7 @@ pub fn completed(given: &Value, version: &str) -> Value {
 
 /// Decides one issuance: the grant, narrowed, or why not.
 pub fn narrow(ask: &Ask) -> Result<Grant, Refused> {
-    check_declaration(ask.declared)?;
+    check_declaration(ask.declared, ask.public_suffix_wildcards)?;
     let mut granted = ask.declared.clone();
     let mut narrowed = Vec::new();
     if let Some(tool_args) = granted["allow"]
@@ -222,8 +234,8 @@ pub fn narrow(ask: &Ask) -> Result<Grant, Refused> {
                 object.remove("parent_lease_id");
             }
             let budget = &mut granted["budget"];
-            clamp_integer(budget, "depth", Some(ask.root.max_depth), &mut narrowed);
-            clamp_integer(budget, "fan_out", Some(ask.root.max_fan_out), &mut narrowed);
+            clamp_integer(budget, "depth", ask.root.max_depth, &mut narrowed);
+            clamp_integer(budget, "fan_out", ask.root.max_fan_out, &mut narrowed);
         }
     }
     let opens_nothing = ["tools", "hosts"]
@@ -252,7 +264,7 @@ pub fn narrow(ask: &Ask) -> Result<Grant, Refused> {
 
 /// R1 (no purpose), R4 (a native agent that is `unknown`), then the schema and the host
 /// patterns (`runtime_error:schema_invalid`); every reason found, not just the first.
-fn check_declaration(declared: &Value) -> Result<(), Refused> {
+fn check_declaration(declared: &Value, public_suffix_wildcards: bool) -> Result<(), Refused> {
     let mut reasons = Vec::new();
     let mut prose = Vec::new();
     let purpose = declared["intent"]["purpose"].as_str().unwrap_or_default();
@@ -273,11 +285,12 @@ fn check_declaration(declared: &Value) -> Result<(), Refused> {
             .collect(),
     };
     let mut invalid: Vec<String> = issues.iter().map(ToString::to_string).collect();
+    invalid.extend(unknown_members(declared));
     for list in ["allow", "deny"] {
         for host in declared[list]["hosts"].as_array().into_iter().flatten() {
             let Some(text) = host.as_str() else { continue };
             match HostPattern::parse(text) {
-                Ok(pattern) if list == "allow" => {
+                Ok(pattern) if list == "allow" && !public_suffix_wildcards => {
                     if let Some(suffix) = pattern.public_suffix_wildcard() {
                         invalid.push(format!(
                             "/allow/hosts: {text:?} is a wildcard over the public suffix \
@@ -303,6 +316,69 @@ fn check_declaration(declared: &Value) -> Result<(), Refused> {
             prose.join("; "),
         )),
     }
+}
+
+/// The members of the manifest's closed parts (its top level, `allow`, `deny`, `budget`) that
+/// the contract (schema set 1.2) does not name. The schema carries unknown members, as a reader
+/// must; an issuer deciding a grant refuses them, because a misspelt ceiling
+/// (`budget.token`) would otherwise be a lease without that ceiling.
+fn unknown_members(declared: &Value) -> Vec<String> {
+    const PARTS: [(&str, &[&str]); 4] = [
+        (
+            "",
+            &[
+                "schema_version",
+                "agent",
+                "parent_lease_id",
+                "intent",
+                "allow",
+                "deny",
+                "budget",
+                "approvals",
+                "attestation",
+            ],
+        ),
+        (
+            "allow",
+            &[
+                "tools",
+                "read_paths",
+                "write_paths",
+                "hosts",
+                "commands",
+                "tool_args",
+            ],
+        ),
+        ("deny", &["commands", "paths", "hosts"]),
+        (
+            "budget",
+            &[
+                "steps",
+                "wall_clock_ms",
+                "tokens",
+                "cost_usd",
+                "depth",
+                "fan_out",
+            ],
+        ),
+    ];
+    let mut unknown = Vec::new();
+    for (part, known) in PARTS {
+        let object = match part {
+            "" => declared.as_object(),
+            part => declared[part].as_object(),
+        };
+        for key in object.into_iter().flat_map(|o| o.keys()) {
+            if !known.contains(&key.as_str()) {
+                unknown.push(format!(
+                    "/{part}{}{key}: not a member the contract names here (it has {})",
+                    if part.is_empty() { "" } else { "/" },
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    unknown
 }
 
 fn is_missing_purpose(issue: &SchemaIssue) -> bool {

@@ -55,6 +55,8 @@ pub enum Ends {
     /// This long after it is issued.
     After(std::time::Duration),
     At(Timestamp),
+    /// Nothing asked: a child ends with its parent, a root this long after it is issued.
+    Unasked(std::time::Duration),
 }
 
 /// One issuance, as the admin API parsed it.
@@ -182,11 +184,16 @@ impl Authority {
             return Ok(found);
         }
         let declared_hash = sha256_hex(&canonical_bytes(&declared).map_err(bad)?);
+        let after = |d: std::time::Duration| {
+            now.saturating_add_millis(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        };
         let ends = match request.ends {
-            Ends::After(d) => {
-                now.saturating_add_millis(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            }
+            Ends::After(d) => after(d),
             Ends::At(at) => at,
+            Ends::Unasked(d) => match parent.as_deref().and_then(|p| ledger.lease(p)) {
+                Some(parent) => parent.expires_at,
+                None => after(d),
+            },
         };
         if ends <= now {
             return Err(IssueError::BadRequest(format!(
@@ -201,6 +208,7 @@ impl Authority {
                 root: self.root,
                 ends,
                 now,
+                public_suffix_wildcards: false,
             }),
             Some(parent_id) => match self.parent(ledger, spending, parent_id, now) {
                 Ok((lease, remaining)) => narrow::narrow(&Ask {
@@ -213,6 +221,7 @@ impl Authority {
                     root: self.root,
                     ends,
                     now,
+                    public_suffix_wildcards: false,
                 }),
                 Err(refused) => Err(refused),
             },
@@ -466,6 +475,7 @@ fn request_digest(
     let ends = match request.ends {
         Ends::After(d) => json!({"lifetime_ms": u64::try_from(d.as_millis()).unwrap_or(u64::MAX)}),
         Ends::At(at) => json!({"expires_at": at.to_string()}),
+        Ends::Unasked(_) => Value::Null,
     };
     let asked = json!({
         "manifest": declared,

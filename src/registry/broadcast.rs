@@ -97,6 +97,7 @@ mod tests {
                 &path,
                 key,
                 &IssueRequest {
+                    manifest: serde_json::json!({}),
                     allow_hosts: vec!["origin.test".into()],
                     deny_hosts: vec![],
                     parent: None,

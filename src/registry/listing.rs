@@ -309,6 +309,7 @@ mod tests {
 
     fn issue_into(path: &Path, key: &Key, agent: &str) -> String {
         let request = IssueRequest {
+            manifest: serde_json::json!({}),
             allow_hosts: vec!["example.com".into()],
             deny_hosts: vec![],
             parent: None,

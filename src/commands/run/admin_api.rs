@@ -144,6 +144,29 @@ impl AdminApi {
         self.answer(lease, token.is_some(), status, &answer)
     }
 
+    /// `POST` of `body` (JSON) to the path made of `segments`, with `token` as bearer token and
+    /// `headers`: the status and the answer's JSON (`{"error": text}` for one that is not).
+    pub async fn post(
+        &self,
+        segments: &[&str],
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<(http::StatusCode, Value), RunError> {
+        let (status, answer) = self
+            .request_with(
+                http::Method::POST,
+                segments,
+                token,
+                headers,
+                Some(body.to_string()),
+            )
+            .await?;
+        let value = serde_json::from_slice(&answer)
+            .unwrap_or_else(|_| serde_json::json!({"error": message_of(&answer)}));
+        Ok((status, value))
+    }
+
     /// `GET` of the path made of `segments` (with `token` as bearer token): status and body.
     async fn get(
         &self,
@@ -160,6 +183,17 @@ impl AdminApi {
         method: http::Method,
         segments: &[&str],
         token: Option<&str>,
+        body: Option<String>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
+        self.request_with(method, segments, token, &[], body).await
+    }
+
+    async fn request_with(
+        &self,
+        method: http::Method,
+        segments: &[&str],
+        token: Option<&str>,
+        headers: &[(&str, &str)],
         body: Option<String>,
     ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
         let addrs = self.addresses(token.is_some()).await?;
@@ -185,6 +219,9 @@ impl AdminApi {
         }
         if body.is_some() {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let request = request
             .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))

@@ -50,6 +50,7 @@ fn child_of<'a>(lease: &'a Lease, declared: &'a Value, remaining: Remaining) -> 
         root: RootPolicy::default(),
         ends: t("2026-01-01T12:00:00.000Z"),
         now: t("2026-01-01T10:30:00.000Z"),
+        public_suffix_wildcards: false,
     }
 }
 
@@ -60,6 +61,7 @@ fn root(declared: &Value) -> Ask<'_> {
         root: RootPolicy::default(),
         ends: t("2026-01-01T12:00:00.000Z"),
         now: t("2026-01-01T10:30:00.000Z"),
+        public_suffix_wildcards: false,
     }
 }
 
@@ -276,4 +278,27 @@ fn the_summary_is_bounded() {
         narrowed: vec!["x".repeat(300), "y".repeat(300)],
     };
     assert_eq!(grant.summary().chars().count(), SUMMARY_MAX_CHARS);
+}
+
+#[test]
+fn members_the_contract_does_not_name_are_refused_not_carried() {
+    for (part, key) in [
+        ("budget", "token"),
+        ("allow", "hostz"),
+        ("deny", "host"),
+        ("", "budgett"),
+    ] {
+        let mut declared = manifest(json!(["api.example.com"]), json!({}));
+        match part {
+            "" => declared[key] = json!(5),
+            part => declared[part][key] = json!(5),
+        }
+        let refused = narrow(&root(&declared)).unwrap_err();
+        assert_eq!(
+            refused.reasons,
+            ["runtime_error:schema_invalid"],
+            "{part}.{key}"
+        );
+        assert!(refused.reason.contains(key), "{}", refused.reason);
+    }
 }

@@ -16,6 +16,7 @@ fn journal_with_lease(path: &Path, key: &Key, ttl: Duration) -> String {
         path,
         key,
         &IssueRequest {
+            manifest: serde_json::json!({}),
             allow_hosts: vec!["origin.test".into()],
             deny_hosts: vec![],
             parent: None,

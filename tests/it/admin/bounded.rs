@@ -13,6 +13,7 @@ use std::time::Duration;
 /// Issues a lease for `agent` into the harness's journal.
 fn lease_for(h: &Harness, agent: &str) -> String {
     let request = IssueRequest {
+        manifest: serde_json::json!({}),
         allow_hosts: vec!["origin.test".into()],
         deny_hosts: vec![],
         parent: None,

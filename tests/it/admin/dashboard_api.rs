@@ -25,6 +25,7 @@ pub fn lease_for(
         &h.journal,
         &h.key,
         &IssueRequest {
+            manifest: serde_json::json!({}),
             allow_hosts: strings(allow),
             deny_hosts: strings(deny),
             parent: parent.map(str::to_owned),

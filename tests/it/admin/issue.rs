@@ -563,3 +563,132 @@ async fn complete_records_the_measured_usage_and_stop_ends_once() {
     let _ = bin();
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_issue_command_takes_a_manifest_and_issues_through_the_admin_api() {
+    let h = Harness::new();
+    let server = h.start(h.config(&[])).await;
+    let manifest = h.dir.path().join("manifest.json");
+    std::fs::write(
+        &manifest,
+        json!({"agent": {"name": "from-file", "kind": "delegated-cli", "runtime_agent": "claude-code"},
+               "intent": {"purpose": "a manifest file"},
+               "allow": {"hosts": ["*.example.com"], "tools": ["gh/search"]},
+               "budget": {"tokens": 900}})
+        .to_string(),
+    )
+    .unwrap();
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let out = leasegate_sync(&[
+        "issue",
+        "--admin",
+        &admin,
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--tool",
+        "gh/issues",
+        "--approval",
+        "external.write",
+        "--cost-usd",
+        "1.5",
+        "--idempotency-key",
+        "cli-1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let id = lines[0];
+    assert_eq!(lines[1], token::mint(&h.key, id));
+    assert!(lines[2].starts_with("expires_at "), "{stdout}");
+    // Served at once, by the proxy's own signature.
+    let (status, view) =
+        crate::support::harness::admin_get(&server, &format!("/leases/{id}")).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["agent"], "from-file");
+    let granted = records(&h, "granted");
+    let m = &granted[0]["lease"]["manifest"];
+    assert_eq!(m["allow"]["tools"], json!(["gh/search", "gh/issues"]));
+    assert_eq!(m["approvals"], json!(["external.write"]));
+    assert_eq!(m["budget"]["tokens"], 900);
+    assert_eq!(m["budget"]["cost_usd"], 1.5);
+    assert_eq!(m["agent"]["runtime_agent"], "claude-code");
+    // The same key again: the same lease.
+    let again = leasegate_sync(&[
+        "issue",
+        "--admin",
+        &admin,
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--tool",
+        "gh/issues",
+        "--approval",
+        "external.write",
+        "--cost-usd",
+        "1.5",
+        "--idempotency-key",
+        "cli-1",
+        "--print",
+        "id",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), id);
+    // A child into the journal file: narrowed to its parent, and it says so.
+    let out = leasegate_sync(&[
+        "issue",
+        "--journal",
+        h.journal.to_str().unwrap(),
+        "--key-file",
+        h.key_path.to_str().unwrap(),
+        "--parent",
+        id,
+        "--allow-host",
+        "api.example.com,evil.test",
+        "--tokens",
+        "5000",
+        "--print",
+        "id",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("narrowed: allow.hosts -1")
+            && stderr.contains("narrowed: budget.tokens 5000→900"),
+        "{stderr}"
+    );
+    let child = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let granted = records(&h, "granted");
+    let last = granted.last().unwrap();
+    assert_eq!(last["lease_id"], child.as_str());
+    assert_eq!(
+        last["lease"]["manifest"]["allow"]["hosts"],
+        json!(["api.example.com"])
+    );
+    assert_eq!(
+        last["lease"]["manifest"]["approvals"],
+        json!(["external.write"])
+    );
+    // A refusal through the admin API is the API's words and codes, exit 1.
+    let out = leasegate_sync(&[
+        "issue",
+        "--admin",
+        &admin,
+        "--allow-host",
+        "a.test",
+        "--purpose",
+        " ",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("422") && stderr.contains("(R1)"),
+        "{stderr}"
+    );
+    server.shutdown().await;
+}

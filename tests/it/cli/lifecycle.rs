@@ -55,7 +55,7 @@ fn issue_verify_leases_revoke_round_trip() {
     let parent = succeeded(&out).lines().next().unwrap().to_owned();
     assert_eq!(parent.len(), 36);
 
-    // A child must stay inside its parent's hosts.
+    // A child must stay inside its parent's hosts: one that names none of them is refused.
     let out = run(&[
         "issue",
         "--journal",
@@ -68,7 +68,11 @@ fn issue_verify_leases_revoke_round_trip() {
         &parent,
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not contained"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refused (R2)") && stderr.contains("within parent lease"),
+        "{stderr}"
+    );
     let out = run(&[
         "issue",
         "--journal",
@@ -314,7 +318,8 @@ fn check_explains_the_verdict_and_the_deciding_pattern() {
         stdout(&out)
     );
     assert!(
-        stdout(&out).contains(&format!("denied by bad.example.com in lease {parent}")),
+        // The child carries its parent's denials (deny lists are united at issue).
+        stdout(&out).contains(&format!("denied by bad.example.com in lease {child}")),
         "{}",
         stdout(&out)
     );

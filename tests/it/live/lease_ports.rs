@@ -91,6 +91,7 @@ async fn colliding_leases(h: &Harness, range: &RangeInclusive<u16>) -> [String; 
             &scratch_journal,
             &h.key,
             &leasegate::commands::issue::IssueRequest {
+                manifest: serde_json::json!({}),
                 allow_hosts: vec!["origin.test".into()],
                 deny_hosts: vec![],
                 parent: None,

@@ -289,6 +289,7 @@ fn issue_for_agent(h: &Harness, agent: &str, allow: &[&str]) -> String {
         &h.journal,
         &h.key,
         &IssueRequest {
+            manifest: serde_json::json!({}),
             allow_hosts: allow.iter().map(|s| s.to_string()).collect(),
             deny_hosts: vec![],
             parent: None,

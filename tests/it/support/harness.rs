@@ -423,6 +423,7 @@ impl Harness {
             &self.journal,
             &self.key,
             &IssueRequest {
+                manifest: serde_json::json!({}),
                 allow_hosts: strings(allow),
                 deny_hosts: strings(deny),
                 parent: parent.map(str::to_owned),
