@@ -9,3 +9,4 @@ pub mod flood;
 pub mod issue;
 pub mod operate;
 pub mod placeholders;
+pub mod python_client;
