@@ -692,3 +692,29 @@ async fn the_issue_command_takes_a_manifest_and_issues_through_the_admin_api() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_parent_issues_nothing() {
+    let h = Harness::new();
+    let server = h.start(h.config(&[])).await;
+    let mut body = asking(&["*.example.com"], json!({}), None);
+    body["lifetime_seconds"] = json!(0.2);
+    let parent = issued(&server, &body).await;
+    let id = parent["lease_id"].as_str().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let (status, answer) = post(
+        &server,
+        "/leases",
+        None,
+        &[],
+        &asking(&["a.example.com"], json!({}), Some(id)),
+    )
+    .await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["reasons"], json!(["vendor:leasegate:parent-closed"]));
+    assert!(
+        answer["error"].as_str().unwrap().contains("expired"),
+        "{answer}"
+    );
+    server.shutdown().await;
+}

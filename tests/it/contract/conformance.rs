@@ -209,3 +209,62 @@ fn only_major_version_one_is_read() {
         Err(LeaseError::UnknownMajor(2))
     ));
 }
+
+/// The issuer's rules over the contract's manifest fixtures: a valid declaration is granted,
+/// or refused only for what the contract refuses a grant for (R2: it opens nothing; R4: a
+/// native agent that is `unknown`), and every grant is schema-valid; every invalid one is
+/// refused, as schema-invalid or, without a purpose, R1.
+#[test]
+fn the_issuer_grants_or_refuses_every_manifest_fixture_as_the_contract_says() {
+    use leasegate::contract::narrow::{narrow, Ask, RootPolicy};
+    use leasegate::contract::Timestamp;
+    let now = Timestamp::parse("2026-09-15T10:00:00.000Z").unwrap();
+    let ask = |declared: &Value| {
+        narrow(&Ask {
+            declared,
+            parent: None,
+            root: RootPolicy::default(),
+            ends: now.saturating_add_millis(60_000),
+            now,
+            public_suffix_wildcards: false,
+        })
+    };
+    let mut seen = (0, 0);
+    for (dir, valid) in [("valid", true), ("invalid", false)] {
+        for entry in std::fs::read_dir(data(&format!("contract/fixtures/{dir}"))).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.starts_with("agent-lease-manifest.")
+                || !name.ends_with(".json")
+                || name.ends_with(".expect.json")
+            {
+                continue;
+            }
+            let declared = read_json(&format!("contract/fixtures/{dir}/{name}"));
+            match (ask(&declared), valid) {
+                (Ok(grant), true) => {
+                    Schema::Manifest.validate(&grant.manifest).unwrap();
+                    seen.0 += 1;
+                }
+                (Err(refused), true) => {
+                    for code in &refused.reasons {
+                        assert!(["R2", "R4"].contains(&code.as_str()), "{name}: {refused:?}");
+                    }
+                    seen.0 += 1;
+                }
+                (Err(refused), false) => {
+                    assert!(
+                        refused
+                            .reasons
+                            .iter()
+                            .any(|r| r == "runtime_error:schema_invalid" || r == "R1"),
+                        "{name}: {refused:?}"
+                    );
+                    seen.1 += 1;
+                }
+                (Ok(_), false) => panic!("{name}: an invalid manifest was granted"),
+            }
+        }
+    }
+    assert!(seen.0 >= 6 && seen.1 >= 15, "{seen:?}");
+}

@@ -15,6 +15,8 @@ mod hello;
 mod identify;
 #[path = "../../../fuzz/checks/inspect.rs"]
 mod inspect;
+#[path = "../../../fuzz/checks/issue_request.rs"]
+mod issue_request;
 #[path = "../../../fuzz/checks/journal_fold.rs"]
 mod journal_fold;
 #[path = "../../../fuzz/checks/meter.rs"]
@@ -68,6 +70,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
         ("meter", meter::check, 10),
+        ("issue_request", issue_request::check, 12),
         ("meter_request", meter_request::check, 12),
         ("path_normalise", path_normalise::check, 12),
         ("run_answer", run_answer::check, 10),
