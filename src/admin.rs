@@ -670,6 +670,7 @@ fn metrics(state: &AdminState) -> String {
             ),
             ("walks", state.walks.refused()),
         ],
+        leases_issued: state.authority.outcomes(),
         capped_grants: stats.capped_grants,
         clock: state.proxy.registry.clock().health(),
         egress_dropped: telemetry.egress.dropped(),

@@ -14,7 +14,7 @@ use crate::contract::narrow::Refusal;
 use crate::contract::Timestamp;
 use crate::intercept::ca::{BUNDLE_VARS, CA_VAR};
 use crate::intercept::Broker;
-use crate::issuer::{Ends, IssueError, Issued, Issuer, Request as IssueRequest};
+use crate::issuer::{Ends, IssueError, Issued, Issuer, Outcome, Request as IssueRequest};
 use crate::proxy::Body;
 use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -125,6 +125,7 @@ pub async fn issue(state: &AdminState, caller: &Caller, req: Request<Incoming>) 
         Issuer::Lease(id) => id.clone(),
     };
     if let Err(wait) = state.authority.rate.take(&scope) {
+        state.authority.count(Outcome::RateLimited);
         let mut response = error(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
@@ -144,19 +145,26 @@ pub async fn issue(state: &AdminState, caller: &Caller, req: Request<Incoming>) 
         None => None,
         Some(Ok(text)) => Some(text.to_owned()),
         Some(Err(_)) => {
+            state.authority.count(Outcome::Rejected);
             return error(
                 StatusCode::BAD_REQUEST,
                 "Idempotency-Key must be visible ASCII",
-            )
+            );
         }
     };
     let body = match read_body(req, MAX_BODY).await {
         Ok(body) => body,
-        Err(answer) => return answer,
+        Err(answer) => {
+            state.authority.count(Outcome::Rejected);
+            return answer;
+        }
     };
     let request = match parse(&body, key.as_deref(), issuer) {
         Ok(request) => request,
-        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+        Err(message) => {
+            state.authority.count(Outcome::Rejected);
+            return error(StatusCode::BAD_REQUEST, message);
+        }
     };
     let issued = state
         .authority
@@ -166,6 +174,7 @@ pub async fn issue(state: &AdminState, caller: &Caller, req: Request<Incoming>) 
             request,
         )
         .await;
+    state.authority.count(Outcome::of(&issued));
     match issued {
         Ok(issued) => granted(state, issued).await,
         Err(e) => refused(e),

@@ -132,6 +132,52 @@ pub struct Authority {
     /// what a replay under an idempotency key answers again (a replay elsewhere, or after a
     /// restart, answers the lease without them).
     answered: moka::sync::Cache<String, Arc<(Value, Vec<String>)>>,
+    /// Answers by outcome, indexed as [`Outcome::ALL`].
+    counted: [std::sync::atomic::AtomicU64; Outcome::ALL.len()],
+}
+
+/// How a `POST /leases` ended, as `leasegate_leases_issued_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Granted,
+    Replayed,
+    Refused,
+    Rejected,
+    RateLimited,
+    Failed,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Granted,
+        Outcome::Replayed,
+        Outcome::Refused,
+        Outcome::Rejected,
+        Outcome::RateLimited,
+        Outcome::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Granted => "granted",
+            Outcome::Replayed => "replayed",
+            Outcome::Refused => "refused",
+            Outcome::Rejected => "rejected",
+            Outcome::RateLimited => "rate-limited",
+            Outcome::Failed => "failed",
+        }
+    }
+
+    /// The outcome of an issuance that ended with `result`.
+    pub fn of(result: &Result<Issued, IssueError>) -> Outcome {
+        match result {
+            Ok(issued) if issued.replayed => Outcome::Replayed,
+            Ok(_) => Outcome::Granted,
+            Err(IssueError::Refused { .. }) => Outcome::Refused,
+            Err(IssueError::Journal(_) | IssueError::NoKey(_)) => Outcome::Failed,
+            Err(_) => Outcome::Rejected,
+        }
+    }
 }
 
 impl Authority {
@@ -144,7 +190,26 @@ impl Authority {
                 .max_capacity(ANSWERS_KEPT)
                 .time_to_live(std::time::Duration::from_secs(24 * 3600))
                 .build(),
+            counted: Default::default(),
         }
+    }
+
+    /// Counts one answer.
+    pub fn count(&self, outcome: Outcome) {
+        self.counted[outcome as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The answers so far, by outcome.
+    pub fn outcomes(&self) -> Vec<(&'static str, u64)> {
+        Outcome::ALL
+            .iter()
+            .map(|o| {
+                (
+                    o.as_str(),
+                    self.counted[*o as usize].load(std::sync::atomic::Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// Decides `request`, and on a grant appends it (and its `narrowed` record) and waits

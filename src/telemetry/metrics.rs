@@ -467,6 +467,9 @@ pub struct RegistryFigures {
     pub journal_follow_lag_seconds: f64,
     /// Admin requests answered 503 at a limit, by limit (`connections`, `walks`).
     pub admin_busy: Vec<(&'static str, u64)>,
+    /// `POST /leases` answers by outcome (`granted`, `replayed`, `refused`, `rejected`,
+    /// `rate-limited`, `failed`).
+    pub leases_issued: Vec<(&'static str, u64)>,
     /// Grants whose expiry `--max-lease-lifetime` brought forward.
     pub capped_grants: u64,
     /// The proxy's clock: how far the wall clock is behind it, and its steps back.
@@ -714,6 +717,15 @@ impl Collector for Scrape {
         )?;
         for (limit, n) in &self.figures.admin_busy {
             ConstCounter::new(*n).encode(family.encode_family(&[("limit", *limit)])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "leasegate_leases_issued",
+            "POST /leases answers by outcome: granted, replayed (an idempotency key's lease again), refused (by the issuer's rules, recorded), rejected (a request it could not read, or a caller it does not serve), rate-limited, failed (the journal did not take the grant)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in &self.figures.leases_issued {
+            ConstCounter::new(*n).encode(family.encode_family(&[("outcome", *outcome)])?)?;
         }
         let gauge = ConstGauge::new(self.figures.journal_pending_revocations as i64);
         gauge.encode(encoder.encode_descriptor(

@@ -461,6 +461,15 @@ async fn bad_bodies_and_floods_are_refused_before_anything_is_written() {
         limited += usize::from(status == 429);
     }
     assert!(limited >= 6, "{limited}");
+    let (_, metrics) = crate::support::harness::admin_text(&server, "/metrics").await;
+    let counted = |outcome: &str| {
+        crate::admin::operate::sample(
+            &metrics,
+            &format!("leasegate_leases_issued_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(counted("rate-limited"), Some(limited as f64), "{metrics}");
+    assert_eq!(counted("granted"), Some((10 - limited) as f64));
     assert!(records(&h, "granted").len() <= 4);
     // A Host that is not the admin API's is refused, with `/`, `#` or `@` in it too.
     for host in [
