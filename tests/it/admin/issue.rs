@@ -727,3 +727,36 @@ async fn an_expired_parent_issues_nothing() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_with_its_own_port_is_answered_with_the_port_open() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let server = h
+        .start_with_ports(
+            h.config(&[("origin.test", "127.0.0.1")]),
+            Some(crate::support::harness::port_range(8)),
+        )
+        .await;
+    let answer = issued(&server, &asking(&["origin.test"], json!({}), None)).await;
+    let port = answer["port"].as_u64().expect("a port of its own") as u16;
+    assert_eq!(answer["proxy_url"], format!("http://127.0.0.1:{port}"));
+    assert_eq!(answer["env"]["HTTP_PROXY"], answer["proxy_url"]);
+    // Its port serves it at once, with no credential.
+    let out = crate::support::harness::curl(
+        &[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--proxy",
+            &format!("http://127.0.0.1:{port}"),
+            &format!("http://origin.test:{}/", origin.addr.port()),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(out.body_text(), "hello from origin\n");
+    server.shutdown().await;
+}
