@@ -825,11 +825,30 @@ pub enum IssuePrint {
 
 #[derive(Debug, Args)]
 pub struct RevokeArgs {
-    #[arg(long, env = "LEASEGATE_JOURNAL")]
-    pub journal: PathBuf,
-    /// The key the revocation is signed with (the lease's own key).
-    #[arg(long, env = "LEASEGATE_KEY_FILE")]
-    pub key_file: PathBuf,
+    /// The journal to append the record to (not with --admin).
+    #[arg(
+        long,
+        env = "LEASEGATE_JOURNAL",
+        required_unless_present = "admin",
+        conflicts_with = "admin"
+    )]
+    pub journal: Option<PathBuf>,
+    /// The key the revocation is signed with (the lease's own key; not with --admin).
+    #[arg(
+        long,
+        env = "LEASEGATE_KEY_FILE",
+        required_unless_present = "admin",
+        conflicts_with = "admin"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// Revoke through a running proxy's admin API (`POST /leases/{id}/revoke`): the lease is
+    /// closed on every replica and its tunnels torn down before this prints, so a `run` right
+    /// after it refuses.
+    #[arg(long, env = "LEASEGATE_REVOKE_ADMIN")]
+    pub admin: Option<String>,
+    /// With --admin: a file holding the admin token.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE", requires = "admin")]
+    pub admin_token_file: Option<PathBuf>,
     /// The lease to revoke.
     #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
     pub lease: String,

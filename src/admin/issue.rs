@@ -195,10 +195,14 @@ async fn granted(state: &AdminState, issued: Issued) -> Response<Body> {
     let now = state.proxy.registry.now();
     // The caller asked for it: the operator, or the parent's own token.
     let Some(view) = lease_view(state, &id, now, 0, true) else {
-        return error(
+        let mut response = error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("lease {id} was granted but is not in the registry any more"),
         );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        return response;
     };
     let snapshot = state.proxy.registry.snapshot();
     let token = snapshot

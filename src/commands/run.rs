@@ -198,7 +198,9 @@ async fn served(
         };
         if tokio::time::Instant::now() >= deadline {
             return Err(match last {
-                RunError::Unreachable { .. } if wait.is_zero() => last,
+                // Not asked to wait, or no admin API answering at all: said as it is.
+                last if wait.is_zero() => last,
+                last @ RunError::Unreachable { .. } => last,
                 last => RunError::NotServed {
                     lease: lease.to_owned(),
                     url: admin.shown().to_owned(),

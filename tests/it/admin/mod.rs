@@ -7,6 +7,7 @@ pub mod dashboard;
 pub mod dashboard_api;
 pub mod flood;
 pub mod issue;
+pub mod openapi;
 pub mod operate;
 pub mod placeholders;
 pub mod python_client;

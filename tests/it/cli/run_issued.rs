@@ -106,6 +106,46 @@ async fn run_never_starts_under_a_closed_lease_and_says_why() {
             && stderr.contains(": the task was cancelled"),
         "{stderr}"
     );
+    // `revoke --admin` answers once the revocation is folded: no race with the next `run`.
+    for n in 1..=20 {
+        let (id, token) = issue(&server, h.dir.path(), n).await;
+        let out = crate::support::leasegate_sync(&[
+            "revoke",
+            "--admin",
+            &admin,
+            "--lease",
+            &id,
+            "--reason",
+            "cancelled",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("revoked {id}")
+        );
+        let (code, _, stderr) = run(
+            &[
+                "run",
+                "--lease",
+                &id,
+                "--lease-token-file",
+                &token,
+                "--admin",
+                &admin,
+                "--",
+                "touch",
+                marker.to_str().unwrap(),
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(code, Some(125), "try {n}: {stderr}");
+        assert!(!marker.exists());
+    }
     server.shutdown().await;
 }
 

@@ -553,7 +553,8 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
     )
     .unwrap();
     assert_eq!(
-        run(unknown, Some(&unknown_token), &[], &echo).await,
+        // Without waiting: the admin API's own answer.
+        run(unknown, Some(&unknown_token), &["--wait", "0s"], &echo).await,
         (
             Some(125),
             String::new(),
@@ -587,8 +588,8 @@ async fn run_says_what_the_admin_api_answered_and_exits_as_shells_do() {
     assert_eq!(run(&lease, Some(&token), &[], &[dir]).await.0, Some(126));
     server.shutdown().await;
 
-    // Only a proxy that is not there is "cannot reach".
-    let (code, _, stderr) = run(&lease, Some(&token), &[], &echo).await;
+    // Only a proxy that is not there is "cannot reach" (once `--wait` has passed).
+    let (code, _, stderr) = run(&lease, Some(&token), &["--wait", "200ms"], &echo).await;
     assert_eq!(code, Some(125));
     assert!(
         stderr.starts_with(&format!(

@@ -783,7 +783,6 @@ pub async fn all_leases(server: &Server) -> Option<Vec<Value>> {
     }
 }
 
-/// `GET path` on the admin API: status and JSON body.
 /// A request to the admin API with an optional bearer token and more header fields: its
 /// status and body text.
 pub async fn admin_call(
@@ -814,12 +813,14 @@ pub async fn admin_call(
         .as_bytes(),
     )
     .await;
+    super::openapi::check(method, path, &answer);
     (
         status_of(&answer),
         answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned(),
     )
 }
 
+/// `GET path` on the admin API: status and JSON body.
 pub async fn admin_get(server: &Server, path: &str) -> (u16, Value) {
     let (status, body) = admin_text(server, path).await;
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
@@ -841,6 +842,7 @@ pub async fn admin_text(server: &Server, path: &str) -> (u16, String) {
         format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await;
+    super::openapi::check("GET", path, &answer);
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
     (status_of(&answer), body.to_owned())
 }

@@ -7,6 +7,7 @@ pub mod model_api;
 pub mod model_proxy;
 pub mod nats;
 pub mod netns;
+pub mod openapi;
 pub mod tls_hello;
 
 use leasegate::contract::lease::sign;
