@@ -14,6 +14,7 @@ use super::schema::{Schema, SchemaIssue};
 use super::Timestamp;
 use crate::policy::HostPattern;
 use serde_json::{json, Map, Value};
+use std::collections::{HashMap, HashSet};
 
 /// The most a `narrowed` or `refused` record's `reason` holds (the contract's bound).
 const SUMMARY_MAX_CHARS: usize = 500;
@@ -420,21 +421,20 @@ fn narrow_to_parent(
     let empty = Terms::default();
     let terms = lease.terms.as_deref().unwrap_or(&empty);
     let allow = &mut granted["allow"];
-    intersect(allow, "hosts", &lease.allow_hosts, host_contains, narrowed);
-    intersect(allow, "tools", &terms.tools, |p, c| p == c, narrowed);
-    intersect(allow, "commands", &terms.commands, |p, c| p == c, narrowed);
+    let exact = |list: &[String]| Exact(list.iter().cloned().collect());
+    intersect(allow, "hosts", &Hosts::new(&lease.allow_hosts), narrowed);
+    intersect(allow, "tools", &exact(&terms.tools), narrowed);
+    intersect(allow, "commands", &exact(&terms.commands), narrowed);
     intersect(
         allow,
         "read_paths",
-        &terms.read_paths,
-        glob_contains,
+        &Paths::new(&terms.read_paths),
         narrowed,
     );
     intersect(
         allow,
         "write_paths",
-        &terms.write_paths,
-        glob_contains,
+        &Paths::new(&terms.write_paths),
         narrowed,
     );
     let deny = &mut granted["deny"];
@@ -475,62 +475,198 @@ fn narrow_to_parent(
     Ok(())
 }
 
-fn host_contains(parent: &str, child: &str) -> bool {
-    match (HostPattern::parse(parent), HostPattern::parse(child)) {
-        (Ok(parent), Ok(child)) => parent.contains(&child),
-        // A malformed entry of either contains nothing.
-        _ => false,
+/// A parent's list, indexed so that a child's list of n entries is intersected with it in
+/// O(n × labels), not O(n × the parent's length): a request may name thousands of entries
+/// against a parent of thousands (a grant holds up to a record's size).
+trait Within {
+    /// Whether a parent entry covers all of `child`.
+    fn covers(&self, child: &str) -> bool;
+    /// The parent entries `child` covers (where `child` is wider than what the parent has).
+    fn under(&self, child: &str) -> Vec<String>;
+}
+
+/// Exact entries (tools, commands): equal or nothing.
+struct Exact(HashSet<String>);
+
+impl Within for Exact {
+    fn covers(&self, child: &str) -> bool {
+        self.0.contains(child)
+    }
+
+    fn under(&self, _: &str) -> Vec<String> {
+        Vec::new()
     }
 }
 
-/// Whether the path glob `parent` covers every path `child` does: equal, `**`, or `dir/**`
-/// over anything under `dir/`. Anything else is not known to be covered, so not granted.
-fn glob_contains(parent: &str, child: &str) -> bool {
-    if parent == child || parent == "**" {
-        return true;
-    }
-    match parent.strip_suffix("**") {
-        Some(dir) if dir.ends_with('/') => child.starts_with(dir),
-        _ => false,
+/// Host patterns, as [`HostPattern::contains`] orders them: `*` covers all, `*.x` its strict
+/// subdomains and `*.sub.x` (and itself), a name only itself. A malformed entry covers nothing.
+struct Hosts {
+    any: bool,
+    names: HashSet<String>,
+    /// `x` of each `*.x`.
+    wildcards: HashSet<String>,
+    /// By each domain strictly above an entry (and `x` itself for `*.x`): the entries there.
+    below: HashMap<String, Vec<String>>,
+    all: Vec<String>,
+}
+
+/// The proper label suffixes of `name` (`a.b.c` → `b.c`, `c`).
+fn suffixes(name: &str) -> impl Iterator<Item = &str> {
+    name.match_indices('.').map(move |(i, _)| &name[i + 1..])
+}
+
+impl Hosts {
+    fn new(parent: &[String]) -> Hosts {
+        let mut hosts = Hosts {
+            any: false,
+            names: HashSet::new(),
+            wildcards: HashSet::new(),
+            below: HashMap::new(),
+            all: Vec::new(),
+        };
+        for entry in parent {
+            let Ok(pattern) = HostPattern::parse(entry) else {
+                continue;
+            };
+            let text = pattern.to_string();
+            let domain = match &pattern {
+                HostPattern::Any => {
+                    hosts.any = true;
+                    hosts.all.push(text);
+                    continue;
+                }
+                HostPattern::Exact(name) => {
+                    hosts.names.insert(name.clone());
+                    name.clone()
+                }
+                HostPattern::Subdomains(x) => {
+                    hosts.wildcards.insert(x.clone());
+                    hosts.below.entry(x.clone()).or_default().push(text.clone());
+                    x.clone()
+                }
+            };
+            for above in suffixes(&domain) {
+                hosts
+                    .below
+                    .entry(above.to_owned())
+                    .or_default()
+                    .push(text.clone());
+            }
+            hosts.all.push(text);
+        }
+        hosts
     }
 }
 
-/// `value[list]` intersected with the parent's `parent` list under `contains(parent, child)`:
-/// a child entry within a parent entry is kept; a child entry wider than a parent entry gives
-/// way to it; anything else is dropped. Each change is said.
-fn intersect(
-    value: &mut Value,
-    list: &str,
-    parent: &[String],
-    contains: impl Fn(&str, &str) -> bool,
-    narrowed: &mut Vec<String>,
-) {
+impl Within for Hosts {
+    fn covers(&self, child: &str) -> bool {
+        if self.any {
+            return HostPattern::parse(child).is_ok();
+        }
+        match HostPattern::parse(child) {
+            Ok(HostPattern::Exact(name)) => {
+                self.names.contains(&name) || suffixes(&name).any(|s| self.wildcards.contains(s))
+            }
+            Ok(HostPattern::Subdomains(x)) => {
+                self.wildcards.contains(&x) || suffixes(&x).any(|s| self.wildcards.contains(s))
+            }
+            _ => false,
+        }
+    }
+
+    fn under(&self, child: &str) -> Vec<String> {
+        match HostPattern::parse(child) {
+            Ok(HostPattern::Any) => self.all.clone(),
+            Ok(HostPattern::Subdomains(x)) => self.below.get(&x).cloned().unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Path globs: `**` covers all, `dir/**` anything under `dir/`, any other glob only itself.
+/// Anything else is not known to be covered, so not granted.
+struct Paths {
+    any: bool,
+    globs: HashSet<String>,
+    /// `dir/` of each `dir/**`.
+    dirs: HashSet<String>,
+    /// By each `dir/` an entry lies under: the entries there.
+    below: HashMap<String, Vec<String>>,
+    all: Vec<String>,
+}
+
+impl Paths {
+    fn new(parent: &[String]) -> Paths {
+        let mut paths = Paths {
+            any: false,
+            globs: HashSet::new(),
+            dirs: HashSet::new(),
+            below: HashMap::new(),
+            all: parent.to_vec(),
+        };
+        for entry in parent {
+            paths.globs.insert(entry.clone());
+            if entry == "**" {
+                paths.any = true;
+            } else if let Some(dir) = entry.strip_suffix("**").filter(|d| d.ends_with('/')) {
+                paths.dirs.insert(dir.to_owned());
+            }
+            for (i, _) in entry.match_indices('/') {
+                paths
+                    .below
+                    .entry(entry[..=i].to_owned())
+                    .or_default()
+                    .push(entry.clone());
+            }
+        }
+        paths
+    }
+}
+
+impl Within for Paths {
+    fn covers(&self, child: &str) -> bool {
+        self.any
+            || self.globs.contains(child)
+            || child
+                .match_indices('/')
+                .any(|(i, _)| self.dirs.contains(&child[..=i]))
+    }
+
+    fn under(&self, child: &str) -> Vec<String> {
+        if child == "**" {
+            return self.all.clone();
+        }
+        match child.strip_suffix("**").filter(|d| d.ends_with('/')) {
+            Some(dir) => self.below.get(dir).cloned().unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// `value[list]` intersected with the parent's list: a child entry within a parent entry is
+/// kept; a child entry wider than parent entries gives way to them; anything else is dropped.
+/// Each change is said.
+fn intersect(value: &mut Value, list: &str, parent: &impl Within, narrowed: &mut Vec<String>) {
     let asked: Vec<String> = strings(&value[list]);
     let mut kept: Vec<String> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
     let mut dropped = 0;
-    let keep = |entry: &str, kept: &mut Vec<String>| {
-        if !kept.iter().any(|k| k == entry) {
-            kept.push(entry.to_owned());
+    let mut keep = |entry: String, kept: &mut Vec<String>| {
+        if seen.insert(entry.clone()) {
+            kept.push(entry);
         }
     };
-    for entry in &asked {
-        if parent.iter().any(|p| contains(p, entry)) {
+    for entry in asked {
+        if parent.covers(&entry) {
             keep(entry, &mut kept);
             continue;
         }
-        let within: Vec<&String> = parent.iter().filter(|p| contains(entry, p)).collect();
+        let within = parent.under(&entry);
         if within.is_empty() {
             dropped += 1;
             continue;
         }
-        narrowed.push(format!(
-            "allow.{list} {entry} → {}",
-            within
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        narrowed.push(format!("allow.{list} {entry} → {}", within.join(", ")));
         for p in within {
             keep(p, &mut kept);
         }
@@ -545,8 +681,9 @@ fn intersect(
 fn unite(value: &mut Value, list: &str, name: &str, parent: &[String], narrowed: &mut Vec<String>) {
     let mut united: Vec<String> = strings(&value[list]);
     let before = united.len();
+    let mut seen: HashSet<String> = united.iter().cloned().collect();
     for entry in parent {
-        if !united.contains(entry) {
+        if seen.insert(entry.clone()) {
             united.push(entry.clone());
         }
     }

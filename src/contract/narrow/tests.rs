@@ -302,3 +302,80 @@ fn members_the_contract_does_not_name_are_refused_not_carried() {
         assert!(refused.reason.contains(key), "{}", refused.reason);
     }
 }
+
+mod index {
+    use super::super::{Hosts, Paths, Within};
+    use crate::policy::HostPattern;
+    use proptest::prelude::*;
+
+    fn host() -> impl Strategy<Value = String> {
+        let label = prop::sample::select(vec!["a", "b", "c", "example", "com"]);
+        (prop::collection::vec(label, 1..4), 0..3u8).prop_map(|(labels, kind)| {
+            let name = labels.join(".");
+            match kind {
+                0 => format!("*.{name}"),
+                1 if labels.len() == 1 => "*".to_owned(),
+                _ => name,
+            }
+        })
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let part = prop::sample::select(vec!["src", "lib", "a", "**", "x.rs"]);
+        prop::collection::vec(part, 1..4).prop_map(|parts| parts.join("/"))
+    }
+
+    fn glob_contains(parent: &str, child: &str) -> bool {
+        parent == child
+            || parent == "**"
+            || parent
+                .strip_suffix("**")
+                .is_some_and(|dir| dir.ends_with('/') && child.starts_with(dir))
+    }
+
+    proptest! {
+        /// The index answers what comparing every pair answers.
+        #[test]
+        fn hosts_index_agrees_with_pairwise_containment(
+            parent in prop::collection::vec(host(), 0..6),
+            child in host(),
+        ) {
+            let index = Hosts::new(&parent);
+            let pat = |t: &str| HostPattern::parse(t).unwrap();
+            let c = pat(&child);
+            prop_assert_eq!(index.covers(&child), parent.iter().any(|p| pat(p).contains(&c)));
+            let mut under = index.under(&child);
+            under.sort();
+            under.dedup();
+            let mut expected: Vec<String> = parent
+                .iter()
+                .filter(|p| c.contains(&pat(p)) && **p != child)
+                .map(|p| pat(p).to_string())
+                .collect();
+            expected.sort();
+            expected.dedup();
+            if !index.covers(&child) {
+                prop_assert_eq!(under, expected);
+            }
+        }
+
+        #[test]
+        fn paths_index_agrees_with_pairwise_containment(
+            parent in prop::collection::vec(path(), 0..6),
+            child in path(),
+        ) {
+            let index = Paths::new(&parent);
+            prop_assert_eq!(index.covers(&child), parent.iter().any(|p| glob_contains(p, &child)));
+            if !index.covers(&child) {
+                let mut under = index.under(&child);
+                under.sort();
+                under.dedup();
+                let mut expected: Vec<String> =
+                    parent.iter().filter(|p| glob_contains(&child, p)).cloned().collect();
+                expected.sort();
+                expected.dedup();
+                prop_assert_eq!(under, expected);
+            }
+        }
+    }
+}
