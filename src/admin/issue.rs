@@ -4,7 +4,7 @@
 //! Invariant: the answer comes only after the grant is folded (so a request or a `run` right
 //! after it is served); a credential goes only to the caller that asked (the operator, or the
 //! parent lease's own token); the body is read within [`MAX_BODY`] bytes and
-//! [`super::BODY_TIMEOUT`], and a caller over its rate is answered 429 before anything is
+//! the admin API's body timeout (10 s), and a caller over its rate is answered 429 before anything is
 //! read or written.
 
 use super::caller::Caller;
