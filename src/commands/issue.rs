@@ -406,14 +406,10 @@ fn name_and_purpose(args: &IssueArgs, manifest: &Value) -> (String, String) {
     (name, purpose)
 }
 
-/// `issue --admin`: `POST /leases` to a running proxy.
-fn through_admin(
-    args: &IssueArgs,
-    admin: &str,
-    manifest: Value,
-) -> Result<(Issued, String), IssueError> {
+/// What `args` ask for, with `manifest` (see [`manifest_of`]), now.
+fn request_of(args: &IssueArgs, manifest: Value) -> IssueRequest {
     let (name, purpose) = name_and_purpose(args, &manifest);
-    let request = IssueRequest {
+    IssueRequest {
         manifest,
         allow_hosts: args.allow_hosts.clone(),
         deny_hosts: args.deny_hosts.clone(),
@@ -422,7 +418,16 @@ fn through_admin(
         name,
         purpose,
         now: Timestamp::now(),
-    };
+    }
+}
+
+/// `issue --admin`: `POST /leases` to a running proxy.
+fn through_admin(
+    args: &IssueArgs,
+    admin: &str,
+    manifest: Value,
+) -> Result<(Issued, String), IssueError> {
+    let request = request_of(args, manifest);
     let mut manifest = declared(&request)?;
     // The proxy completes it itself; the parent goes beside it.
     if let Some(object) = manifest.as_object_mut() {
@@ -496,21 +501,7 @@ pub fn exec(args: IssueArgs) -> CliResult {
         (Some(admin), _, _) => through_admin(&args, admin, manifest)?,
         (None, Some(journal), Some(key_file)) => {
             let key = dev::signing_key(key_file)?;
-            let (name, purpose) = name_and_purpose(&args, &manifest);
-            let issued = issue(
-                journal,
-                &key,
-                &IssueRequest {
-                    manifest,
-                    allow_hosts: args.allow_hosts.clone(),
-                    deny_hosts: args.deny_hosts.clone(),
-                    parent: args.parent.clone(),
-                    ttl: args.ttl,
-                    name,
-                    purpose,
-                    now: Timestamp::now(),
-                },
-            )?;
+            let issued = issue(journal, &key, &request_of(&args, manifest))?;
             let token = token::mint(&key, &issued.lease_id);
             (issued, token)
         }

@@ -588,21 +588,26 @@ async fn the_issue_command_takes_a_manifest_and_issues_through_the_admin_api() {
     )
     .unwrap();
     let admin = format!("http://{}", server.admin_addr.unwrap());
-    let out = leasegate_sync(&[
-        "issue",
-        "--admin",
-        &admin,
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--tool",
-        "gh/issues",
-        "--approval",
-        "external.write",
-        "--cost-usd",
-        "1.5",
-        "--idempotency-key",
-        "cli-1",
-    ]);
+    let from_file = |more: &[&str]| {
+        let mut argv = vec![
+            "issue",
+            "--admin",
+            &admin,
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--tool",
+            "gh/issues",
+            "--approval",
+            "external.write",
+            "--cost-usd",
+            "1.5",
+            "--idempotency-key",
+            "cli-1",
+        ];
+        argv.extend(more);
+        leasegate_sync(&argv)
+    };
+    let out = from_file(&[]);
     assert!(
         out.status.success(),
         "{}",
@@ -626,23 +631,7 @@ async fn the_issue_command_takes_a_manifest_and_issues_through_the_admin_api() {
     assert_eq!(m["budget"]["cost_usd"], 1.5);
     assert_eq!(m["agent"]["runtime_agent"], "claude-code");
     // The same key again: the same lease.
-    let again = leasegate_sync(&[
-        "issue",
-        "--admin",
-        &admin,
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--tool",
-        "gh/issues",
-        "--approval",
-        "external.write",
-        "--cost-usd",
-        "1.5",
-        "--idempotency-key",
-        "cli-1",
-        "--print",
-        "id",
-    ]);
+    let again = from_file(&["--print", "id"]);
     assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), id);
     // A child into the journal file: narrowed to its parent, and it says so.
     let out = leasegate_sync(&[

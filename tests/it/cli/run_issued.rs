@@ -23,6 +23,27 @@ async fn issue(server: &Server, dir: &std::path::Path, n: usize) -> (String, Str
     (id, path.display().to_string())
 }
 
+/// `leasegate run --lease LEASE --lease-token-file TOKEN --admin ADMIN ARGS...`: exit code,
+/// stdout, stderr.
+async fn run_lease(
+    lease: &str,
+    token: &str,
+    admin: &str,
+    args: &[&str],
+) -> (Option<i32>, String, String) {
+    let mut argv = vec![
+        "run",
+        "--lease",
+        lease,
+        "--lease-token-file",
+        token,
+        "--admin",
+        admin,
+    ];
+    argv.extend(args);
+    run(&argv, &[]).await
+}
+
 fn admin_url(server: &Server) -> String {
     format!("http://{}", server.admin_addr.unwrap())
 }
@@ -44,23 +65,8 @@ async fn run_is_served_the_instant_post_leases_answers() {
     for n in 0..100 {
         let (id, token) = issue(&server, h.dir.path(), n).await;
         // No waiting allowed: a lease the proxy had not folded would be a 404 here.
-        let (code, _, stderr) = run(
-            &[
-                "run",
-                "--lease",
-                &id,
-                "--lease-token-file",
-                &token,
-                "--admin",
-                &admin,
-                "--wait",
-                "0s",
-                "--",
-                "true",
-            ],
-            &[],
-        )
-        .await;
+        let (code, _, stderr) =
+            run_lease(&id, &token, &admin, &["--wait", "0s", "--", "true"]).await;
         assert_eq!(code, Some(0), "try {n}: {stderr}");
     }
     server.shutdown().await;
@@ -83,20 +89,11 @@ async fn run_never_starts_under_a_closed_lease_and_says_why() {
     .await;
     assert_eq!(status, 200);
     let marker = h.dir.path().join("started");
-    let (code, _, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &id,
-            "--lease-token-file",
-            &token,
-            "--admin",
-            &admin,
-            "--",
-            "touch",
-            marker.to_str().unwrap(),
-        ],
-        &[],
+    let (code, _, stderr) = run_lease(
+        &id,
+        &token,
+        &admin,
+        &["--", "touch", marker.to_str().unwrap()],
     )
     .await;
     assert_eq!(code, Some(125), "{stderr}");
@@ -127,20 +124,11 @@ async fn run_never_starts_under_a_closed_lease_and_says_why() {
             String::from_utf8_lossy(&out.stdout).trim(),
             format!("revoked {id}")
         );
-        let (code, _, stderr) = run(
-            &[
-                "run",
-                "--lease",
-                &id,
-                "--lease-token-file",
-                &token,
-                "--admin",
-                &admin,
-                "--",
-                "touch",
-                marker.to_str().unwrap(),
-            ],
-            &[],
+        let (code, _, stderr) = run_lease(
+            &id,
+            &token,
+            &admin,
+            &["--", "touch", marker.to_str().unwrap()],
         )
         .await;
         assert_eq!(code, Some(125), "try {n}: {stderr}");
@@ -198,22 +186,8 @@ async fn complete_on_exit_completes_on_zero_and_stops_otherwise() {
     let server = h.start(h.config(&[])).await;
     let admin = admin_url(&server);
     let (done, token) = issue(&server, h.dir.path(), 0).await;
-    let (code, _, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &done,
-            "--lease-token-file",
-            &token,
-            "--admin",
-            &admin,
-            "--complete-on-exit",
-            "--",
-            "true",
-        ],
-        &[],
-    )
-    .await;
+    let (code, _, stderr) =
+        run_lease(&done, &token, &admin, &["--complete-on-exit", "--", "true"]).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stderr.contains(&format!("lease {done} completed")),
@@ -225,22 +199,11 @@ async fn complete_on_exit_completes_on_zero_and_stops_otherwise() {
     assert_eq!(completed[0]["reason"], "the agent exited with code 0");
 
     let (failed, token) = issue(&server, h.dir.path(), 1).await;
-    let (code, _, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &failed,
-            "--lease-token-file",
-            &token,
-            "--admin",
-            &admin,
-            "--complete-on-exit",
-            "--",
-            "sh",
-            "-c",
-            "exit 3",
-        ],
-        &[],
+    let (code, _, stderr) = run_lease(
+        &failed,
+        &token,
+        &admin,
+        &["--complete-on-exit", "--", "sh", "-c", "exit 3"],
     )
     .await;
     assert_eq!(code, Some(3), "the child's code stays ours: {stderr}");
@@ -249,21 +212,7 @@ async fn complete_on_exit_completes_on_zero_and_stops_otherwise() {
     assert_eq!(stopped[0]["lease_id"], failed);
     assert_eq!(stopped[0]["reason"], "the agent exited with code 3");
     // The lease is closed: a second run does not start.
-    let (code, _, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &failed,
-            "--lease-token-file",
-            &token,
-            "--admin",
-            &admin,
-            "--",
-            "true",
-        ],
-        &[],
-    )
-    .await;
+    let (code, _, stderr) = run_lease(&failed, &token, &admin, &["--", "true"]).await;
     assert_eq!(code, Some(125));
     assert!(stderr.contains("status stopped, stopped at "), "{stderr}");
     server.shutdown().await;

@@ -30,6 +30,20 @@ fn asking(host: &str, budget: Value, parent: Option<&str>) -> Value {
     body
 }
 
+/// A one-node NATS cluster with two replicas on its stream `LG` (`None`: no nats-server, and
+/// not in CI).
+async fn two_replicas() -> Option<(NatsCluster, Harness, Server, Server)> {
+    if nats_missing() {
+        return None;
+    }
+    let cluster = NatsCluster::start(1);
+    let _stream = cluster.journal("LG").await;
+    let h = Harness::new();
+    let a = replica(&h, &cluster, "LG", "a").await;
+    let c = replica(&h, &cluster, "LG", "c").await;
+    Some((cluster, h, a, c))
+}
+
 /// How many children of `parent` replica `server` lists.
 async fn children(server: &Server, parent: &str) -> usize {
     let (status, page) = admin_get(server, &format!("/leases?parent={parent}")).await;
@@ -39,14 +53,9 @@ async fn children(server: &Server, parent: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_never_exceed_a_parents_fan_out() {
-    if nats_missing() {
+    let Some((_cluster, _h, a, c)) = two_replicas().await else {
         return;
-    }
-    let cluster = NatsCluster::start(1);
-    let _stream = cluster.journal("LG").await;
-    let h = Harness::new();
-    let a = replica(&h, &cluster, "LG", "a").await;
-    let c = replica(&h, &cluster, "LG", "c").await;
+    };
     for round in 0..10 {
         let (status, parent) =
             post(&a, &[], &asking("*.x.test", json!({"fan_out": 1}), None)).await;
@@ -87,14 +96,9 @@ async fn two_replicas_never_exceed_a_parents_fan_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_names_one_lease_on_every_replica() {
-    if nats_missing() {
+    let Some((_cluster, _h, a, c)) = two_replicas().await else {
         return;
-    }
-    let cluster = NatsCluster::start(1);
-    let _stream = cluster.journal("LG").await;
-    let h = Harness::new();
-    let a = replica(&h, &cluster, "LG", "a").await;
-    let c = replica(&h, &cluster, "LG", "c").await;
+    };
     for round in 0..10 {
         let key = format!("job-{round}");
         let headers = [("Idempotency-Key", key.as_str())];
