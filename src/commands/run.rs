@@ -1,12 +1,15 @@
 //! `leasegate run`: spawn an agent already pointed at its lease.
 //!
-//! Invariant: the child starts only if the admin API says the lease opens now; it sees the
+//! Invariant: the child starts only if the admin API says the lease opens now (a lease it
+//! does not know yet, or an admin API not up yet, is asked again until `--wait` has passed;
+//! a closed one is never started under, and what closed it is said); it sees the
 //! proxy in every variable clients read (upper and lower case) and no other proxy setting
 //! (see `child_env`: the proxy's host is the operator's, never the admin API's); the child's
 //! exit code (or 128+signal) becomes ours. As in shells, a command that is not found exits 127
 //! and one that cannot be executed 126; every failure of our own exits 125, and says what the
 //! admin API answered rather than that it cannot be reached. SIGINT and SIGTERM reach the
-//! child.
+//! child. With `--complete-on-exit` the lease is completed (exit 0) or stopped (anything else)
+//! with its own token when the child ends; that never changes the exit code.
 //!
 //! Nothing wider than the lease is ever in the child's reach: `run` holds no operator
 //! credential (it takes the lease's own proxy token, `--lease-token-file`, and refuses the

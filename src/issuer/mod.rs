@@ -309,8 +309,15 @@ impl Authority {
             key,
             now,
         )?;
+        // Its `narrowed` record goes right after it, read back in the same wait.
+        let narrowed = match grant.narrowed.is_empty() {
+            true => None,
+            false => record::narrowed(&lease_id, parent.as_deref(), &grant.summary(), now)
+                .map_err(|e| tracing::warn!(lease = %lease_id, error = %e, "the narrowed record would not validate"))
+                .ok(),
+        };
         registry
-            .append_and_fold(&granted)
+            .append_and_fold_with(&granted, narrowed.as_ref())
             .await
             .map_err(IssueError::Journal)?;
         let snapshot = registry.snapshot();
@@ -320,10 +327,6 @@ impl Authority {
                 if lease.terms.as_ref().and_then(|t| t.request.as_deref()) == Some(&digest) =>
             {
                 let lease = lease.clone();
-                if !grant.narrowed.is_empty() {
-                    self.note_narrowed(registry, &lease_id, parent.as_deref(), &grant, now)
-                        .await;
-                }
                 self.answered.insert(
                     lease_id.clone(),
                     Arc::new((grant.manifest.clone(), grant.narrowed.clone())),
@@ -453,26 +456,6 @@ impl Authority {
             return Err(IssueError::TooLarge(size));
         }
         Ok(granted)
-    }
-
-    async fn note_narrowed(
-        &self,
-        registry: &Registry,
-        lease_id: &str,
-        parent: Option<&str>,
-        grant: &Grant,
-        now: Timestamp,
-    ) {
-        let appended = match record::narrowed(lease_id, parent, &grant.summary(), now) {
-            Ok(record) => registry
-                .append_and_fold(&record)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(error) = appended {
-            tracing::warn!(lease = lease_id, %error, "the lease is granted, but its narrowed record was not appended");
-        }
     }
 
     /// Appends the `refused` record of `refused` (a fresh id names it) and returns the error

@@ -789,8 +789,19 @@ impl Registry {
     /// snapshot published from then on holds it. Nothing is queued: a record the store did
     /// not take is the caller's to report (a grant not appended was never given).
     pub async fn append_and_fold(&self, record: &Value) -> Result<(), AppendError> {
+        self.append_and_fold_with(record, None).await
+    }
+
+    /// [`Registry::append_and_fold`] for `record`, with `note` (a record about it, such as its
+    /// `narrowed`) appended right after it and read back in the same wait. A `note` the store
+    /// does not take is logged, never an error: only `record` is acknowledged.
+    pub async fn append_and_fold_with(
+        &self,
+        record: &Value,
+        note: Option<&Value>,
+    ) -> Result<(), AppendError> {
         let appended = tokio::time::timeout(self.append_timeout, self.store.append(record)).await;
-        let at = match appended {
+        let mut at = match appended {
             Ok(Ok(at)) => at,
             Ok(Err(error)) => {
                 self.append_failed(error.to_string());
@@ -802,6 +813,17 @@ impl Registry {
             }
         };
         self.append_succeeded();
+        if let Some(note) = note {
+            match tokio::time::timeout(self.append_timeout, self.store.append(note)).await {
+                Ok(Ok(position)) => at = at.max(position),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, event = %note["event"], lease = %note["lease_id"], "a record about an appended one was not appended")
+                }
+                Err(_) => {
+                    tracing::warn!(event = %note["event"], lease = %note["lease_id"], timeout = ?self.append_timeout, "a record about an appended one was not appended in time")
+                }
+            }
+        }
         match self.read_until(at).await {
             true => Ok(()),
             false => Err(AppendError::NotFolded(self.append_timeout)),
