@@ -926,7 +926,7 @@ pub fn lease_view(
     let spent = state.proxy.telemetry.spending.of(id);
     if ceilings.any() || spent.subtree.calls > 0 {
         view["model"] = json!({
-            "budget": {"tokens": ceilings.tokens, "cost_usd": ceilings.cost_usd},
+            "budget": {"tokens": ceilings.tokens, "cost_usd": ceilings.cost_usd, "steps": ceilings.steps},
             "spent": spent.own,
             "subtree_spent": spent.subtree,
             "in_flight": spent.in_flight,

@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub struct Ceilings {
     pub tokens: Option<u64>,
     pub cost_usd: Option<f64>,
+    /// `budget.steps`: model calls (each metered call is one step).
+    pub steps: Option<u64>,
 }
 
 impl Ceilings {
@@ -40,14 +42,23 @@ impl Ceilings {
             .map(|b| Ceilings {
                 tokens: b.tokens,
                 cost_usd: b.cost_usd,
+                steps: b.steps,
             })
             .unwrap_or_default()
     }
 
-    /// Whether either ceiling is set.
+    /// Whether any ceiling is set.
     pub fn any(&self) -> bool {
-        self.tokens.is_some() || self.cost_usd.is_some()
+        self.tokens.is_some() || self.cost_usd.is_some() || self.steps.is_some()
     }
+}
+
+/// What a chain has left of each ceiling (`None`: no ceiling of that kind on it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Left {
+    pub tokens: Option<u64>,
+    pub cost_usd: Option<f64>,
+    pub steps: Option<u64>,
 }
 
 /// What one call reported, as charged.
@@ -361,9 +372,10 @@ impl Spending {
     pub fn remaining<'a>(
         &self,
         chain: impl IntoIterator<Item = (&'a str, Ceilings)>,
-    ) -> Result<(Option<u64>, Option<f64>), Exhausted> {
+    ) -> Result<Left, Exhausted> {
         let leases = self.lock();
-        let (mut tokens, mut cost): (Option<u64>, Option<f64>) = (None, None);
+        let (mut tokens, mut cost, mut steps): (Option<u64>, Option<f64>, Option<u64>) =
+            (None, None, None);
         for (id, budget) in chain.into_iter().filter(|(_, c)| c.any()) {
             if self.others_unknown() {
                 return Err(Exhausted::OthersUnknown);
@@ -378,8 +390,17 @@ impl Spending {
                 let left = (limit - known.subtree.cost_usd - known.in_flight.cost_usd).max(0.0);
                 cost = Some(cost.map_or(left, |c| c.min(left)));
             }
+            if let Some(limit) = budget.steps {
+                let used = known.subtree.calls.saturating_add(known.in_flight.calls);
+                let left = limit.saturating_sub(used);
+                steps = Some(steps.map_or(left, |s| s.min(left)));
+            }
         }
-        Ok((tokens, cost))
+        Ok(Left {
+            tokens,
+            cost_usd: cost,
+            steps,
+        })
     }
 
     /// The first lease of `chain` whose subtree has spent, with its calls in flight, a
@@ -395,24 +416,29 @@ impl Spending {
             }
             let known = leases.get(id).copied().unwrap_or_default();
             let (spent, held) = (known.subtree, known.in_flight);
-            if let Some(limit) = budget.tokens {
-                if spent.tokens.saturating_add(held.tokens) >= limit {
+            // Each ceiling with what counts against it: spent, and reserved by calls in flight.
+            let ceilings = [
+                (
+                    "tokens",
+                    budget.tokens.map(|t| t as f64),
+                    spent.tokens as f64,
+                    held.tokens as f64,
+                ),
+                (
+                    "steps",
+                    budget.steps.map(|s| s as f64),
+                    spent.calls as f64,
+                    held.calls as f64,
+                ),
+                ("cost_usd", budget.cost_usd, spent.cost_usd, held.cost_usd),
+            ];
+            for (ceiling, limit, spent, reserved) in ceilings {
+                if let Some(limit) = limit.filter(|limit| spent + reserved >= *limit) {
                     return Err(Exhausted::Spent {
                         lease_id: id.to_owned(),
-                        ceiling: "tokens",
-                        spent: spent.tokens as f64,
-                        reserved: held.tokens as f64,
-                        limit: limit as f64,
-                    });
-                }
-            }
-            if let Some(limit) = budget.cost_usd {
-                if spent.cost_usd + held.cost_usd >= limit {
-                    return Err(Exhausted::Spent {
-                        lease_id: id.to_owned(),
-                        ceiling: "cost_usd",
-                        spent: spent.cost_usd,
-                        reserved: held.cost_usd,
+                        ceiling,
+                        spent,
+                        reserved,
                         limit,
                     });
                 }
@@ -608,7 +634,11 @@ mod tests {
     }
 
     fn budget(tokens: Option<u64>, cost_usd: Option<f64>) -> Ceilings {
-        Ceilings { tokens, cost_usd }
+        Ceilings {
+            tokens,
+            cost_usd,
+            steps: None,
+        }
     }
 
     #[test]
@@ -632,6 +662,39 @@ mod tests {
         spending.charge(["a"], &unmetered);
         let spent = spending.of("a").own;
         assert_eq!((spent.calls, spent.unmetered, spent.tokens), (1, 1, 0));
+    }
+
+    #[test]
+    fn steps_count_model_calls_along_the_chain_in_flight_included() {
+        let spending = Arc::new(Spending::default());
+        let parent = Ceilings {
+            steps: Some(3),
+            ..Ceilings::default()
+        };
+        let chain: Vec<(Arc<str>, Ceilings)> = vec![
+            ("child".into(), Ceilings::default()),
+            ("parent".into(), parent),
+        ];
+        let ids = || chain.iter().map(|(id, c)| (&**id, *c));
+        spending.charge(["child", "parent"], &call(1, 1, None));
+        spending.charge(["sibling", "parent"], &Charge::default());
+        assert_eq!(spending.check(ids()), Ok(()), "2 of 3");
+        assert_eq!(spending.remaining(ids()).unwrap().steps, Some(1));
+        // The third, in flight, takes the last step: a fourth is refused while it runs.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let third = runtime
+            .block_on(spending.reserve(&chain, Bound::default()))
+            .unwrap();
+        let refused = spending.check(ids()).unwrap_err();
+        assert_eq!(
+            refused.refusal().detail,
+            "lease parent's budget.steps is spent: 2 of 3, and 1 reserved by calls in flight"
+        );
+        assert_eq!(spending.remaining(ids()).unwrap().steps, Some(0));
+        third.settle(call(1, 1, None));
+        assert!(spending.check(ids()).is_err(), "3 of 3");
     }
 
     #[test]

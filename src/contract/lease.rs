@@ -102,7 +102,7 @@ pub const ISSUE_REQUEST: &str = "issue_request";
 pub const WALL_CLOCK_BUDGET: &str = "budget.wall_clock_ms";
 
 /// The manifest's `budget` ceilings leasegate reads (each absent when the manifest leaves it
-/// out). `steps` is carried, not enforced: the proxy sees requests, not tool calls or turns.
+/// out). `steps` counts the model calls the meter sees (see `budget`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Budget {
     /// Model tokens, input plus output.

@@ -404,20 +404,15 @@ impl Authority {
             Err(ChainError::Unknown(_)) => return Err(Refused::parent_unknown(parent)),
             Err(e) => return Err(Refused::parent_closed(parent, &e.to_string())),
         };
-        let (tokens, cost_usd) = spending
+        let left = spending
             .remaining(chain.iter().map(|l| (l.id.as_str(), Ceilings::of(l))))
             .map_err(|e| Refused::budget_unknown(&e.refusal().detail))?;
-        // Steps are not measured here yet: what is left is the tightest ceiling.
-        let steps = chain
-            .iter()
-            .filter_map(|l| l.budget.as_ref().and_then(|b| b.steps))
-            .min();
         Ok((
             chain[0].clone(),
             Remaining {
-                tokens,
-                cost_usd,
-                steps,
+                tokens: left.tokens,
+                cost_usd: left.cost_usd,
+                steps: left.steps,
             },
         ))
     }

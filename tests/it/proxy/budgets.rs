@@ -277,7 +277,10 @@ async fn children_calling_at_once_spend_the_parents_tokens_then_only_model_calls
     assert_eq!(view["subtree_spent"]["tokens"], total);
     assert_eq!(view["subtree_spent"]["calls"], calls);
     assert_eq!(view["spent"]["tokens"], 0, "the parent made no call itself");
-    assert_eq!(view["budget"], json!({"tokens": 1000, "cost_usd": null}));
+    assert_eq!(
+        view["budget"],
+        json!({"tokens": 1000, "cost_usd": null, "steps": null})
+    );
 
     // /metrics counts the same per lease: each child's output tokens and metered calls.
     let (status, metrics) = admin_text(&m.server, "/metrics").await;
@@ -640,4 +643,40 @@ async fn three_replicas_share_a_budget_through_the_egress_stream() {
         assert_exhausted(&chat(&m, server, children[0]).await, &parent, "tokens");
         assert!(until_status(server, &parent, "open", AT_ONCE).await);
     }
+}
+
+/// `budget.steps` counts model calls: the N+1th is refused, along the chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_call_past_budget_steps_is_refused_along_the_chain() {
+    let (staged, parent) = budgeted(None, json!({"steps": 3})).await;
+    let child = staged
+        .h
+        .grant_budgeted(
+            2,
+            Some(&parent),
+            Timestamp::now(),
+            &HOSTS,
+            json!({"steps": 2}),
+        )
+        .await;
+    let sibling = staged
+        .h
+        .grant_budgeted(3, Some(&parent), Timestamp::now(), &HOSTS, json!({}))
+        .await;
+    let m = staged.start(|_| {}).await;
+    // The child's own two steps, then its own ceiling.
+    let (answered, refused) = spend(&m, &m.server, &child).await;
+    assert_eq!(answered, 2);
+    assert_exhausted(&refused, &child, "steps");
+    // The parent has one step left for the whole family.
+    let (answered, refused) = spend(&m, &m.server, &sibling).await;
+    assert_eq!(answered, 1);
+    assert_exhausted(&refused, &parent, "steps");
+    assert!(
+        refused.body_text().contains("3 of 3"),
+        "{}",
+        refused.body_text()
+    );
+    let view = model_view(&m.server, &parent).await;
+    assert_eq!(view["subtree_spent"]["calls"], 3, "{view}");
 }
