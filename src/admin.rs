@@ -135,6 +135,7 @@ impl AdminState {
             authority: crate::issuer::Authority::new(
                 crate::contract::narrow::RootPolicy::default(),
                 crate::issuer::IssueRate::new(DEFAULT_ISSUE_RATE),
+                crate::issuer::REFUSALS_RECORDED_PER_SECOND,
             ),
         })
     }
@@ -144,6 +145,7 @@ impl AdminState {
         self.authority = crate::issuer::Authority::new(
             issuing.root,
             crate::issuer::IssueRate::new(issuing.rate),
+            issuing.refusals_recorded,
         );
         self
     }

@@ -195,6 +195,8 @@ pub struct Issuing {
     pub root: crate::contract::narrow::RootPolicy,
     /// `--max-issue-rate`: leases per second per caller.
     pub rate: std::num::NonZeroU32,
+    /// `refused` records written a second, from every caller together.
+    pub refusals_recorded: std::num::NonZeroU32,
 }
 
 impl Default for Issuing {
@@ -202,6 +204,7 @@ impl Default for Issuing {
         Issuing {
             root: Default::default(),
             rate: crate::admin::DEFAULT_ISSUE_RATE,
+            refusals_recorded: crate::issuer::REFUSALS_RECORDED_PER_SECOND,
         }
     }
 }
@@ -513,6 +516,7 @@ impl ServeConfig {
                     max_fan_out: Some(args.issue_max_fan_out),
                 },
                 rate: args.max_issue_rate,
+                refusals_recorded: crate::issuer::REFUSALS_RECORDED_PER_SECOND,
             },
             broker: match (&args.secrets, &args.ca_dir) {
                 (Some(path), Some(ca_dir)) => {

@@ -30,6 +30,15 @@ use std::sync::Arc;
 /// Leases whose first answer is kept for replays.
 const ANSWERS_KEPT: u64 = 10_000;
 
+/// `refused` records written a second, from every caller together, by default: beyond, a
+/// refusal is answered (`"recorded": false`) without its record, so many leases' tokens refused
+/// at their rates cannot flood the journal.
+pub const REFUSALS_RECORDED_PER_SECOND: std::num::NonZeroU32 = match std::num::NonZeroU32::new(100)
+{
+    Some(n) => n,
+    None => unreachable!(),
+};
+
 /// Who asks for a lease (the admin API's caller, as far as issuing goes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issuer {
@@ -134,6 +143,10 @@ pub struct Authority {
     answered: moka::sync::Cache<String, Arc<(Value, Vec<String>)>>,
     /// Answers by outcome, indexed as [`Outcome::ALL`].
     counted: [std::sync::atomic::AtomicU64; Outcome::ALL.len()],
+    /// How many `refused` records may be written now.
+    refusals: governor::DefaultDirectRateLimiter,
+    /// Refusals answered without their record, logged once per episode.
+    unrecorded: std::sync::Mutex<crate::log_gate::Flood>,
 }
 
 /// How a `POST /leases` ended, as `leasegate_leases_issued_total` counts it.
@@ -181,7 +194,9 @@ impl Outcome {
 }
 
 impl Authority {
-    pub fn new(root: RootPolicy, rate: IssueRate) -> Authority {
+    /// An issuer under `root`, each caller at `rate`, at most `refusals` refused records a
+    /// second in all.
+    pub fn new(root: RootPolicy, rate: IssueRate, refusals: std::num::NonZeroU32) -> Authority {
         Authority {
             root,
             rate,
@@ -191,6 +206,8 @@ impl Authority {
                 .time_to_live(std::time::Duration::from_secs(24 * 3600))
                 .build(),
             counted: Default::default(),
+            refusals: governor::RateLimiter::direct(governor::Quota::per_second(refusals)),
+            unrecorded: Default::default(),
         }
     }
 
@@ -474,6 +491,25 @@ impl Authority {
             now,
         );
         let recorded = match record {
+            Ok(_) if self.refusals.check().is_err() => {
+                let say = self
+                    .unrecorded
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .occurred(1, std::time::Instant::now());
+                match say {
+                    crate::log_gate::Say::Start => tracing::warn!(
+                        "issuance refusals come faster than they are recorded: more are answered without their refused record"
+                    ),
+                    crate::log_gate::Say::Summary(s) => tracing::warn!(
+                        unrecorded = s.repeats,
+                        since_first = s.total,
+                        "issuance refusals are still answered without their refused record"
+                    ),
+                    crate::log_gate::Say::Quiet => {}
+                }
+                false
+            }
             Ok(record) => match registry.append_and_fold(&record).await {
                 Ok(()) => true,
                 Err(error) => {

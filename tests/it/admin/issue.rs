@@ -749,3 +749,25 @@ async fn a_lease_with_its_own_port_is_answered_with_the_port_open() {
     assert_eq!(out.body_text(), "hello from origin\n");
     server.shutdown().await;
 }
+
+/// Refusals from every caller together write at most so many `refused` records a second;
+/// beyond, each is answered the same, with `"recorded": false`, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refusals_cannot_flood_the_journal() {
+    let h = Harness::new();
+    let mut config = h.serve_config(h.config(&[]), None);
+    config.issuing.refusals_recorded = std::num::NonZeroU32::new(2).unwrap();
+    let server = Server::start(config).await.unwrap();
+    let mut body = asking(&["a.test"], json!({}), None);
+    body["manifest"]["intent"]["purpose"] = json!("");
+    let mut recorded = 0;
+    for _ in 0..10 {
+        let (status, answer) = post(&server, "/leases", None, &[], &body).await;
+        assert_eq!(status, 422, "{answer}");
+        assert_eq!(answer["reasons"], json!(["R1"]));
+        recorded += usize::from(answer["recorded"] == true);
+    }
+    assert!(recorded < 10, "{recorded}");
+    assert_eq!(records(&h, "refused").len(), recorded);
+    server.shutdown().await;
+}
