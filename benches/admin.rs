@@ -102,6 +102,7 @@ fn event(lease: &str) -> EgressEvent {
         path: None,
         secrets: Vec::new(),
         model: None,
+        mcp: None,
         error: None,
         revoked: None,
     }

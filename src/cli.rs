@@ -639,6 +639,18 @@ pub struct ServeArgs {
     /// bound the call); a larger one is refused `body-too-large`.
     #[arg(long, env = "LEASEGATE_MAX_MODEL_REQUEST_BYTES", default_value_t = 16 << 20)]
     pub max_model_request_bytes: usize,
+    /// An MCP server whose requests are read at the edge, as NAME=URL (repeat, or separate
+    /// with commas): every request to the URL's origin is read, its `tools/call`s judged
+    /// against the lease's `allow.tools` and `approvals` (`NAME/<tool>`) and its tool lists
+    /// cut to what the lease may call. An https server is terminated, so it needs --secrets
+    /// and --ca-dir whose CA covers its host.
+    #[arg(
+        long = "mcp-server",
+        env = "LEASEGATE_MCP_SERVERS",
+        value_delimiter = ',',
+        value_name = "NAME=URL"
+    )]
+    pub mcp_servers: Vec<String>,
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,

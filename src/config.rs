@@ -10,6 +10,7 @@ use crate::contract::keys::KeyError;
 use crate::contract::Keyring;
 use crate::descriptors;
 use crate::intercept::{Broker, BrokerError};
+use crate::mcp::McpServers;
 use crate::nats::NatsOptions;
 use crate::policy::{Guard, Ports};
 use crate::registry::{JournalLocation, StoreOptions, WallClock};
@@ -117,6 +118,8 @@ pub struct ProxyConfig {
     /// The largest model-call request body read (`--max-model-request-bytes`); larger ones are
     /// `body-too-large`.
     pub max_model_request_bytes: usize,
+    /// `--mcp-server`: the origins whose requests are read as MCP.
+    pub mcp: Arc<McpServers>,
 }
 
 impl Default for ProxyConfig {
@@ -146,6 +149,7 @@ impl Default for ProxyConfig {
             upstream_response_timeout: Duration::from_secs(60),
             model_output_bound: 32_768,
             max_model_request_bytes: 16 << 20,
+            mcp: Arc::default(),
         }
     }
 }
@@ -288,6 +292,22 @@ pub enum ConfigError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Prices(#[from] crate::meter::prices::PricesError),
+    #[error(transparent)]
+    McpServer(#[from] crate::mcp::servers::BadServer),
+    #[error(
+        "--mcp-server {0}: an https server's requests are read inside a terminated tunnel, so it \
+         needs --secrets and --ca-dir (a secrets file may list no secret: `canaries = []`)"
+    )]
+    McpNeedsBroker(String),
+    #[error(
+        "--mcp-server {server}: the interception CA's name constraints ({subtrees}) do not cover \
+         its host: make a CA for it with `leasegate ca init --host {host}`"
+    )]
+    McpNotCovered {
+        server: String,
+        host: String,
+        subtrees: String,
+    },
     #[error(
         "--egress-stream needs --egress-stream-key FILE: without the replicas' shared key \
          anyone who can publish to the stream could forge or erase usage; {HOW_TO_MAKE}"
@@ -493,7 +513,8 @@ impl ServeConfig {
                 return Err(ConfigError::EgressIsJournal(egress.display().to_string()));
             }
         }
-        let config = ServeConfig {
+        let mcp = crate::mcp::McpServers::parse(&args.mcp_servers)?;
+        let mut config = ServeConfig {
             listen,
             journal,
             store,
@@ -533,6 +554,8 @@ impl ServeConfig {
                 _ => None,
             },
         };
+        check_mcp(&mcp, config.broker.as_deref())?;
+        config.proxy.mcp = Arc::new(mcp);
         Ok(ServeStart {
             config,
             demo,
@@ -629,6 +652,23 @@ pub fn parse_resolve(pairs: &[String]) -> Result<HashMap<String, Vec<IpAddr>>, C
         map.entry(name.to_ascii_lowercase()).or_default().push(addr);
     }
     Ok(map)
+}
+
+/// Every https MCP server is one the broker can terminate: a name its CA covers.
+fn check_mcp(servers: &McpServers, broker: Option<&Broker>) -> Result<(), ConfigError> {
+    for server in servers.iter().filter(|s| s.tls) {
+        let Some(broker) = broker else {
+            return Err(ConfigError::McpNeedsBroker(server.to_string()));
+        };
+        if let Err(subtrees) = broker.covers_name(&server.host) {
+            return Err(ConfigError::McpNotCovered {
+                server: server.to_string(),
+                host: server.host.as_text(),
+                subtrees,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

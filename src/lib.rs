@@ -15,6 +15,7 @@ pub mod fast_hash;
 pub mod intercept;
 pub mod issuer;
 pub mod log_gate;
+pub mod mcp;
 pub mod memory;
 pub mod meter;
 pub mod nats;

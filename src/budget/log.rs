@@ -329,6 +329,7 @@ mod tests {
             input_tokens: tokens / 2,
             output_tokens: tokens - tokens / 2,
             cost_usd: Some(0.5),
+            tool_calls: 0,
         }
     }
 
@@ -339,6 +340,7 @@ mod tests {
             output_tokens: 0,
             cached_tokens: 0,
             cost_usd: Some(0.01),
+            tool_calls: 0,
         }
     }
 

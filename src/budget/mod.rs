@@ -72,6 +72,21 @@ pub struct Charge {
     pub cached_tokens: u64,
     /// `None`: the model is not in the price table (or, unmetered, its bound is not priced).
     pub cost_usd: Option<f64>,
+    /// MCP tool calls: the charge is these steps only (no model call). Zero: a model call.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u64,
+}
+
+impl Charge {
+    /// The charge of `calls` MCP tool calls that went out: steps, no tokens, no cost.
+    pub fn tool_calls(calls: u64) -> Charge {
+        Charge {
+            metered: true,
+            cost_usd: Some(0.0),
+            tool_calls: calls,
+            ..Charge::default()
+        }
+    }
 }
 
 /// The most one model call may spend, as its request says (its output cap, or the configured
@@ -83,11 +98,36 @@ pub struct Bound {
     pub output_tokens: u64,
     /// `None`: the model is not priced; the bound holds no cost.
     pub cost_usd: Option<f64>,
+    /// MCP `tools/call` requests (one POST may hold a batch of them): a bound of steps only,
+    /// no tokens or cost. Zero: a model call (one step).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Bound {
     pub fn tokens(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    /// The bound of `calls` MCP tool calls: that many steps, nothing else.
+    pub fn tool_calls(calls: u64) -> Bound {
+        Bound {
+            cost_usd: Some(0.0),
+            tool_calls: calls,
+            ..Bound::default()
+        }
+    }
+
+    /// The steps it takes: its tool calls, or the one model call it is.
+    pub fn steps(&self) -> u64 {
+        match self.tool_calls {
+            0 => 1,
+            calls => calls,
+        }
     }
 
     fn cost(&self) -> f64 {
@@ -104,6 +144,7 @@ impl Bound {
             output_tokens: self.output_tokens,
             cached_tokens: 0,
             cost_usd: self.cost_usd,
+            tool_calls: self.tool_calls,
         }
     }
 }
@@ -128,11 +169,17 @@ pub struct Spent {
     pub unmetered: u64,
     /// Metered calls of a model the price table does not name (their cost is not in `cost_usd`).
     pub unpriced: u64,
+    /// MCP `tools/call` requests that went out. `budget.steps` counts these and `calls`.
+    pub tool_calls: u64,
 }
 
 impl Spent {
     /// Counts one call.
     pub fn add(&mut self, charge: &Charge) {
+        if charge.tool_calls > 0 {
+            self.tool_calls = self.tool_calls.saturating_add(charge.tool_calls);
+            return;
+        }
         self.calls += 1;
         self.tokens = self
             .tokens
@@ -164,6 +211,7 @@ impl Charge {
                 output_tokens: call.output_tokens.unwrap_or(0),
                 cached_tokens: call.cached_tokens.unwrap_or(0),
                 cost_usd: call.cost_usd.flatten(),
+                tool_calls: 0,
             },
             Some(_) => Charge {
                 metered: false,
@@ -171,6 +219,7 @@ impl Charge {
                 output_tokens: 0,
                 cached_tokens: 0,
                 cost_usd: call.charged_cost_usd,
+                tool_calls: 0,
             },
         }
     }
@@ -186,6 +235,7 @@ impl Charge {
                 output_tokens,
                 cached_tokens: model.cached_tokens.unwrap_or(0),
                 cost_usd: model.cost(),
+                tool_calls: 0,
             },
             None => Charge {
                 metered: false,
@@ -195,6 +245,7 @@ impl Charge {
                 cost_usd: model
                     .charged_cost_usd
                     .filter(|c| c.is_finite() && *c >= 0.0),
+                tool_calls: 0,
             },
         }
     }
@@ -211,6 +262,12 @@ impl Spent {
         self.cost_usd += other.cost_usd;
         self.unmetered += other.unmetered;
         self.unpriced += other.unpriced;
+        self.tool_calls = self.tool_calls.saturating_add(other.tool_calls);
+    }
+
+    /// What `budget.steps` counts: model calls and MCP tool calls.
+    pub fn steps(&self) -> u64 {
+        self.calls.saturating_add(self.tool_calls)
     }
 }
 
@@ -220,16 +277,31 @@ pub struct InFlight {
     pub calls: u64,
     pub tokens: u64,
     pub cost_usd: f64,
+    /// MCP tool calls in flight.
+    pub tool_calls: u64,
 }
 
 impl InFlight {
+    /// What `budget.steps` counts of it.
+    pub fn steps(&self) -> u64 {
+        self.calls.saturating_add(self.tool_calls)
+    }
+
     fn add(&mut self, bound: &Bound) {
+        if bound.tool_calls > 0 {
+            self.tool_calls = self.tool_calls.saturating_add(bound.tool_calls);
+            return;
+        }
         self.calls += 1;
         self.tokens = self.tokens.saturating_add(bound.tokens());
         self.cost_usd += bound.cost();
     }
 
     fn remove(&mut self, bound: &Bound) {
+        if bound.tool_calls > 0 {
+            self.tool_calls = self.tool_calls.saturating_sub(bound.tool_calls);
+            return;
+        }
         self.calls = self.calls.saturating_sub(1);
         self.tokens = self.tokens.saturating_sub(bound.tokens());
         self.cost_usd = match self.calls {
@@ -354,7 +426,7 @@ impl Spending {
         chain: impl IntoIterator<Item = (&'a str, Ceilings)>,
     ) -> Result<(), Exhausted> {
         let leases = self.lock();
-        self.admit(&leases, chain)
+        self.admit(&leases, chain, 1)
     }
 
     /// Whether other replicas spend, and their spending is not being read now.
@@ -391,7 +463,10 @@ impl Spending {
                 cost = Some(cost.map_or(left, |c| c.min(left)));
             }
             if let Some(limit) = budget.steps {
-                let used = known.subtree.calls.saturating_add(known.in_flight.calls);
+                let used = known
+                    .subtree
+                    .steps()
+                    .saturating_add(known.in_flight.steps());
                 let left = limit.saturating_sub(used);
                 steps = Some(steps.map_or(left, |s| s.min(left)));
             }
@@ -409,6 +484,7 @@ impl Spending {
         &self,
         leases: &HashMap<Arc<str>, LeaseSpending>,
         chain: impl IntoIterator<Item = (&'a str, Ceilings)>,
+        steps: u64,
     ) -> Result<(), Exhausted> {
         for (id, budget) in chain.into_iter().filter(|(_, c)| c.any()) {
             if self.others_unknown() {
@@ -427,13 +503,19 @@ impl Spending {
                 (
                     "steps",
                     budget.steps.map(|s| s as f64),
-                    spent.calls as f64,
-                    held.calls as f64,
+                    spent.steps() as f64,
+                    held.steps() as f64,
                 ),
                 ("cost_usd", budget.cost_usd, spent.cost_usd, held.cost_usd),
             ];
             for (ceiling, limit, spent, reserved) in ceilings {
-                if let Some(limit) = limit.filter(|limit| spent + reserved >= *limit) {
+                // A call is admitted while what it counts fits under the ceiling: one step
+                // each (a batch of tool calls, all of them), any tokens or cost at all.
+                let over = |limit: &f64| match ceiling {
+                    "steps" => spent + reserved + steps as f64 > *limit,
+                    _ => spent + reserved >= *limit,
+                };
+                if let Some(limit) = limit.filter(over) {
                     return Err(Exhausted::Spent {
                         lease_id: id.to_owned(),
                         ceiling,
@@ -468,7 +550,11 @@ impl Spending {
         let ids: Vec<Arc<str>> = chain.iter().map(|(id, _)| id.clone()).collect();
         {
             let mut leases = self.lock();
-            self.admit(&leases, chain.iter().map(|(id, c)| (&**id, *c)))?;
+            self.admit(
+                &leases,
+                chain.iter().map(|(id, c)| (&**id, *c)),
+                bound.steps(),
+            )?;
             for id in &ids {
                 entry(&mut leases, id).in_flight.add(&bound);
             }
@@ -509,7 +595,7 @@ impl Spending {
     /// still spend or be asked about. A lease with calls in flight is kept.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
         let mut leases = self.lock();
-        leases.retain(|id, spending| spending.in_flight.calls > 0 || keep(id));
+        leases.retain(|id, spending| spending.in_flight.steps() > 0 || keep(id));
     }
 }
 
@@ -610,12 +696,21 @@ async fn fold(
         if own.contains(followed.publisher.as_str()) {
             continue;
         }
-        let (Some(lease_id), Some(model)) = (&followed.line.lease_id, &followed.line.model) else {
+        let Some(lease_id) = &followed.line.lease_id else {
             continue;
+        };
+        let charge = match (&followed.line.model, &followed.line.mcp) {
+            (Some(model), _) => Charge::of_line(model),
+            // An MCP line that does not say its steps is none that went out.
+            (None, Some(mcp)) => match mcp.steps.filter(|steps| *steps > 0) {
+                Some(steps) => Charge::tool_calls(steps),
+                None => continue,
+            },
+            (None, None) => continue,
         };
         let ancestors = registry.snapshot().ledger.ancestor_ids(lease_id);
         let chain = std::iter::once(lease_id.as_str()).chain(ancestors.iter().map(String::as_str));
-        spending.charge(chain, &Charge::of_line(model));
+        spending.charge(chain, &charge);
     }
 }
 
@@ -630,6 +725,7 @@ mod tests {
             output_tokens: output,
             cached_tokens: 0,
             cost_usd: cost,
+            tool_calls: 0,
         }
     }
 
@@ -695,6 +791,49 @@ mod tests {
         assert_eq!(spending.remaining(ids()).unwrap().steps, Some(0));
         third.settle(call(1, 1, None));
         assert!(spending.check(ids()).is_err(), "3 of 3");
+    }
+
+    #[tokio::test]
+    async fn tool_calls_are_steps_a_batch_all_of_them_and_nothing_else() {
+        let spending = Arc::new(Spending::default());
+        let budget = Ceilings {
+            steps: Some(4),
+            tokens: Some(10),
+            cost_usd: Some(1.0),
+        };
+        let chain: Vec<(Arc<str>, Ceilings)> = vec![("lease".into(), budget)];
+        spending.charge(["lease"], &call(2, 2, Some(0.1)));
+        // A batch of three fits the three steps left; a batch of four would not.
+        let four = spending
+            .reserve(&chain, Bound::tool_calls(4))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            four.refusal().detail,
+            "lease lease's budget.steps is spent: 1 of 4"
+        );
+        let three = spending
+            .reserve(&chain, Bound::tool_calls(3))
+            .await
+            .unwrap();
+        assert_eq!(spending.of("lease").in_flight.steps(), 3);
+        three.settle(Charge::tool_calls(3));
+        let spent = spending.of("lease").subtree;
+        assert_eq!((spent.calls, spent.tool_calls, spent.tokens), (1, 3, 4));
+        assert_eq!(spent.cost_usd, 0.1);
+        assert!(spending
+            .reserve(&chain, Bound::tool_calls(1))
+            .await
+            .is_err());
+        // Dropped unsettled (a path that lost it): charged its steps, as a call its bound.
+        let spending = Arc::new(Spending::default());
+        drop(
+            spending
+                .reserve(&chain, Bound::tool_calls(2))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(spending.of("lease").own.tool_calls, 2);
     }
 
     #[test]
@@ -770,7 +909,8 @@ mod tests {
                 input_tokens: 3,
                 output_tokens: 3,
                 cached_tokens: 3,
-                cost_usd: Some(0.5)
+                cost_usd: Some(0.5),
+                tool_calls: 0,
             }
         );
         let unpriced = Charge::of_call(&call(Some(3), Some(None), None));
@@ -792,6 +932,7 @@ mod tests {
             input_tokens: 40,
             output_tokens: 60,
             cost_usd: None,
+            tool_calls: 0,
         };
         let first = spending.reserve(&chain, bound).await.unwrap();
         assert_eq!(spending.of("parent").in_flight.tokens, 100);

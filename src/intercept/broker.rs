@@ -108,6 +108,16 @@ impl Broker {
         check_covered(set, self.minter.ca())
     }
 
+    /// Whether the CA may vouch for `host` (a name inside its constraints); else the
+    /// constraints, as an error names them.
+    pub fn covers_name(&self, host: &TargetHost) -> Result<(), String> {
+        let ca = self.minter.ca();
+        match host {
+            TargetHost::Name(name) if ca.permits(name).is_some() => Ok(()),
+            _ => Err(ca.subtrees().join(", ")),
+        }
+    }
+
     /// The interception CA's certificate, PEM: what an agent's clients must trust.
     /// The broker, pricing metered calls with `prices`.
     pub fn with_prices(self, prices: Arc<Prices>) -> Broker {

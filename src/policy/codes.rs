@@ -40,10 +40,13 @@ pub enum Code {
     BudgetExhausted,
     BodyTooLarge,
     PathAmbiguous,
+    ToolNotAllowed,
+    ApprovalDenied,
+    McpUnreadable,
 }
 
 impl Code {
-    pub const ALL: [Code; 30] = [
+    pub const ALL: [Code; 33] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -74,6 +77,9 @@ impl Code {
         Code::BudgetExhausted,
         Code::BodyTooLarge,
         Code::PathAmbiguous,
+        Code::ToolNotAllowed,
+        Code::ApprovalDenied,
+        Code::McpUnreadable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -108,6 +114,9 @@ impl Code {
             Code::BudgetExhausted => "budget-exhausted",
             Code::BodyTooLarge => "body-too-large",
             Code::PathAmbiguous => "path-ambiguous",
+            Code::ToolNotAllowed => "tool-not-allowed",
+            Code::ApprovalDenied => "approval-denied",
+            Code::McpUnreadable => "mcp-unreadable",
         }
     }
 
@@ -117,7 +126,8 @@ impl Code {
             Code::LeaseConflict
             | Code::BadTarget
             | Code::NotAProxyRequest
-            | Code::PathAmbiguous => StatusCode::BAD_REQUEST,
+            | Code::PathAmbiguous
+            | Code::McpUnreadable => StatusCode::BAD_REQUEST,
             Code::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::LeaseNotYetValid
             | Code::LeaseExpired
@@ -133,7 +143,9 @@ impl Code {
             | Code::RouteNotAllowed
             | Code::SecretMisdirected
             | Code::SecretExposed
-            | Code::CanaryTripped => StatusCode::FORBIDDEN,
+            | Code::CanaryTripped
+            | Code::ToolNotAllowed
+            | Code::ApprovalDenied => StatusCode::FORBIDDEN,
             Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::TooManyConnections | Code::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,

@@ -5,7 +5,7 @@
 //! Invariant: every refusal answers with its code's status, the code as the status line's
 //! reason phrase (`HTTP/1.1 403 host-denied`: most clients print only the status line), an
 //! `X-Leasegate-Refusal` header and a one-line plain-text body naming the lease, the target and
-//! the reason.
+//! the reason (for a read request to an MCP server, a JSON-RPC error saying the same).
 
 use super::Body;
 use crate::policy::codes::{Code, Refusal};
@@ -95,6 +95,16 @@ pub fn response(
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// `answer` (a refusal's) with `body`, a JSON-RPC error, in place of its text.
+pub fn json_rpc(answer: Response<Body>, body: Vec<u8>) -> Response<Body> {
+    let (mut parts, _) = answer.into_parts();
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, super::full(Bytes::from(body)))
 }
 
 #[cfg(test)]

@@ -52,6 +52,8 @@ pub struct Exchange {
     pub secrets: Vec<String>,
     /// A metered model call: its response is read for its usage, charged when the exchange ends.
     pub model: Option<Box<super::metering::Tap>>,
+    /// A request to an MCP server: what was read of it, the steps it holds.
+    pub mcp: Option<Box<super::mcp::McpTap>>,
     /// The lease's token: if it fired, the line says the lease closed the exchange.
     pub token: Option<CancellationToken>,
     /// Counted open with its lease's figures since it was cleared (see [`Exchange::count_open`]).
@@ -101,6 +103,7 @@ impl Exchange {
             path: None,
             secrets: Vec::new(),
             model: None,
+            mcp: None,
             token: None,
             open: None,
         }
@@ -201,6 +204,7 @@ impl Drop for Exchange {
             path: self.path.take(),
             secrets: std::mem::take(&mut self.secrets),
             model: self.model.take().map(|tap| Box::new(tap.finish())),
+            mcp: self.mcp.take().map(|tap| Box::new(tap.finish())),
             error: self.error.take(),
             revoked: self.revoked,
         };

@@ -13,6 +13,7 @@ use super::decision::Asked;
 use super::decision::Decision;
 use super::exchange::Exchange;
 use super::identify::{self, LEASE_ID_HEADER};
+use super::mcp;
 use super::pipeline::Cleared;
 use super::upstream::held::{Held, Taken};
 use super::upstream::PoolKey;
@@ -20,6 +21,7 @@ use super::workers::Workers;
 use super::{empty, Body, ClientConn, Proxy};
 use crate::intercept::inspect::{inspect, Seen, MAX_BODY_SCAN};
 use crate::intercept::Broker;
+use crate::mcp::McpServer;
 use crate::policy::codes::{Code, Refusal};
 use crate::policy::framing;
 use crate::policy::path::{self, Ambiguous};
@@ -79,10 +81,14 @@ pub async fn handle(
                 tls: None,
                 held: None,
             };
-            match &proxy.broker {
-                None => send(&proxy, req, client_upgrade, to, &mut ex).await,
-                Some(broker) => match checked(broker, req, &cleared).await {
-                    Ok(req) => send(&proxy, req, client_upgrade, to, &mut ex).await,
+            let server = proxy.config.mcp.find(&cleared.decision.target, false);
+            match (&proxy.broker, server) {
+                (_, Some(server)) => {
+                    to_mcp_server(&proxy, server, req, client_upgrade, to, &cleared, &mut ex).await
+                }
+                (None, None) => send(&proxy, req, client_upgrade, to, &mut ex).await,
+                (Some(broker), None) => match checked(broker, req, &cleared, MAX_BODY_SCAN).await {
+                    Ok((req, _)) => send(&proxy, req, client_upgrade, to, &mut ex).await,
                     Err(refusal) => Err(refusal),
                 },
             }
@@ -101,9 +107,10 @@ async fn checked(
     broker: &Broker,
     req: Request<Incoming>,
     cleared: &Cleared,
-) -> Result<Request<Prefixed<Incoming>>, Refusal> {
+    limit: usize,
+) -> Result<(Request<Prefixed<Incoming>>, bytes::Bytes), Refusal> {
     let (parts, body) = req.into_parts();
-    let (body, ahead) = read_ahead(body, &cleared.token, MAX_BODY_SCAN).await?;
+    let (body, ahead) = read_ahead(body, &cleared.token, limit).await?;
     let set = broker.secrets.current();
     let normal = path::normalise(parts.uri.path());
     inspected(
@@ -115,7 +122,50 @@ async fn checked(
         normal.as_deref().map_err(|&why| why),
         false,
     )?;
-    Ok(Request::from_parts(parts, body))
+    Ok((Request::from_parts(parts, body), ahead))
+}
+
+/// A forwarded request to a plain-HTTP MCP server: read whole (and checked for misuse, with
+/// secrets configured), judged ([`mcp::read`]), sent, its answer's tool lists filtered.
+async fn to_mcp_server(
+    proxy: &Proxy,
+    server: &McpServer,
+    req: Request<Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    to: Upstream<'_>,
+    cleared: &Cleared,
+    ex: &mut Exchange,
+) -> Result<Forwarded, Refusal> {
+    let limit = mcp::MAX_REQUEST.saturating_add(1);
+    let (req, ahead) = match &proxy.broker {
+        Some(broker) => checked(broker, req, cleared, limit).await?,
+        None => {
+            let (parts, body) = req.into_parts();
+            let (body, ahead) = read_ahead(body, &cleared.token, limit).await?;
+            (Request::from_parts(parts, body), ahead)
+        }
+    };
+    let chain = &cleared.decision.chain;
+    let spending = &proxy.telemetry.spending;
+    let (tap, read) = mcp::read(server, req.method(), chain, spending, &ahead).await;
+    ex.mcp = Some(tap);
+    let filter_answer = read?;
+    match send(proxy, req, client_upgrade, to, ex).await {
+        Ok(mut forwarded) => {
+            let read = ex.mcp.as_deref().expect("set above");
+            let rewrite = mcp::answer_rewrite(forwarded.content_type(), server, chain, read);
+            if let (true, Some(rewrite)) = (filter_answer, rewrite) {
+                forwarded.rewrite_body(rewrite);
+            }
+            Ok(forwarded)
+        }
+        Err(refusal) => {
+            if let (true, Some(read)) = (mcp::never_sent(refusal.code), ex.mcp.as_deref_mut()) {
+                read.release();
+            }
+            Err(refusal)
+        }
+    }
 }
 
 /// The body's first `limit` bytes (at least; [`MAX_BODY_SCAN`] for inspection) read ahead
@@ -394,9 +444,29 @@ pub struct Forwarded {
     response: Response<Incoming>,
     token: tokio_util::sync::CancellationToken,
     upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// What the answer's body goes through before the client has it (an MCP server's tool
+    /// lists, cut to the lease's tools).
+    rewrite: Option<Rewrite>,
 }
 
+/// A rewrite of an answer's body.
+pub type Rewrite = Box<dyn FnOnce(Incoming) -> Body + Send>;
+
 impl Forwarded {
+    /// The answer's `Content-Type`, when it has a readable one.
+    pub fn content_type(&self) -> Option<&str> {
+        self.response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+    }
+
+    /// The answer's body goes through `rewrite` (its length is then the rewrite's: chunked).
+    pub fn rewrite_body(&mut self, rewrite: Rewrite) {
+        self.response.headers_mut().remove(header::CONTENT_LENGTH);
+        self.rewrite = Some(rewrite);
+    }
+
     /// Each field of the answer that holds a value of `set` shown as
     /// [`SecretSet::answered_field`] gives it (the value taken out).
     pub fn without_values(&mut self, set: &SecretSet) {
@@ -443,8 +513,13 @@ impl Forwarded {
             tap.head(parts.status, &parts.headers);
         }
         let counter = ex.bytes_down.clone();
-        let body = Metered::new(body, counter, self.token, Some(ex));
-        Response::from_parts(parts, body.boxed_unsync())
+        let body = match self.rewrite {
+            None => Metered::new(body, counter, self.token, Some(ex)).boxed_unsync(),
+            Some(rewrite) => {
+                Metered::new(rewrite(body), counter, self.token, Some(ex)).boxed_unsync()
+            }
+        };
+        Response::from_parts(parts, body)
     }
 }
 
@@ -564,6 +639,7 @@ where
         response,
         token: to.token.clone(),
         upgrade: client_upgrade,
+        rewrite: None,
     })
 }
 

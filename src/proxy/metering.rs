@@ -43,6 +43,7 @@ pub fn bound(
         input_tokens,
         output_tokens,
         cost_usd: prices.and_then(|p| p.cost(&usage)),
+        tool_calls: 0,
     }
 }
 

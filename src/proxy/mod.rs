@@ -19,6 +19,7 @@ pub mod hello;
 pub mod identify;
 pub mod lease_ports;
 pub mod listener;
+pub mod mcp;
 pub mod metering;
 pub mod pipeline;
 #[cfg(target_os = "linux")]

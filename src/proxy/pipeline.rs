@@ -328,11 +328,19 @@ impl Proxy {
         // The line says why, in the words the client read (a closed lease: what closed it).
         ex.error.get_or_insert_with(|| refusal.detail.clone());
         tracing::info!(code = %refusal.code, lease = %ex.lease_id.as_deref().unwrap_or("(none)"), method = %ex.method, target = %ex.target_text(target_fallback), "refused");
-        answer::response(
+        let answer = answer::response(
             &refusal,
             ex.method.as_str(),
             &ex.target_text(target_fallback),
             ex.lease_id.as_deref(),
-        )
+        );
+        // A read request to an MCP server is answered as the server would: a JSON-RPC error
+        // its SDK raises, with the same status and refusal header.
+        match ex.mcp.as_deref().filter(|tap| tap.answers_as_json_rpc()) {
+            Some(tap) => {
+                answer::json_rpc(answer, tap.refusal_body(&refusal, ex.lease_id.as_deref()))
+            }
+            None => answer,
+        }
     }
 }

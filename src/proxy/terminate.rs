@@ -1,4 +1,5 @@
-//! Terminated tunnels: a CONNECT to a host some secret is for is answered, after the 200, with a
+//! Terminated tunnels: a CONNECT to a host some secret is for (or an https MCP server) is
+//! answered, after the 200, with a
 //! leaf minted under the interception CA; each request inside is decided again, checked for
 //! misuse, given the secrets its lease is entitled to, and sent to the origin over verified TLS.
 //!
@@ -15,6 +16,7 @@ use super::decision::{Ask, Asked, Decision};
 use super::exchange::{Counter, Exchange};
 use super::forward::{self, Forwarded, Upstream};
 use super::identify;
+use super::mcp;
 use super::metering;
 use super::pipeline::Cleared;
 use super::upstream::Held;
@@ -41,7 +43,9 @@ use tokio::net::TcpStream;
 /// The broker, when tunnels to `target` are terminated: some secret in use is for its name.
 pub fn terminates(proxy: &Proxy, target: &Target) -> Option<Arc<Broker>> {
     let broker = proxy.broker.as_ref()?;
-    Broker::terminates(&broker.secrets.current(), &target.host).then(|| broker.clone())
+    let terminated = Broker::terminates(&broker.secrets.current(), &target.host)
+        || proxy.config.mcp.terminates(target);
+    terminated.then(|| broker.clone())
 }
 
 /// Before the client's 200: TLS to the origin over `stream`, dialled to `addr`, verified for
@@ -343,11 +347,14 @@ impl Inside {
         let set = self.broker.secrets.current();
         let normal = path::normalise(parts.uri.path());
         let metered = self.metered(&set, &decision, &parts, &normal)?;
-        // A model call is read whole: what it may spend is in its body.
+        let server = proxy.config.mcp.find(&decision.target, true);
+        // A model call is read whole: what it may spend is in its body; so is a request to an
+        // MCP server: what it calls is.
         let most = self.proxy.config.max_model_request_bytes;
-        let limit = match metered {
-            Some(_) => most.saturating_add(1),
-            None => inspect::MAX_BODY_SCAN,
+        let limit = match (&metered, server) {
+            (Some(_), _) => most.saturating_add(1),
+            (None, Some(_)) => mcp::MAX_REQUEST.saturating_add(1),
+            (None, None) => inspect::MAX_BODY_SCAN,
         };
         let (mut body, ahead) = forward::read_ahead(body, &self.cleared.token, limit).await?;
         let request = match &metered {
@@ -392,6 +399,16 @@ impl Inside {
             })
             .collect::<Result<_, Refusal>>()?;
         ex.secrets = given;
+        let filter_answer = match server {
+            Some(server) => {
+                let spending = &proxy.telemetry.spending;
+                let (tap, read) =
+                    mcp::read(server, &parts.method, &decision.chain, spending, &ahead).await;
+                ex.mcp = Some(tap);
+                read?
+            }
+            None => false,
+        };
         if let (false, Some(named)) = (parts.headers.contains_key(header::HOST), named) {
             parts.headers.insert(header::HOST, named);
         }
@@ -429,6 +446,15 @@ impl Inside {
             (Ok(mut forwarded), tap) => {
                 ex.model = tap.map(Box::new);
                 forwarded.without_values(&set);
+                if let (true, Some(server), Some(read)) = (filter_answer, server, ex.mcp.as_deref())
+                {
+                    let content_type = forwarded.content_type();
+                    if let Some(rewrite) =
+                        mcp::answer_rewrite(content_type, server, &decision.chain, read)
+                    {
+                        forwarded.rewrite_body(rewrite);
+                    }
+                }
                 Ok(forwarded)
             }
             (Err(refusal), Some(tap)) => {
@@ -441,7 +467,12 @@ impl Inside {
                 }
                 Err(refusal)
             }
-            (Err(refusal), None) => Err(refusal),
+            (Err(refusal), None) => {
+                if let (true, Some(read)) = (mcp::never_sent(refusal.code), ex.mcp.as_deref_mut()) {
+                    read.release();
+                }
+                Err(refusal)
+            }
         }
     }
 

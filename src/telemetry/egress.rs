@@ -102,10 +102,36 @@ pub struct EgressEvent {
     /// A model call to a metered host: its model and usage, or why it could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<Box<ModelCall>>,
+    /// A request to an MCP server: its messages, their verdicts and the steps it counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Box<McpCall>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked: Option<bool>,
+}
+
+/// The `mcp` object of a request to an MCP server's line: the server, each message's method
+/// (and a `tools/call`'s tool) with its verdict, the `tools/call` requests that went out
+/// (`steps`, what `budget.steps` counts), and the tools taken out of `tools/list` answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct McpCall {
+    pub server: String,
+    pub messages: Vec<McpMessage>,
+    pub steps: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools_hidden: Option<u64>,
+}
+
+/// One message of an MCP request as its line shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct McpMessage {
+    /// `null` for a response (the client answering the server).
+    pub method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// `allowed`, or `refused` (the request was refused: this message's tool, or another's).
+    pub verdict: &'static str,
 }
 
 /// The `model` object of a metered call's line: the token fields and `cost_usd` when its
@@ -180,6 +206,24 @@ pub struct LoggedLine {
     /// A model call's usage (absent on other lines, and in lines that predate metering).
     #[serde(default, deserialize_with = "lenient_model")]
     pub model: Option<LoggedModel>,
+    /// A request to an MCP server (absent on other lines).
+    #[serde(default, deserialize_with = "lenient_mcp")]
+    pub mcp: Option<LoggedMcp>,
+}
+
+/// The `mcp` object of an egress line, as a reader takes it: the steps its tool calls counted.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LoggedMcp {
+    pub server: Option<String>,
+    /// `None`: the line does not say (or says something unreadable).
+    pub steps: Option<u64>,
+}
+
+/// An `mcp` member that is there but does not read is kept, its steps unknown.
+fn lenient_mcp<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LoggedMcp>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.map(|value| serde_json::from_value(value).unwrap_or_default()))
 }
 
 /// The `model` object of a metered call's egress line, as a reader takes it (each member

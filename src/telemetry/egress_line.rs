@@ -76,14 +76,12 @@ pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
         }
         buf.push(b']');
     }
+    // Rare (metered calls, MCP requests) and nested: serde's own writer.
     if let Some(model) = &event.model {
-        // Rare (metered calls only) and nested: serde's own writer.
-        buf.extend_from_slice(b",\"model\":");
-        let start = buf.len();
-        if serde_json::to_writer(&mut *buf, model).is_err() {
-            buf.truncate(start);
-            buf.extend_from_slice(b"null");
-        }
+        nested(buf, b",\"model\":", model);
+    }
+    if let Some(mcp) = &event.mcp {
+        nested(buf, b",\"mcp\":", mcp);
     }
     if let Some(error) = &event.error {
         buf.extend_from_slice(b",\"error\":");
@@ -94,6 +92,16 @@ pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
         buf.extend_from_slice(if revoked { b"true" } else { b"false" });
     }
     buf.extend_from_slice(b"}\n");
+}
+
+/// `member` and `value` as serde writes it (`null` should it fail).
+fn nested(buf: &mut Vec<u8>, member: &[u8], value: &impl serde::Serialize) {
+    buf.extend_from_slice(member);
+    let start = buf.len();
+    if serde_json::to_writer(&mut *buf, value).is_err() {
+        buf.truncate(start);
+        buf.extend_from_slice(b"null");
+    }
 }
 
 fn timestamp(buf: &mut Vec<u8>, time: Timestamp) {
@@ -250,6 +258,7 @@ mod tests {
             path: None,
             secrets: Vec::new(),
             model: None,
+            mcp: None,
             error: None,
             revoked: None,
         }

@@ -858,6 +858,7 @@ mod tests {
             path: None,
             secrets: Vec::new(),
             model: None,
+            mcp: None,
             error: None,
             revoked: None,
         }

@@ -135,6 +135,7 @@ async fn a_child_is_narrowed_to_its_parent_and_says_how() {
             output_tokens: 100,
             cached_tokens: 0,
             cost_usd: Some(0.5),
+            tool_calls: 0,
         },
     );
     let mut wider = asking(
@@ -503,6 +504,7 @@ async fn complete_records_the_measured_usage_and_stop_ends_once() {
             output_tokens: 2,
             cached_tokens: 0,
             cost_usd: Some(0.01),
+            tool_calls: 0,
         },
     );
     let (status, done) = post(

@@ -19,6 +19,10 @@ mod inspect;
 mod issue_request;
 #[path = "../../../fuzz/checks/journal_fold.rs"]
 mod journal_fold;
+#[path = "../../../fuzz/checks/mcp_filter.rs"]
+mod mcp_filter;
+#[path = "../../../fuzz/checks/mcp_message.rs"]
+mod mcp_message;
 #[path = "../../../fuzz/checks/meter.rs"]
 mod meter;
 #[path = "../../../fuzz/checks/meter_request.rs"]
@@ -69,6 +73,8 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("inspect", inspect::check, 15),
         ("broadcast", broadcast::check, 9),
         ("journal_fold", journal_fold::check, 10),
+        ("mcp_filter", mcp_filter::check, 10),
+        ("mcp_message", mcp_message::check, 12),
         ("meter", meter::check, 10),
         ("issue_request", issue_request::check, 12),
         ("meter_request", meter_request::check, 12),

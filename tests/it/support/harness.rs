@@ -409,6 +409,28 @@ impl Harness {
         )
     }
 
+    /// Issues a lease valid from now for an hour, allowing `allow`, from the declared
+    /// `manifest` (tools, approvals, budget…), under `parent` if given.
+    pub fn lease_from(&self, allow: &[&str], manifest: Value, parent: Option<&str>) -> String {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        issue::issue(
+            &self.journal,
+            &self.key,
+            &IssueRequest {
+                manifest,
+                allow_hosts: strings(allow),
+                deny_hosts: Vec::new(),
+                parent: parent.map(str::to_owned),
+                ttl: Duration::from_secs(3600),
+                name: "tester".into(),
+                purpose: "integration test".into(),
+                now: Timestamp::now(),
+            },
+        )
+        .unwrap()
+        .lease_id
+    }
+
     fn issue(
         &self,
         allow: &[&str],
@@ -478,6 +500,26 @@ impl Harness {
         let id = super::id(n);
         let mut signed = super::lease(&self.key, &id, parent, (&window.0, &window.1), allow, &[]);
         signed["manifest"]["budget"] = budget;
+        leasegate::contract::lease::sign(&mut signed, &self.key).unwrap();
+        self.append(&super::granted_line(&signed, &window.0)).await;
+        id
+    }
+
+    /// Grants lease [`super::id`]`(n)` as [`Harness::grant_budgeted`] does, its signed lease
+    /// changed by `edit` first (no issuer's rules applied: a chain exactly as written).
+    pub async fn grant_edited(
+        &self,
+        n: u32,
+        parent: Option<&str>,
+        allow: &[&str],
+        edit: impl FnOnce(&mut Value),
+    ) -> String {
+        let issued = Timestamp::now();
+        let until = issued.saturating_add_millis(3_600_000);
+        let window = (issued.to_string(), until.to_string());
+        let id = super::id(n);
+        let mut signed = super::lease(&self.key, &id, parent, (&window.0, &window.1), allow, &[]);
+        edit(&mut signed);
         leasegate::contract::lease::sign(&mut signed, &self.key).unwrap();
         self.append(&super::granted_line(&signed, &window.0)).await;
         id

@@ -280,3 +280,15 @@ pub fn signed_line(line: &str, signer: &Key) -> String {
     sign(&mut record, signer).unwrap();
     record.to_string()
 }
+
+/// Asserts that `line` is valid against the egress log's published schema.
+pub fn egress_schema_valid(line: &Value) {
+    static SCHEMA: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| {
+        let schema: Value =
+            serde_json::from_str(include_str!("../../../schemas/egress-event.schema.json"))
+                .unwrap();
+        jsonschema::draft7::new(&schema).unwrap()
+    });
+    let problems: Vec<String> = SCHEMA.iter_errors(line).map(|e| e.to_string()).collect();
+    assert!(problems.is_empty(), "{line}: {problems:?}");
+}

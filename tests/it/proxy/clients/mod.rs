@@ -11,6 +11,7 @@
 
 mod brokered;
 mod go;
+mod mcp_sdk;
 mod model_sdks;
 mod node;
 mod origin_paths;
@@ -116,6 +117,17 @@ async fn client_for(
         Ok(Err(e)) => panic!("cannot run {program}: {e}"),
         Err(_) => panic!("{program} {args:?} ran for more than {limit:?}"),
     }
+}
+
+/// Whether `python3` finds every one of `modules`: found, not imported, since importing the
+/// SDKs takes seconds (and a test checks once outside its namespace, once inside).
+fn python_finds(modules: &[&str]) -> bool {
+    let find = "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))";
+    std::process::Command::new("python3")
+        .args(["-c", find])
+        .args(modules)
+        .output()
+        .is_ok_and(|out| out.status.success())
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -4,7 +4,7 @@
 //! reaches the origin with the real key, the SDK never sees it, and what the SDK's response
 //! objects report is the fake's known usage. One Python process makes all six calls.
 
-use super::{client_for, text};
+use super::{client_for, python_finds, text};
 use crate::support::harness::{curl, eventually, CurlOutput};
 use crate::support::model_api::{Usage, ANTHROPIC_HOST, OPENAI_HOST};
 use crate::support::model_proxy::{ModelProxy, ANTHROPIC_KEY, OPENAI_KEY};
@@ -99,19 +99,9 @@ fn expected_lines() -> Vec<Value> {
     ]
 }
 
-/// Whether `python3` finds both SDKs: found, not imported, since importing them takes seconds
-/// (and the test checks once outside its namespace, once inside).
-fn sdks_installed() -> bool {
-    let find = "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))";
-    std::process::Command::new("python3")
-        .args(["-c", find, "openai", "anthropic"])
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_and_anthropic_sdks_through_terminated_hosts() {
-    if !sdks_installed() {
+    if !python_finds(&["openai", "anthropic"]) {
         return skip("the Python SDKs openai and anthropic are missing (python3 -m pip install openai anthropic; .ci/run does)");
     }
     if !in_loopback_only_namespace().await {
