@@ -146,11 +146,8 @@ pub async fn judge(
         }
     };
     tap.batch = messages.batch;
+    // Notifications and responses only (no ids): an answer in the server's place is plain.
     tap.ids = messages.request_ids();
-    if tap.ids.is_empty() {
-        // Notifications and responses only: an answer in the server's place is plain.
-        tap.ids.clear();
-    }
     let verdict = verdicts(server, chain, &messages, &mut tap.line);
     if let Err(refusal) = verdict {
         return (tap, Err(refusal));

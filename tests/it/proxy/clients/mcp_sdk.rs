@@ -317,3 +317,53 @@ async fn a_terminated_mcp_server_is_read_too_and_a_childs_tools_are_its_whole_ch
     assert!(lines.iter().all(|l| l["kind"] == "https"), "{lines:?}");
     assert_eq!(calls(&lines).len(), 4);
 }
+
+/// The refusals no SDK provokes by itself: a body read two ways, and a tool that needs an
+/// approval. Raw requests, answered in the server's place; nothing reaches the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_body_and_a_tool_needing_approval_are_refused_as_json_rpc() {
+    let h = Harness::new();
+    let origin = crate::support::harness::http_origin().await;
+    let port = origin.addr.port();
+    let lease = h.lease_from(
+        &[PLAIN],
+        json!({"allow": {"tools": tools(&["send_mail"])}, "approvals": ["notes/send_mail"]}),
+        None,
+    );
+    let server = proxy_for(&h, &format!("notes=http://{PLAIN}:{port}/mcp"), |_| {}).await;
+    let post = |body: &str| {
+        format!(
+            "POST http://{PLAIN}:{port}/mcp HTTP/1.1\r\nHost: {PLAIN}:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let twice = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_mail","name":"delete_note"}}"#;
+    let answer = crate::support::harness::raw_to_close(server.addr, post(twice).as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400 mcp-unreadable\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("application/json"), "{answer}");
+    assert!(
+        answer.contains(r#""id":null"#) && answer.contains("duplicate field `name`"),
+        "{answer}"
+    );
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"send_mail"}}"#;
+    let answer = crate::support::harness::raw_to_close(server.addr, post(call).as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 403 approval-denied\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains(r#""id":7"#) && answer.contains("needs a human's approval first"),
+        "{answer}"
+    );
+    let lines = mcp_lines(&h, 2).await;
+    let codes: Vec<&Value> = lines.iter().map(|l| &l["code"]).collect();
+    assert_eq!(codes, [&json!("mcp-unreadable"), &json!("approval-denied")]);
+    assert_eq!(
+        origin.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing reached the server"
+    );
+}
