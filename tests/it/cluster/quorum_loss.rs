@@ -352,7 +352,20 @@ async fn a_replica_started_during_a_quorum_loss_comes_up_once_the_quorum_is_back
         "the replica never came up:\n{}",
         a.log_text()
     );
-    assert_eq!(status_on(a.admin(), &lease).await.as_deref(), Some("open"));
+    // Said in full when it fails: whether the replica is still running, what its admin API
+    // answered, and its log.
+    let admin = a.admin();
+    let status = match tokio::net::TcpStream::connect(admin).await {
+        Ok(_) => status_on(admin, &lease).await,
+        Err(e) => Some(format!("admin API unreachable: {e}")),
+    };
+    assert_eq!(
+        status.as_deref(),
+        Some("open"),
+        "exited: {:?}\n{}",
+        a.child.try_wait(),
+        a.log_text()
+    );
 }
 
 /// Past `--store-start-timeout`, `serve` exits non-zero and names the last error.
