@@ -19,6 +19,7 @@
 //! caller that presented the configured admin token, or that lease's own token: with neither
 //! presented nobody is authenticated, so nobody gets one.
 
+pub mod approvals;
 pub mod caller;
 pub mod ending;
 pub mod issue;
@@ -385,6 +386,9 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             let id = id.to_string();
             ending::end(&state, &id, Event::Stopped, req).await
         }
+        (&Method::GET, ["approvals"]) => approvals::list(&state, req.uri().query()),
+        (&Method::GET, ["approvals", id]) => approvals::one(&state, id),
+        (&Method::POST, ["approvals", id]) => approvals::decide(&state, &caller, id, req).await,
         (&Method::GET, ["refusals"]) => {
             let limit = query_pairs(req.uri().query(), &["limit"])
                 .and_then(|pairs| limit_of(&pairs, 50, recent_refusals::CAPACITY));

@@ -64,6 +64,12 @@ pub enum Command {
     Suggest(SuggestArgs),
     /// Move a journal between a file and a NATS JetStream stream (import, export, mirror).
     Journal(JournalArgs),
+    /// List the tool calls waiting for a human's approval on a running proxy (GET /approvals).
+    Approvals(ApprovalsArgs),
+    /// Approve a waiting call (POST /approvals/{id}): it goes on, on whichever replica holds it.
+    Approve(DecideArgs),
+    /// Deny a waiting call (POST /approvals/{id}): the agent is refused, with the reason.
+    Deny(DecideArgs),
     /// The interception CA for hosts whose TLS the proxy ends (`ca init`).
     Ca(CaArgs),
     /// Print a shell completion script, e.g. `leasegate completions bash >
@@ -651,6 +657,15 @@ pub struct ServeArgs {
         value_name = "NAME=URL"
     )]
     pub mcp_servers: Vec<String>,
+    /// How long a tool call that a lease's `approvals` names waits for a human (GET
+    /// /approvals, `leasegate approve|deny`) before it is refused `approval-timed-out`; at
+    /// most 1h. Keep it under the client's read timeout (the MCP SDK waits 5 minutes).
+    #[arg(long, env = "LEASEGATE_APPROVAL_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub approval_timeout: std::time::Duration,
+    /// An http:// or https:// URL each call waiting for approval is POSTed to as JSON
+    /// (`{"event": "approval.requested", "approval": {...}}`), best effort.
+    #[arg(long, env = "LEASEGATE_APPROVAL_WEBHOOK", value_name = "URL")]
+    pub approval_webhook: Option<String>,
     /// A file holding the bearer token every admin route but /healthz requires.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
@@ -833,6 +848,47 @@ pub enum IssuePrint {
     Id,
     /// The proxy token (`<lease-id>.<tag>`, for `--credentials token`) alone.
     Token,
+}
+
+/// Where the admin API is and the token that decides.
+#[derive(Debug, Args)]
+pub struct AdminApiArgs {
+    /// The admin API of the running proxy (http:// or https://).
+    #[arg(
+        long,
+        env = "LEASEGATE_ADMIN_URL",
+        default_value = "http://127.0.0.1:3129"
+    )]
+    pub admin: String,
+    /// A file holding the admin token (deciding needs it).
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsArgs {
+    #[command(flatten)]
+    pub api: AdminApiArgs,
+    /// Decided ones too (the newest first), not only those waiting.
+    #[arg(long)]
+    pub all: bool,
+    /// Print the admin API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    #[command(flatten)]
+    pub api: AdminApiArgs,
+    /// The approval (`apr-…`, from `leasegate approvals`).
+    pub id: String,
+    /// Why; the agent is told it (a denial needs one).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Approve this tool for the rest of the lease: its later calls go on without asking.
+    #[arg(long)]
+    pub for_lease: bool,
 }
 
 #[derive(Debug, Args)]

@@ -189,6 +189,8 @@ pub struct ServeConfig {
     /// `--secrets` with `--ca-dir`: the secrets loaded at start and what terminates their
     /// hosts' tunnels; `None`: every tunnel is a blind relay.
     pub broker: Option<Arc<Broker>>,
+    /// Calls waiting for a human: how long, and the webhook told of each.
+    pub approvals: crate::approvals::Settings,
     /// `POST /leases`: the root policy and the per-caller rate.
     pub issuing: Issuing,
 }
@@ -294,6 +296,10 @@ pub enum ConfigError {
     Prices(#[from] crate::meter::prices::PricesError),
     #[error(transparent)]
     McpServer(#[from] crate::mcp::servers::BadServer),
+    #[error("--approval-timeout {0}: between 1s and 1h")]
+    ApprovalTimeout(String),
+    #[error("--approval-webhook {0}")]
+    ApprovalWebhook(String),
     #[error(
         "--mcp-server {0}: an https server's requests are read inside a terminated tunnel, so it \
          needs --secrets and --ca-dir (a secrets file may list no secret: `canaries = []`)"
@@ -514,7 +520,9 @@ impl ServeConfig {
             }
         }
         let mcp = crate::mcp::McpServers::parse(&args.mcp_servers)?;
+        let approvals = approval_settings(args.approval_timeout, args.approval_webhook.as_deref())?;
         let mut config = ServeConfig {
+            approvals,
             listen,
             journal,
             store,
@@ -564,6 +572,23 @@ impl ServeConfig {
             connections_fixed: args.max_connections.is_some() && !dev,
         })
     }
+}
+
+/// `--approval-timeout` and `--approval-webhook`, checked.
+fn approval_settings(
+    timeout: Duration,
+    webhook: Option<&str>,
+) -> Result<crate::approvals::Settings, ConfigError> {
+    if !(Duration::from_secs(1)..=crate::approvals::MAX_TIMEOUT).contains(&timeout) {
+        return Err(ConfigError::ApprovalTimeout(
+            humantime::format_duration(timeout).to_string(),
+        ));
+    }
+    let webhook = webhook
+        .map(crate::approvals::Webhook::parse)
+        .transpose()
+        .map_err(ConfigError::ApprovalWebhook)?;
+    Ok(crate::approvals::Settings { timeout, webhook })
 }
 
 impl ServeStart {

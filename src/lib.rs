@@ -4,6 +4,7 @@
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod approvals;
 pub mod budget;
 pub mod cli;
 pub mod commands;

@@ -53,6 +53,8 @@ pub enum StartError {
     Clock(#[from] ClockError),
     #[error("the spend log {path}: {error}")]
     SpendLog { path: String, error: String },
+    #[error("the approval store: {0}")]
+    Approvals(String),
 }
 
 /// How long a drain waits, after closing what was left, for the last exchanges to end.
@@ -272,6 +274,40 @@ async fn open_spend_log(
     Ok(own)
 }
 
+/// The approval store every replica of this journal shares (a file beside a file journal,
+/// `<STREAM>_APPROVALS` beside a stream), read whole and followed; only with an MCP server
+/// configured, where calls can wait for a human.
+async fn open_approvals(
+    (journal, options, settings): (
+        &crate::registry::JournalLocation,
+        &crate::registry::StoreOptions,
+        &crate::approvals::Settings,
+    ),
+    proxy: &crate::config::ProxyConfig,
+    registry: &Arc<crate::registry::Registry>,
+    stop: &CancellationToken,
+) -> Result<Arc<crate::approvals::Approvals>, StartError> {
+    use crate::approvals::{store::ApprovalStore, Approvals};
+    if proxy.mcp.is_empty() {
+        return Ok(Arc::new(Approvals::none()));
+    }
+    let failed = |e: String| StartError::Approvals(e);
+    let store = match journal {
+        crate::registry::JournalLocation::File(_) => {
+            ApprovalStore::File(crate::registry::open::approvals_path(journal, options))
+        }
+        crate::registry::JournalLocation::Nats(location) => {
+            ApprovalStore::nats(location, &options.nats)
+                .await
+                .map_err(|e| failed(e.to_string()))?
+        }
+    };
+    let described = store.describe();
+    Approvals::open(store, settings.clone(), registry.clone(), stop.clone())
+        .await
+        .map_err(|e| failed(format!("{described}: {e}")))
+}
+
 /// The clock over the floor an earlier run wrote down for this journal (made if missing).
 async fn open_clock(config: &ServeConfig) -> Result<Arc<Clock>, StartError> {
     let path = clock_path(&config.journal, &config.store);
@@ -433,8 +469,17 @@ impl Server {
                 registry.clone(),
             ));
         }
+        let background = CancellationToken::new();
+        let approvals = open_approvals(
+            (&config.journal, &config.store, &config.approvals),
+            &proxy_config,
+            &registry,
+            &background,
+        )
+        .await?;
         let workers = proxy_config.workers;
         let mut proxy = Proxy::new(proxy_config, registry.clone(), telemetry);
+        proxy.approvals = approvals;
         proxy.tls = tls;
         proxy.broker = config.broker.clone();
         proxy.workers = Workers::start(workers).map_err(StartError::Workers)?;
@@ -455,7 +500,6 @@ impl Server {
             None => None,
         };
         let accepting = CancellationToken::new();
-        let background = CancellationToken::new();
         // Before any connection: the descriptor the journal and the admin API fall back on.
         crate::descriptors::arm_spare();
         follower.follow(registry.clone(), background.clone());
@@ -546,6 +590,8 @@ impl Server {
         if let Some(admin) = &self.admin {
             admin.ready.store(false, Ordering::SeqCst);
         }
+        // Calls waiting for a human are answered now, not at the drain's end.
+        self.proxy.approvals.close();
         self.accepting.cancel();
         self.proxy.tasks.close();
         let open = self.proxy.tasks.len();

@@ -126,5 +126,6 @@ pub fn serve_config(journal: JournalLocation, dir: &Path, key: &Key) -> ServeCon
         wall: Default::default(),
         broker: None,
         issuing: Default::default(),
+        approvals: Default::default(),
     }
 }

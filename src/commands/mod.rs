@@ -5,6 +5,7 @@
 //! Invariant: a command returns its exit code or an error and never exits the process itself
 //! (`main` does, once); nothing outside `commands` (and `main`) imports from it, except tests.
 
+pub mod approvals;
 pub mod ca;
 pub mod check;
 pub mod completions;

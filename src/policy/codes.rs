@@ -42,11 +42,13 @@ pub enum Code {
     PathAmbiguous,
     ToolNotAllowed,
     ApprovalDenied,
+    ApprovalTimedOut,
+    ApprovalUnavailable,
     McpUnreadable,
 }
 
 impl Code {
-    pub const ALL: [Code; 33] = [
+    pub const ALL: [Code; 35] = [
         Code::LeaseMissing,
         Code::LeaseUnknown,
         Code::LeaseConflict,
@@ -79,6 +81,8 @@ impl Code {
         Code::PathAmbiguous,
         Code::ToolNotAllowed,
         Code::ApprovalDenied,
+        Code::ApprovalTimedOut,
+        Code::ApprovalUnavailable,
         Code::McpUnreadable,
     ];
 
@@ -116,6 +120,8 @@ impl Code {
             Code::PathAmbiguous => "path-ambiguous",
             Code::ToolNotAllowed => "tool-not-allowed",
             Code::ApprovalDenied => "approval-denied",
+            Code::ApprovalTimedOut => "approval-timed-out",
+            Code::ApprovalUnavailable => "approval-unavailable",
             Code::McpUnreadable => "mcp-unreadable",
         }
     }
@@ -145,7 +151,8 @@ impl Code {
             | Code::SecretExposed
             | Code::CanaryTripped
             | Code::ToolNotAllowed
-            | Code::ApprovalDenied => StatusCode::FORBIDDEN,
+            | Code::ApprovalDenied
+            | Code::ApprovalTimedOut => StatusCode::FORBIDDEN,
             Code::HostMismatch => StatusCode::MISDIRECTED_REQUEST,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::TooManyConnections | Code::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
@@ -153,6 +160,7 @@ impl Code {
                 StatusCode::BAD_GATEWAY
             }
             Code::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Code::ApprovalUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

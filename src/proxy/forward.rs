@@ -146,8 +146,12 @@ async fn to_mcp_server(
         }
     };
     let chain = &cleared.decision.chain;
-    let spending = &proxy.telemetry.spending;
-    let (tap, read) = mcp::read(server, req.method(), chain, spending, &ahead).await;
+    let edge = mcp::Edge {
+        spending: &proxy.telemetry.spending,
+        approvals: &proxy.approvals,
+        lease_closed: &cleared.token,
+    };
+    let (tap, read) = mcp::read(server, req.method(), chain, edge, &ahead).await;
     ex.mcp = Some(tap);
     let filter_answer = read?;
     match send(proxy, req, client_upgrade, to, ex).await {

@@ -1,7 +1,8 @@
 //! Requests to MCP servers (`--mcp-server`), plain or inside terminated tunnels: a POST is read
 //! whole and judged message by message before anything of it reaches the server — a
 //! `tools/call` whose tool the lease's chain does not allow is refused, and answered as a
-//! JSON-RPC error its SDK raises; the calls that go are steps, reserved along the chain — and
+//! JSON-RPC error its SDK raises; one that a lease's `approvals` names waits for a human
+//! ([`crate::approvals`]); the calls that go are steps, reserved along the chain — and
 //! answers that may list tools (to a `tools/list`, or on a GET stream) are cut to the tools the
 //! chain may call.
 //!
@@ -12,6 +13,7 @@
 
 use super::metering;
 use super::{Body, BoxError};
+use crate::approvals::{Approvals, Call};
 use crate::budget::{Bound, Charge, Reservation, Spending};
 use crate::contract::Lease;
 use crate::mcp::filter::{Filter, Framing};
@@ -28,6 +30,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio_util::sync::CancellationToken;
 
 /// The largest POST body read to judge it; larger ones are `body-too-large`.
 pub const MAX_REQUEST: usize = 4 << 20;
@@ -119,7 +122,7 @@ impl McpTap {
 pub async fn judge(
     server: &McpServer,
     chain: &[Arc<Lease>],
-    spending: &Arc<Spending>,
+    edge: Edge<'_>,
     body: &[u8],
 ) -> (McpTap, Result<Listing, Refusal>) {
     let mut tap = McpTap::unread(server);
@@ -148,13 +151,36 @@ pub async fn judge(
     tap.batch = messages.batch;
     // Notifications and responses only (no ids): an answer in the server's place is plain.
     tap.ids = messages.request_ids();
-    let verdict = verdicts(server, chain, &messages, &mut tap.line);
-    if let Err(refusal) = verdict {
-        return (tap, Err(refusal));
+    let waiting = match verdicts(server, chain, &messages, &mut tap.line) {
+        Ok(waiting) => waiting,
+        Err(refusal) => return (tap, Err(refusal)),
+    };
+    // Each call needing a human waits here, before its step is reserved: a held call costs
+    // nothing until it goes on; the first refused one refuses the request.
+    for (at, named_by) in waiting {
+        let m = &messages.messages[at];
+        let tool = server.tool(m.tool.as_deref().unwrap_or_default());
+        let call = Call {
+            chain,
+            named_by: &named_by,
+            tool: &tool,
+            arguments: m.arguments.as_deref().map_or("{}", |a| a.get()),
+        };
+        match edge.approvals.hold(call, edge.lease_closed).await {
+            Ok(approved) => {
+                let line = &mut tap.line.messages[at];
+                line.verdict = "approved";
+                line.approval = Some(approved.id);
+            }
+            Err(refusal) => {
+                mark_refused(&mut tap.line);
+                return (tap, Err(refusal));
+            }
+        }
     }
     let calls = messages.calls().count() as u64;
     if calls > 0 {
-        match metering::reserve(spending, chain, Bound::tool_calls(calls)).await {
+        match metering::reserve(edge.spending, chain, Bound::tool_calls(calls)).await {
             Ok(reservation) => {
                 tap.steps = Some(reservation);
                 tap.line.steps = calls;
@@ -173,15 +199,26 @@ pub async fn judge(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Listing(pub bool);
 
-/// Each message's verdict on the line; the first refused tool's refusal, if any.
+/// What a request to an MCP server is judged with besides its chain.
+#[derive(Clone, Copy)]
+pub struct Edge<'a> {
+    pub spending: &'a Arc<Spending>,
+    pub approvals: &'a Approvals,
+    /// The connection's lease token: cancelled when the lease closes.
+    pub lease_closed: &'a CancellationToken,
+}
+
+/// Each message's verdict on the line; the first refused tool's refusal, if any, else the
+/// calls that wait for a human (their index, and the lease whose `approvals` names them).
 fn verdicts(
     server: &McpServer,
     chain: &[Arc<Lease>],
     messages: &Messages,
     line: &mut McpCall,
-) -> Result<(), Refusal> {
+) -> Result<Vec<(usize, String)>, Refusal> {
     let mut refusal = None;
-    for m in &messages.messages {
+    let mut waiting = Vec::new();
+    for (at, m) in messages.messages.iter().enumerate() {
         let mut verdict = "allowed";
         if let (Some(TOOLS_CALL), Some(tool)) = (m.method.as_deref(), &m.tool) {
             let named = server.tool(tool);
@@ -196,23 +233,14 @@ fn verdicts(
                         )
                     });
                 }
-                ToolVerdict::NeedsApproval { lease_id } => {
-                    verdict = "refused";
-                    refusal.get_or_insert_with(|| {
-                        Refusal::new(
-                            Code::ApprovalDenied,
-                            format!(
-                                "tool {named} needs a human's approval first (lease {lease_id}'s approvals)"
-                            ),
-                        )
-                    });
-                }
+                ToolVerdict::NeedsApproval { lease_id } => waiting.push((at, lease_id)),
             }
         }
         line.messages.push(McpMessage {
             method: m.method.clone(),
             tool: m.tool.clone(),
             verdict,
+            approval: None,
         });
     }
     match refusal {
@@ -220,7 +248,7 @@ fn verdicts(
             mark_refused(line);
             Err(refusal)
         }
-        None => Ok(()),
+        None => Ok(waiting),
     }
 }
 
@@ -343,11 +371,11 @@ pub async fn read(
     server: &McpServer,
     method: &http::Method,
     chain: &[Arc<Lease>],
-    spending: &Arc<Spending>,
+    edge: Edge<'_>,
     ahead: &[u8],
 ) -> (Box<McpTap>, Result<bool, Refusal>) {
     if method == http::Method::POST {
-        let (tap, verdict) = judge(server, chain, spending, ahead).await;
+        let (tap, verdict) = judge(server, chain, edge, ahead).await;
         return (Box::new(tap), verdict.map(|listing| listing.0));
     }
     (

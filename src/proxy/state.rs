@@ -39,6 +39,8 @@ pub struct Proxy {
     pub descriptors: Arc<crate::descriptors::Descriptors>,
     /// Set: tunnels to the hosts of its secrets are terminated (`--secrets`, `--ca-dir`).
     pub broker: Option<Arc<crate::intercept::Broker>>,
+    /// Where calls needing a human's approval wait (none: such a call is refused).
+    pub approvals: Arc<crate::approvals::Approvals>,
 }
 
 impl Proxy {
@@ -60,6 +62,7 @@ impl Proxy {
             workers: super::Workers::default(),
             descriptors: Arc::new(crate::descriptors::Descriptors::current()),
             broker: None,
+            approvals: Arc::new(crate::approvals::Approvals::none()),
         }
     }
 }

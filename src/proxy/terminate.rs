@@ -401,9 +401,13 @@ impl Inside {
         ex.secrets = given;
         let filter_answer = match server {
             Some(server) => {
-                let spending = &proxy.telemetry.spending;
+                let edge = mcp::Edge {
+                    spending: &proxy.telemetry.spending,
+                    approvals: &proxy.approvals,
+                    lease_closed: &self.cleared.token,
+                };
                 let (tap, read) =
-                    mcp::read(server, &parts.method, &decision.chain, spending, &ahead).await;
+                    mcp::read(server, &parts.method, &decision.chain, edge, &ahead).await;
                 ex.mcp = Some(tap);
                 read?
             }

@@ -103,6 +103,11 @@ pub fn spent_path(location: &JournalLocation, options: &StoreOptions) -> PathBuf
     beside(location, options, "spent")
 }
 
+/// The approvals file of a file journal (`<journal>.approvals`), shared by its replicas.
+pub fn approvals_path(location: &JournalLocation, options: &StoreOptions) -> PathBuf {
+    beside(location, options, "approvals")
+}
+
 /// A proxy's own file for `location`: beside a file journal, under `--data-dir` for a stream.
 fn beside(location: &JournalLocation, options: &StoreOptions, suffix: &str) -> PathBuf {
     match location {

@@ -130,8 +130,12 @@ pub struct McpMessage {
     pub method: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
-    /// `allowed`, or `refused` (the request was refused: this message's tool, or another's).
+    /// `allowed`, `approved` (it waited for a human, who let it go on), or `refused` (the
+    /// request was refused: this message's tool, or another's).
     pub verdict: &'static str,
+    /// The approval it waited for (`GET /approvals/{id}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
 }
 
 /// The `model` object of a metered call's line: the token fields and `cost_usd` when its

@@ -15,6 +15,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+/// A path (its segments, escaped when joined) and a query string.
+struct Target<'a> {
+    segments: &'a [&'a str],
+    query: Option<&'a str>,
+}
+
 /// Where the admin API is and how it is reached: its URL, whether by TLS, and the trust
 /// anchors for its certificate (`None`: the public roots).
 pub struct AdminApi {
@@ -168,12 +174,27 @@ impl AdminApi {
     }
 
     /// `GET` of the path made of `segments` (with `token` as bearer token): status and body.
-    async fn get(
+    pub async fn get(
         &self,
         segments: &[&str],
         token: Option<&str>,
     ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
         self.request(http::Method::GET, segments, token, None).await
+    }
+
+    /// [`AdminApi::get`] with a query string (`key=value&…`, already encoded).
+    pub async fn get_query(
+        &self,
+        segments: &[&str],
+        query: &str,
+        token: Option<&str>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
+        let at = Target {
+            segments,
+            query: Some(query),
+        };
+        self.request_at(http::Method::GET, at, token, &[], None)
+            .await
     }
 
     /// `method` on the path made of `segments` (with `token` as bearer token, and a JSON
@@ -196,6 +217,21 @@ impl AdminApi {
         headers: &[(&str, &str)],
         body: Option<String>,
     ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
+        let at = Target {
+            segments,
+            query: None,
+        };
+        self.request_at(method, at, token, headers, body).await
+    }
+
+    async fn request_at(
+        &self,
+        method: http::Method,
+        Target { segments, query }: Target<'_>,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<String>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), RunError> {
         let addrs = self.addresses(token.is_some()).await?;
         let stream = tokio::net::TcpStream::connect(&addrs[..])
             .await
@@ -210,9 +246,13 @@ impl AdminApi {
             Some(port) => format!("{}:{port}", self.url.host_str().unwrap_or_default()),
             None => self.url.host_str().unwrap_or_default().to_owned(),
         };
+        path.set_query(query);
         let mut request = http::Request::builder()
             .method(method)
-            .uri(path.path())
+            .uri(match path.query() {
+                Some(query) => format!("{}?{query}", path.path()),
+                None => path.path().to_owned(),
+            })
             .header(http::header::HOST, authority);
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));

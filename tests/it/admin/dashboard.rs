@@ -1209,3 +1209,120 @@ async fn the_first_paint_shows_the_minutes_before_it_and_the_lease_page_what_a_l
     browser.quit().await;
     server.shutdown().await;
 }
+
+/// A `tools/call` of `tool` to the plain MCP server `mcp.notes.test` on `port`, as `lease`,
+/// sent in the background: the raw answer.
+fn held_call(
+    proxy: SocketAddr,
+    port: u16,
+    lease: &str,
+    tool: &str,
+) -> tokio::task::JoinHandle<String> {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
+    );
+    let request = format!(
+        "POST http://mcp.notes.test:{port}/mcp HTTP/1.1\r\nHost: mcp.notes.test:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::spawn(
+        async move { crate::support::harness::raw_to_close(proxy, request.as_bytes()).await },
+    )
+}
+
+/// The approval buttons: a call held for a human shows with Approve and Deny (behind the admin
+/// token); Approve lets it go on, Deny refuses it with the reason typed in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_approves_and_denies_held_calls() {
+    if missing(
+        &[&chromedriver_bin(), "chromium"],
+        "apt-get install chromium chromium-driver; .ci/run does",
+    ) {
+        return;
+    }
+    const TOKEN: &str = "dashboard-approvals-token";
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let port = origin.addr.port();
+    let lease = h.lease_from(
+        &["mcp.notes.test"],
+        json!({"allow": {"tools": ["notes/send_mail", "notes/delete_note"]},
+               "approvals": ["notes/send_mail", "notes/delete_note"]}),
+        None,
+    );
+    let mut config = h.config(&[("mcp.notes.test", "127.0.0.1")]);
+    config.mcp = std::sync::Arc::new(
+        leasegate::mcp::McpServers::parse(&[format!("notes=http://mcp.notes.test:{port}/mcp")])
+            .unwrap(),
+    );
+    let mut serve = h.serve_config(config, None);
+    serve.admin_token = Some(TOKEN.into());
+    let server = Server::start(serve).await.unwrap();
+    let admin = server.admin_addr.unwrap();
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{admin}/")).await;
+    browser
+        .script(&format!(
+            "sessionStorage.setItem('leasegate-admin-token', '{TOKEN}'); location.reload();"
+        ))
+        .await;
+    let held = held_call(server.addr, port, &lease, "send_mail");
+    let row = "tr.approval";
+    browser
+        .until(
+            Duration::from_secs(10),
+            &format!("return document.querySelector(\"{row}\") !== null;"),
+        )
+        .await
+        .expect("the held call is listed");
+    assert_eq!(
+        browser
+            .script(&format!(
+                "return document.querySelector(\"{row} [data-field=tool]\").textContent;"
+            ))
+            .await,
+        "notes/send_mail"
+    );
+    browser.click(&format!("{row} button.approve")).await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("the approved call goes on")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    browser
+        .until(
+            Duration::from_secs(10),
+            &format!("return document.querySelector(\"{row}\") === null;"),
+        )
+        .await
+        .expect("a decided call leaves the list");
+
+    let held = held_call(server.addr, port, &lease, "delete_note");
+    browser
+        .until(
+            Duration::from_secs(10),
+            &format!("return document.querySelector(\"{row}\") !== null;"),
+        )
+        .await
+        .expect("the second held call is listed");
+    browser
+        .script("window.prompt = () => 'not from the dashboard'; return null;")
+        .await;
+    browser.click(&format!("{row} button.deny")).await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("the denied call is answered")
+        .unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 403 approval-denied"),
+        "{answer}"
+    );
+    assert!(answer.contains("not from the dashboard"), "{answer}");
+    assert_eq!(
+        origin.connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the approved call reached the server"
+    );
+    browser.quit().await;
+}

@@ -24,6 +24,9 @@ const TOKEN: &str = "openapi-admin-token";
 /// A lease id no journal holds.
 const UNKNOWN: &str = "0f9b7c1e-4a2d-4c6e-9b1f-2d3e4f5a6b7c";
 
+/// An approval id no store holds.
+const NO_APPROVAL: &str = "apr-00000000000000000000000000000000";
+
 /// One secret, for the agent `coder`: its leases get a placeholder and the interception CA.
 const SECRETS: &str = r#"
 [[secret]]
@@ -54,6 +57,12 @@ const NOT_PROVOKED: &[(&str, u16, &str)] = &[
     ("POST /leases/{id}/revoke", 500, "no record can be built"),
     ("POST /leases/{id}/complete", 500, "no record can be built"),
     ("POST /leases/{id}/stop", 500, "no record can be built"),
+    // As above: a call is held only once its lease's key signed its request.
+    (
+        "POST /approvals/{id}",
+        500,
+        "a held call's lease without its key",
+    ),
 ];
 
 /// Requests to the admin API, each answer checked against the document and noted.
@@ -222,6 +231,9 @@ fn every(l: &Leases) -> Vec<(&'static str, String)> {
         ("POST", leases_of(&l.coder, "/revoke")),
         ("POST", leases_of(&l.coder, "/complete")),
         ("POST", leases_of(&l.coder, "/stop")),
+        ("GET", "/approvals".into()),
+        ("GET", format!("/approvals/{NO_APPROVAL}")),
+        ("POST", format!("/approvals/{NO_APPROVAL}")),
         ("GET", "/refusals".into()),
         ("GET", "/rates".into()),
         ("DELETE", "/status".into()),
@@ -237,10 +249,16 @@ async fn every_declared_answer_is_given_and_every_answer_is_declared() {
     openapi::compile_all();
     let h = Harness::new();
     let origin = http_origin().await;
-    let mut config = h.serve_config(
-        h.config(&[("origin.test", "127.0.0.1")]),
-        Some(port_range(16)),
+    // A lease whose tool waits for a human, on an MCP server the origin stands in for.
+    let approver = h.lease_from(
+        &["origin.test"],
+        json!({"allow": {"tools": ["notes/send_mail"]}, "approvals": ["notes/send_mail"]}),
+        None,
     );
+    let mut proxy = h.config(&[("origin.test", "127.0.0.1")]);
+    let mcp = format!("notes=http://origin.test:{}/mcp", origin.addr.port());
+    proxy.mcp = std::sync::Arc::new(leasegate::mcp::McpServers::parse(&[mcp]).unwrap());
+    let mut config = h.serve_config(proxy, Some(port_range(16)));
     config.admin_token = Some(TOKEN.into());
     config.broker = Some(broker(&h));
     let server = Server::start(config).await.unwrap();
@@ -255,6 +273,7 @@ async fn every_declared_answer_is_given_and_every_answer_is_declared() {
         ("POST", leases_of(UNKNOWN, "/revoke")),
         ("POST", leases_of(UNKNOWN, "/complete")),
         ("POST", leases_of(UNKNOWN, "/stop")),
+        ("POST", format!("/approvals/{NO_APPROVAL}")),
     ]
     .into_iter()
     .map(|(method, path)| {
@@ -268,6 +287,7 @@ async fn every_declared_answer_is_given_and_every_answer_is_declared() {
     let leases = Box::pin(issuing(&mut p)).await;
     Box::pin(lease_routes(&mut p, &server, origin.addr, &leases)).await;
     Box::pin(endings(&mut p, &leases)).await;
+    Box::pin(approvals(&mut p, &server, origin.addr, &approver)).await;
     Box::pin(before_any_route(&mut p, &leases)).await;
     Box::pin(beyond_the_connection_limit(&mut p, &leases)).await;
     for late in late {
@@ -445,6 +465,52 @@ async fn endings(p: &mut Probe, l: &Leases) {
     }
 }
 
+/// The approvals: a call held (a `tools/call` of a tool the lease's `approvals` names) is
+/// listed, shown, approved, and decided only once.
+async fn approvals(p: &mut Probe, server: &Server, origin: SocketAddr, lease: &str) {
+    let port = origin.port();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_mail"}}"#;
+    let call = format!(
+        "POST http://origin.test:{port}/mcp HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let proxy = server.addr;
+    let held = tokio::spawn(async move { raw(proxy, call.as_bytes()).await });
+    let listed = p
+        .until("GET", "/approvals", Duration::from_secs(10), |_, answer| {
+            answer["approvals"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        })
+        .await;
+    let id = listed["approvals"][0]["id"].as_str().unwrap().to_owned();
+    let path = format!("/approvals/{id}");
+    assert_eq!(
+        p.admin("GET", "/approvals?status=all&limit=5", "").await.0,
+        200
+    );
+    assert_eq!(p.admin("GET", "/approvals?status=some", "").await.0, 400);
+    assert_eq!(p.admin("GET", &path, "").await.0, 200);
+    assert_eq!(p.admin("GET", "/approvals/apr-1", "").await.0, 400);
+    let unknown = format!("/approvals/{NO_APPROVAL}");
+    assert_eq!(p.admin("GET", &unknown, "").await.0, 404);
+    let approve = r#"{"decision":"approve"}"#;
+    assert_eq!(p.admin("POST", &unknown, approve).await.0, 404);
+    assert_eq!(
+        p.admin("POST", &path, r#"{"decision":"deny"}"#).await.0,
+        400
+    );
+    let too_long = json!({"decision": "deny", "reason": "y".repeat(17 * 1024)}).to_string();
+    assert_eq!(p.admin("POST", &path, &too_long).await.0, 413);
+    assert_eq!(p.admin("POST", &path, approve).await.0, 200);
+    assert_eq!(p.admin("POST", &path, approve).await.0, 409);
+    let answer = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status_of(&answer), 200, "{answer}");
+}
+
 /// What every request passes before its route, for one request of each operation: a `Host`
 /// (400, 421), a token (401; 404 for one naming an unknown lease; 403 for a lease's own token
 /// elsewhere than its own routes), JSON for a write (415); then another method (405) and
@@ -485,6 +551,9 @@ async fn before_any_route(p: &mut Probe, l: &Leases) {
         ("POST", leases_of(&l.coder, "/revoke")),
         ("POST", leases_of(&l.other, "/complete")),
         ("POST", leases_of(&l.other, "/stop")),
+        ("GET", "/approvals".into()),
+        ("GET", format!("/approvals/{NO_APPROVAL}")),
+        ("POST", format!("/approvals/{NO_APPROVAL}")),
         ("DELETE", leases_of(&l.coder, "")),
         ("GET", "/nope".into()),
     ] {

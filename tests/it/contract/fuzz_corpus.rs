@@ -5,6 +5,10 @@
 mod admin_origin;
 #[path = "../../../fuzz/checks/admin_query.rs"]
 mod admin_query;
+#[path = "../../../fuzz/checks/approval_decision.rs"]
+mod approval_decision;
+#[path = "../../../fuzz/checks/approval_line.rs"]
+mod approval_line;
 #[path = "../../../fuzz/checks/broadcast.rs"]
 mod broadcast;
 #[path = "../../../fuzz/checks/canonical.rs"]
@@ -67,6 +71,8 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
     for (target, check, at_least) in [
         ("admin_origin", admin_origin::check as fn(&[u8]), 8),
         ("admin_query", admin_query::check, 8),
+        ("approval_decision", approval_decision::check, 12),
+        ("approval_line", approval_line::check, 12),
         ("canonical", canonical::check, 20),
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),

@@ -612,6 +612,7 @@ impl Harness {
             wall: Default::default(),
             broker: None,
             issuing: Default::default(),
+            approvals: Default::default(),
         }
     }
 

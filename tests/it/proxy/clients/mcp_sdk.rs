@@ -15,19 +15,19 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const PLAIN: &str = "mcp.notes.test";
+pub(super) const PLAIN: &str = "mcp.notes.test";
 const TLS: &str = "mcp.secure.test";
 
 /// The SDK's server on a free loopback port (HTTPS with `tls`: certificate and key files),
 /// and the file each tool call it runs is written to.
-struct McpServerProcess {
+pub(super) struct McpServerProcess {
     _child: tokio::process::Child,
-    port: u16,
+    pub(super) port: u16,
     calls: PathBuf,
 }
 
 impl McpServerProcess {
-    async fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> McpServerProcess {
+    pub(super) async fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> McpServerProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -62,7 +62,7 @@ impl McpServerProcess {
     }
 
     /// The tools it ran, in order.
-    fn ran(&self) -> Vec<String> {
+    pub(super) fn ran(&self) -> Vec<String> {
         std::fs::read_to_string(&self.calls)
             .unwrap_or_default()
             .lines()
@@ -72,7 +72,12 @@ impl McpServerProcess {
 }
 
 /// Runs the client script against `url` with `env`, returning the JSON line of each step.
-async fn client(dir: &Path, url: &str, env: &[(&str, &str)], steps: &[&str]) -> Vec<Value> {
+pub(super) async fn client(
+    dir: &Path,
+    url: &str,
+    env: &[(&str, &str)],
+    steps: &[&str],
+) -> Vec<Value> {
     let script = crate::support::data("clients/mcp/client.py");
     let mut args = vec![script.to_str().unwrap(), url];
     args.extend_from_slice(steps);
@@ -86,7 +91,7 @@ async fn client(dir: &Path, url: &str, env: &[(&str, &str)], steps: &[&str]) -> 
 }
 
 /// The egress lines with an `mcp` object, once there are `n`.
-async fn mcp_lines(h: &Harness, n: usize) -> Vec<Value> {
+pub(super) async fn mcp_lines(h: &Harness, n: usize) -> Vec<Value> {
     let found = crate::support::harness::eventually(Duration::from_secs(10), || async {
         let text = tokio::fs::read_to_string(&h.egress).await.ok()?;
         let lines: Vec<Value> = text
@@ -101,7 +106,7 @@ async fn mcp_lines(h: &Harness, n: usize) -> Vec<Value> {
 }
 
 /// The `tools/call` lines: (tool, verdict, code, steps).
-fn calls(lines: &[Value]) -> Vec<(String, String, Value, u64)> {
+pub(super) fn calls(lines: &[Value]) -> Vec<(String, String, Value, u64)> {
     lines
         .iter()
         .filter_map(|l| {
@@ -118,14 +123,14 @@ fn calls(lines: &[Value]) -> Vec<(String, String, Value, u64)> {
         .collect()
 }
 
-fn tools(names: &[&str]) -> Value {
+pub(super) fn tools(names: &[&str]) -> Value {
     json!(names
         .iter()
         .map(|n| format!("notes/{n}"))
         .collect::<Vec<_>>())
 }
 
-async fn proxy_for(
+pub(super) async fn proxy_for(
     h: &Harness,
     server: &str,
     adjust: impl FnOnce(&mut leasegate::config::ServeConfig),
@@ -318,27 +323,25 @@ async fn a_terminated_mcp_server_is_read_too_and_a_childs_tools_are_its_whole_ch
     assert_eq!(calls(&lines).len(), 4);
 }
 
-/// The refusals no SDK provokes by itself: a body read two ways, and a tool that needs an
-/// approval. Raw requests, answered in the server's place; nothing reaches the origin.
+/// The refusal no SDK provokes by itself: a body read two ways. A raw request, answered in the
+/// server's place; nothing reaches the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ambiguous_body_and_a_tool_needing_approval_are_refused_as_json_rpc() {
+async fn an_ambiguous_body_is_refused_as_json_rpc() {
     let h = Harness::new();
     let origin = crate::support::harness::http_origin().await;
     let port = origin.addr.port();
     let lease = h.lease_from(
         &[PLAIN],
-        json!({"allow": {"tools": tools(&["send_mail"])}, "approvals": ["notes/send_mail"]}),
+        json!({"allow": {"tools": tools(&["send_mail"])}}),
         None,
     );
     let server = proxy_for(&h, &format!("notes=http://{PLAIN}:{port}/mcp"), |_| {}).await;
-    let post = |body: &str| {
-        format!(
-            "POST http://{PLAIN}:{port}/mcp HTTP/1.1\r\nHost: {PLAIN}:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    };
     let twice = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_mail","name":"delete_note"}}"#;
-    let answer = crate::support::harness::raw_to_close(server.addr, post(twice).as_bytes()).await;
+    let answer = crate::support::harness::raw_to_close(
+        server.addr,
+        mcp_post(port, &lease, twice).as_bytes(),
+    )
+    .await;
     assert!(
         answer.starts_with("HTTP/1.1 400 mcp-unreadable\r\n"),
         "{answer}"
@@ -348,22 +351,19 @@ async fn an_ambiguous_body_and_a_tool_needing_approval_are_refused_as_json_rpc()
         answer.contains(r#""id":null"#) && answer.contains("duplicate field `name`"),
         "{answer}"
     );
-    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"send_mail"}}"#;
-    let answer = crate::support::harness::raw_to_close(server.addr, post(call).as_bytes()).await;
-    assert!(
-        answer.starts_with("HTTP/1.1 403 approval-denied\r\n"),
-        "{answer}"
-    );
-    assert!(
-        answer.contains(r#""id":7"#) && answer.contains("needs a human's approval first"),
-        "{answer}"
-    );
-    let lines = mcp_lines(&h, 2).await;
-    let codes: Vec<&Value> = lines.iter().map(|l| &l["code"]).collect();
-    assert_eq!(codes, [&json!("mcp-unreadable"), &json!("approval-denied")]);
+    let lines = mcp_lines(&h, 1).await;
+    assert_eq!(lines[0]["code"], "mcp-unreadable");
     assert_eq!(
         origin.connections.load(std::sync::atomic::Ordering::SeqCst),
         0,
         "nothing reached the server"
     );
+}
+
+/// A raw POST of `body` to the plain MCP server on `port` as `lease`.
+pub(super) fn mcp_post(port: u16, lease: &str, body: &str) -> String {
+    format!(
+        "POST http://{PLAIN}:{port}/mcp HTTP/1.1\r\nHost: {PLAIN}:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
