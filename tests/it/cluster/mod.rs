@@ -1,6 +1,7 @@
 //! Replicas sharing a journal through NATS JetStream: scale-out, failover, quorum loss, catch-up,
 //! bridges, usage, purge.
 
+pub mod approvals;
 pub mod bridges;
 pub mod catch_up;
 pub mod egress_forgery;
