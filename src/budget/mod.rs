@@ -20,7 +20,7 @@ use crate::telemetry::egress_stream::Follower;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The ceilings of one lease's budget that model calls spend (`budget.tokens`,
@@ -381,6 +381,9 @@ pub struct Spending {
     others: OnceLock<Arc<AtomicBool>>,
     /// Where what is spent is kept across restarts (`serve`); unset: in memory only.
     log: OnceLock<log::SpendLog>,
+    /// Bumped whenever what some lease spent grows: a stream in flight looks at its chain's
+    /// spending again only then ([`Reservation::crossed`]).
+    changes: AtomicU64,
 }
 
 impl Spending {
@@ -403,6 +406,7 @@ impl Spending {
 
     /// `add` to the own total of `chain`'s first lease and to the subtree total of each.
     fn along<'a>(&self, chain: impl IntoIterator<Item = &'a str>, add: impl Fn(&mut Spent)) {
+        self.changes.fetch_add(1, Ordering::Release);
         let mut leases = self.lock();
         for (i, id) in chain.into_iter().enumerate() {
             let entry = entry(&mut leases, id);
@@ -490,24 +494,7 @@ impl Spending {
             if self.others_unknown() {
                 return Err(Exhausted::OthersUnknown);
             }
-            let known = leases.get(id).copied().unwrap_or_default();
-            let (spent, held) = (known.subtree, known.in_flight);
-            // Each ceiling with what counts against it: spent, and reserved by calls in flight.
-            let ceilings = [
-                (
-                    "tokens",
-                    budget.tokens.map(|t| t as f64),
-                    spent.tokens as f64,
-                    held.tokens as f64,
-                ),
-                (
-                    "steps",
-                    budget.steps.map(|s| s as f64),
-                    spent.steps() as f64,
-                    held.steps() as f64,
-                ),
-                ("cost_usd", budget.cost_usd, spent.cost_usd, held.cost_usd),
-            ];
+            let ceilings = figures(budget, leases.get(id).copied().unwrap_or_default());
             for (ceiling, limit, spent, reserved) in ceilings {
                 // A call is admitted while what it counts fits under the ceiling: one step
                 // each (a batch of tool calls, all of them), any tokens or cost at all.
@@ -562,9 +549,11 @@ impl Spending {
         let mut reservation = Reservation {
             spending: self.clone(),
             chain: ids,
+            ceilings: chain.iter().map(|(_, c)| *c).collect(),
             bound,
             logged: None,
             settled: false,
+            seen_changes: self.changes.load(Ordering::Acquire),
         };
         let budgeted = chain.iter().any(|(_, c)| c.any());
         if let (true, Some(log)) = (budgeted, self.log.get()) {
@@ -599,6 +588,27 @@ impl Spending {
     }
 }
 
+/// Each ceiling of `budget` with what counts against it in `known`: spent by its subtree, and
+/// reserved by the subtree's calls in flight.
+fn figures(budget: Ceilings, known: LeaseSpending) -> [(&'static str, Option<f64>, f64, f64); 3] {
+    let (spent, held) = (known.subtree, known.in_flight);
+    [
+        (
+            "tokens",
+            budget.tokens.map(|t| t as f64),
+            spent.tokens as f64,
+            held.tokens as f64,
+        ),
+        (
+            "steps",
+            budget.steps.map(|s| s as f64),
+            spent.steps() as f64,
+            held.steps() as f64,
+        ),
+        ("cost_usd", budget.cost_usd, spent.cost_usd, held.cost_usd),
+    ]
+}
+
 fn entry<'m>(leases: &'m mut HashMap<Arc<str>, LeaseSpending>, id: &str) -> &'m mut LeaseSpending {
     // One lookup for a lease already there, which is nearly every call.
     if leases.contains_key(id) {
@@ -613,7 +623,11 @@ fn entry<'m>(leases: &'m mut HashMap<Arc<str>, LeaseSpending>, id: &str) -> &'m 
 pub struct Reservation {
     spending: Arc<Spending>,
     chain: Vec<Arc<str>>,
+    /// The budget of each lease of `chain`.
+    ceilings: Vec<Ceilings>,
     bound: Bound,
+    /// [`Spending::changes`] when the chain's spending was last looked at.
+    seen_changes: u64,
     /// The spend log's id for it, when it was written there.
     logged: Option<u64>,
     settled: bool,
@@ -625,6 +639,38 @@ impl Reservation {
         self.bound
     }
 
+    /// Whether, while this call is in flight, what its chain spent (this replica's calls that
+    /// ended, and the other replicas' folded in) has reached a ceiling of `tokens` or
+    /// `cost_usd`: the first such lease. Costs an atomic load unless some spending grew since
+    /// the last look.
+    pub fn crossed(&mut self) -> Option<Exhausted> {
+        let now = self.spending.changes.load(Ordering::Acquire);
+        if now == self.seen_changes {
+            return None;
+        }
+        self.seen_changes = now;
+        let leases = self.spending.lock();
+        for (id, budget) in self.chain.iter().zip(&self.ceilings) {
+            let known = leases.get(&**id).copied().unwrap_or_default();
+            // Steps were all taken at admission: a stream in flight spends no more of them.
+            let crossed = figures(*budget, known)
+                .into_iter()
+                .find(|(ceiling, limit, spent, _)| {
+                    *ceiling != "steps" && limit.is_some_and(|limit| *spent >= limit)
+                });
+            if let Some((ceiling, Some(limit), spent, reserved)) = crossed {
+                return Some(Exhausted::Spent {
+                    lease_id: id.to_string(),
+                    ceiling,
+                    spent,
+                    reserved,
+                    limit,
+                });
+            }
+        }
+        None
+    }
+
     /// The call ended: `charge` replaces its reservation, along its chain and in the spend log.
     pub fn settle(mut self, charge: Charge) {
         self.settle_with(&charge);
@@ -632,6 +678,7 @@ impl Reservation {
 
     fn settle_with(&mut self, charge: &Charge) {
         self.settled = true;
+        self.spending.changes.fetch_add(1, Ordering::Release);
         {
             let mut leases = self.spending.lock();
             for (i, id) in self.chain.iter().enumerate() {
@@ -834,6 +881,41 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(spending.of("lease").own.tool_calls, 2);
+    }
+
+    #[tokio::test]
+    async fn a_call_in_flight_sees_its_chains_ceiling_crossed_by_what_others_spent() {
+        let spending = Arc::new(Spending::default());
+        let tokens = |t| Ceilings {
+            tokens: Some(t),
+            cost_usd: None,
+            steps: None,
+        };
+        let chain: Vec<(Arc<str>, Ceilings)> = vec![
+            ("child".into(), Ceilings::default()),
+            ("parent".into(), tokens(100)),
+        ];
+        let bound = Bound {
+            input_tokens: 10,
+            output_tokens: 40,
+            cost_usd: None,
+            tool_calls: 0,
+        };
+        let mut flying = spending.reserve(&chain, bound).await.unwrap();
+        // Its own reservation is no crossing; nor is what others spent below the ceiling.
+        assert!(flying.crossed().is_none());
+        spending.charge(["sibling", "parent"], &call(30, 29, None));
+        assert!(flying.crossed().is_none());
+        // Another replica's call, folded in, reaches the parent's ceiling.
+        spending.charge(["other", "parent"], &call(40, 1, None));
+        let crossed = flying.crossed().expect("the parent's ceiling is reached");
+        assert_eq!(
+            crossed.refusal().detail,
+            "lease parent's budget.tokens is spent: 100 of 100, and 50 reserved by calls in flight"
+        );
+        // Nothing changed since: an atomic load, no lock, no answer.
+        assert!(flying.crossed().is_none());
+        flying.settle(bound.charge());
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct Metered<B> {
     exchange: Option<Exchange>,
     /// Told when the body has ended (the request was sent whole).
     ended: Option<tokio::sync::oneshot::Sender<()>>,
+    /// A metered stream cut for its budget: the body has ended.
+    cut: bool,
 }
 
 impl<B> Metered<B> {
@@ -59,6 +61,7 @@ impl<B> Metered<B> {
             cancelled: None,
             exchange,
             ended: None,
+            cut: false,
         }
     }
 
@@ -88,6 +91,10 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.cut {
+            self.exchange.take();
+            return Poll::Ready(None);
+        }
         if self.token.is_cancelled() {
             return self.end_cancelled();
         }
@@ -95,8 +102,20 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.counter.fetch_add(data.len() as u64, Ordering::Relaxed);
-                    if let Some(tap) = self.exchange.as_mut().and_then(|ex| ex.model.as_mut()) {
-                        tap.feed(data);
+                    if let Some(ex) = self.exchange.as_mut() {
+                        if let Some(tap) = ex.model.as_mut() {
+                            tap.feed(data);
+                            // A stream its chain's budget ran out under: ended at an event's
+                            // end with the API's error event; the upstream is let go.
+                            if let Some((at, ending, why)) = tap.cut(data) {
+                                ex.error = Some(format!("cut for the budget: {why}"));
+                                let mut out = Vec::with_capacity(at + ending.len());
+                                out.extend_from_slice(&data[..at]);
+                                out.extend_from_slice(&ending);
+                                self.cut = true;
+                                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                            }
+                        }
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -130,7 +149,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.cut || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -3,9 +3,12 @@
 //! reservation of that bound, and the tap that reads the call's usage from its response as it
 //! is relayed, then settles the reservation and puts the call on the egress line.
 //!
-//! Invariants: the tap only reads — every byte goes to the client as it came, when it came; a
-//! call is charged exactly once, when its exchange ends (whole, cut or dropped); one whose
-//! usage could not be read is charged its bound, and counted unmetered, never as zero tokens.
+//! Invariants: the tap only reads — every byte goes to the client as it came, when it came —
+//! but for one cut: a streamed answer during which its chain's spending reached a ceiling (the
+//! other replicas' calls, or this one's that ended) ends at its next event boundary with the
+//! API's own error event, so its SDK raises; a call is charged exactly once, when its exchange
+//! ends (whole, cut or dropped); one whose usage could not be read — a cut one included — is
+//! charged its bound, and counted unmetered, never as zero tokens.
 
 use crate::budget::{Bound, Ceilings, Charge, Exhausted, Reservation, Spending};
 use crate::contract::Lease;
@@ -80,6 +83,11 @@ pub struct Tap {
     prices: Option<Arc<Prices>>,
     /// The response's status, once its head came.
     status: Option<http::StatusCode>,
+    /// The answer is an event stream (one that can be cut at an event's end).
+    streamed: bool,
+    /// The ceiling the chain reached while the answer was relayed: it is cut at the next
+    /// event boundary.
+    crossed: Option<Exhausted>,
 }
 
 impl std::fmt::Debug for Tap {
@@ -104,6 +112,8 @@ impl Tap {
             reservation,
             prices,
             status: None,
+            streamed: false,
+            crossed: None,
         }
     }
 
@@ -115,7 +125,32 @@ impl Tap {
     /// The response head, before any of its body.
     pub fn head(&mut self, status: http::StatusCode, headers: &http::HeaderMap) {
         self.status = Some(status);
+        self.streamed = status.is_success()
+            && headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| {
+                    v.trim_start()
+                        .to_ascii_lowercase()
+                        .starts_with("text/event-stream")
+                });
         self.meter.head(status, headers);
+    }
+
+    /// After `chunk` was fed: when the chain's budget has been crossed while this streamed
+    /// answer is relayed, how much of `chunk` still goes (up to its last event boundary), the
+    /// API's error event that ends the stream, and why. `None`: relay on (a chunk without an
+    /// event boundary is relayed whole, and the cut waits for one).
+    pub fn cut(&mut self, chunk: &[u8]) -> Option<(usize, bytes::Bytes, String)> {
+        if !self.streamed {
+            return None;
+        }
+        if self.crossed.is_none() {
+            self.crossed = self.reservation.crossed();
+        }
+        let detail = self.crossed.as_ref()?.refusal().detail;
+        let at = event_boundary(chunk)?;
+        Some((at, error_event(self.api, &detail), detail))
     }
 
     /// A chunk of the response body, as relayed.
@@ -173,6 +208,35 @@ impl Tap {
         self.reservation.settle(Charge::of_call(&call));
         call
     }
+}
+
+/// Just after the last event of `chunk` that ends in it (a blank line), if one does.
+fn event_boundary(chunk: &[u8]) -> Option<usize> {
+    let lf = chunk.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = chunk
+        .windows(4)
+        .rposition(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4);
+    lf.max(crlf)
+}
+
+/// The event a stream cut for its budget ends with, as the API writes its own errors: OpenAI's
+/// SDK raises `APIError` on a data event holding `error`, Anthropic's on an `error` event.
+fn error_event(api: Api, detail: &str) -> bytes::Bytes {
+    let message = format!("leasegate cut this stream: budget-exhausted ({detail})");
+    let event = match api {
+        Api::OpenAi => {
+            let data = serde_json::json!({"error": {"message": message, "type": "budget_exhausted",
+                "param": null, "code": "budget-exhausted"}});
+            format!("data: {data}\n\n")
+        }
+        Api::Anthropic => {
+            let data = serde_json::json!({"type": "error", "error": {"type": "budget_exhausted",
+                "message": message}});
+            format!("event: error\ndata: {data}\n\n")
+        }
+    };
+    bytes::Bytes::from(event)
 }
 
 /// The API's name as the egress line spells it.

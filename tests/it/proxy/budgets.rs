@@ -514,7 +514,7 @@ async fn with_the_egress_stream_unread_a_budget_cannot_be_checked_and_its_calls_
 
 /// Where replica `name` keeps its state and egress log, on `cluster`'s journal `LG` and its
 /// egress stream.
-fn on_nats(
+pub(crate) fn on_nats(
     cluster: &NatsCluster,
     stream: &egress_stream::EgressStreamConfig,
     dir: &Path,

@@ -5,6 +5,7 @@ pub mod brokered;
 pub mod brokered_paths;
 pub mod brokered_streams;
 pub mod budget_bounds;
+pub mod budget_cuts;
 pub mod budgets;
 pub mod clients;
 pub mod counting;

@@ -170,11 +170,17 @@ impl ModelProxy {
     /// What `leasegate run` gives an agent under the lease (the CA alone as its bundle, which
     /// is enough here), plus the SDKs' base URLs: the SDKs read all of these themselves.
     pub fn agent_env(&self) -> Vec<(&'static str, String)> {
+        self.agent_env_of(&self.server, &self.lease)
+    }
+
+    /// [`ModelProxy::agent_env`] of `lease` through `server`.
+    pub fn agent_env_of(&self, server: &Server, lease: &str) -> Vec<(&'static str, String)> {
+        let placeholder = |secret| placeholder::derive(&self.h.key, lease, secret);
         vec![
-            ("HTTPS_PROXY", proxy_url(&self.server, &self.lease)),
+            ("HTTPS_PROXY", proxy_url(server, lease)),
             ("SSL_CERT_FILE", self.ca_pem.to_str().unwrap().to_owned()),
-            ("OPENAI_API_KEY", self.placeholder("openai")),
-            ("ANTHROPIC_API_KEY", self.placeholder("anthropic")),
+            ("OPENAI_API_KEY", placeholder("openai")),
+            ("ANTHROPIC_API_KEY", placeholder("anthropic")),
             ("OPENAI_BASE_URL", self.api.base_url(true)),
             ("ANTHROPIC_BASE_URL", self.api.base_url(false)),
         ]

@@ -76,7 +76,7 @@ async fn client(program: &str, args: &[&str], env: &[(&str, &str)], cwd: &Path) 
 }
 
 /// [`client`] for at most `limit`.
-async fn client_for(
+pub(crate) async fn client_for(
     limit: Duration,
     program: &str,
     args: &[&str],
@@ -122,7 +122,7 @@ async fn client_for(
 
 /// Whether `python3` finds every one of `modules`: found, not imported, since importing the
 /// SDKs takes seconds (and a test checks once outside its namespace, once inside).
-fn python_finds(modules: &[&str]) -> bool {
+pub(crate) fn python_finds(modules: &[&str]) -> bool {
     let find = "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))";
     std::process::Command::new("python3")
         .args(["-c", find])
