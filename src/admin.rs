@@ -685,6 +685,8 @@ fn metrics(state: &AdminState) -> String {
         descriptor_refusals: state.proxy.descriptors.refused(),
         open_fds: descriptors::open_count(),
         max_fds: descriptors::Limit::current().map_or(state.proxy.descriptors.limit(), |l| l.soft),
+        approvals_waiting: state.proxy.approvals.held_now() as u64,
+        approval_lines_set_aside: state.proxy.approvals.set_aside(),
     };
     metrics::render(&telemetry.metrics, figures)
 }

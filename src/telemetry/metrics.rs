@@ -484,6 +484,10 @@ pub struct RegistryFigures {
     /// Descriptors the process holds (`None`: unknown) and may hold.
     pub open_fds: Option<u64>,
     pub max_fds: u64,
+    /// Tool calls this replica holds for a human now, and the approval store's lines set aside
+    /// (unreadable, or not verifying).
+    pub approvals_waiting: u64,
+    pub approval_lines_set_aside: u64,
 }
 
 /// Renders everything as Prometheus text (version 0.0.4).
@@ -771,6 +775,21 @@ impl Collector for Scrape {
         for (listener, n) in &self.figures.accept_errors {
             ConstCounter::new(*n).encode(family.encode_family(&[("listener", *listener)])?)?;
         }
+        let gauge =
+            ConstGauge::new(i64::try_from(self.figures.approvals_waiting).unwrap_or(i64::MAX));
+        gauge.encode(encoder.encode_descriptor(
+            "leasegate_approvals_waiting",
+            "Tool calls this replica holds for a human's approval now",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(self.figures.approval_lines_set_aside);
+        counter.encode(encoder.encode_descriptor(
+            "leasegate_approval_lines_set_aside",
+            "Lines of the approval store set aside: unreadable, or not verifying under their lease's key",
+            None,
+            counter.metric_type(),
+        )?)?;
         let counter = ConstCounter::new(self.figures.descriptor_refusals);
         counter.encode(encoder.encode_descriptor(
             "leasegate_descriptor_refusals",

@@ -369,6 +369,16 @@ async fn a_decision_on_one_replica_releases_the_call_held_on_another() {
     let p = pair().await;
     let held = p.call("send_mail", 7);
     let id = p.pending_on(&p.b, "send_mail").await;
+    let (_, metrics) = admin_call(&p.a, "GET", "/metrics", Some(TOKEN), &[], "").await;
+    assert!(
+        metrics.contains("\nleasegate_approvals_waiting 1\n"),
+        "{metrics}"
+    );
+    let (_, metrics) = admin_call(&p.b, "GET", "/metrics", Some(TOKEN), &[], "").await;
+    assert!(
+        metrics.contains("\nleasegate_approvals_waiting 0\n"),
+        "held on A only"
+    );
     let path = format!("/approvals/{id}");
     let approve = r#"{"decision":"approve","reason":"ok"}"#;
     // Only the operator decides: not the lease's own token, not an unauthenticated caller.
