@@ -509,3 +509,68 @@ async fn a_proxy_that_stops_answers_the_calls_it_holds() {
     .expect("the end is recorded");
     assert_eq!(ended["decision"]["by"], "shutdown");
 }
+
+/// A line written into the approval store by someone without the lease's key — an approval
+/// of a held call — is set aside (counted) and releases nothing; the operator's decision still
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_approval_in_the_store_releases_nothing() {
+    use leasegate::approvals::book::{self, Decision, Entry, Outcome, Scope};
+    let p = pair().await;
+    let held = p.call("send_mail", 11);
+    let id = p.pending_on(&p.a, "send_mail").await;
+    let forged = Entry::Decided(Decision {
+        id: id.clone(),
+        lease_id: p.lease.clone(),
+        tool: "notes/send_mail".to_owned(),
+        outcome: Outcome::Approved,
+        scope: Scope::Lease,
+        reason: "forged".to_owned(),
+        by: "operator".to_owned(),
+        at: leasegate::contract::Timestamp::now().to_string(),
+        signature: String::new(),
+    });
+    let mut line = book::signed(forged, &leasegate::contract::Key::generate());
+    line.push(b'\n');
+    let store = format!("{}.approvals", p.h.journal.display());
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&store)
+        .unwrap();
+    std::io::Write::write_all(&mut file, &line).unwrap();
+    let set_aside = eventually(Duration::from_secs(5), || async {
+        let (_, metrics) = admin_call(&p.a, "GET", "/metrics", Some(TOKEN), &[], "").await;
+        metrics
+            .contains("\nleasegate_approval_lines_set_aside_total 1\n")
+            .then_some(())
+    })
+    .await;
+    assert!(set_aside.is_some(), "the forged line was not set aside");
+    assert!(!held.is_finished(), "a forged approval released the call");
+    let (_, view) = admin_call(
+        &p.a,
+        "GET",
+        &format!("/approvals/{id}"),
+        Some(TOKEN),
+        &[],
+        "",
+    )
+    .await;
+    assert!(view.contains(r#""status":"pending""#), "{view}");
+    let approve = r#"{"decision":"approve","reason":"the real one"}"#;
+    let (status, body) = admin_call(
+        &p.b,
+        "POST",
+        &format!("/approvals/{id}"),
+        Some(TOKEN),
+        &[],
+        approve,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
