@@ -4,7 +4,7 @@
 //!
 //! Invariant: best effort and never waited for — a webhook that is slow, refuses or is away
 //! delays and decides nothing (the call waits for a decision either way); an `https://` URL is
-//! verified under the public roots; at most [`MAX_IN_FLIGHT`] posts are in flight at once,
+//! verified under the public roots; at most 64 posts are in flight at once,
 //! beyond which a post is dropped and logged.
 
 use http_body_util::{BodyExt, Full};
