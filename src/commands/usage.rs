@@ -101,6 +101,14 @@ pub struct LeaseUsage {
     /// Its model calls (lines with a `model` object); absent when it made none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelUsage>,
+    /// Its MCP `tools/call`s that went out (each a step of `budget.steps`; lines with an
+    /// `mcp` object); absent when it made none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tool_calls: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One lease's model calls: what their egress lines' `model` objects add up to.
@@ -235,6 +243,7 @@ struct Counts {
     first: Timestamp,
     last: Timestamp,
     model: Option<ModelUsage>,
+    tool_calls: u64,
 }
 
 impl Tally {
@@ -278,10 +287,14 @@ impl Tally {
             first: time,
             last: time,
             model: None,
+            tool_calls: 0,
         });
         counts.calls += 1;
         if let Some(model) = &line.model {
             counts.model.get_or_insert_default().add(model);
+        }
+        if let Some(steps) = line.mcp.as_ref().and_then(|m| m.steps) {
+            counts.tool_calls = counts.tool_calls.saturating_add(steps);
         }
         if challenge {
             counts.challenges += 1;
@@ -327,6 +340,7 @@ impl Tally {
                         m.cost_usd = m.cost_usd.map(rounded);
                         m
                     }),
+                    tool_calls: c.tool_calls,
                 }
             })
             .collect();
@@ -590,6 +604,24 @@ pub fn render_routes(leases: &[LeaseUsage]) -> Option<String> {
     (!rows.is_empty()).then(|| crate::table::render(["LEASE", "ROUTE", "CALLS"], &rows))
 }
 
+/// MCP tool calls and steps (tool calls and model calls: what `budget.steps` counts) per
+/// lease; `None` when no lease made a tool call.
+pub fn render_tools(leases: &[LeaseUsage]) -> Option<String> {
+    let rows: Vec<[String; 3]> = leases
+        .iter()
+        .filter(|u| u.tool_calls > 0)
+        .map(|u| {
+            let model_calls = u.model.as_ref().map_or(0, |m| m.calls);
+            [
+                u.lease_id.clone().unwrap_or_else(|| "-".into()),
+                u.tool_calls.to_string(),
+                u.tool_calls.saturating_add(model_calls).to_string(),
+            ]
+        })
+        .collect();
+    (!rows.is_empty()).then(|| crate::table::render(["LEASE", "TOOL_CALLS", "STEPS"], &rows))
+}
+
 /// The ids of `--lease` and every lease below it in `--journal` (signatures verified).
 fn subtree(args: &UsageArgs) -> anyhow::Result<HashSet<String>> {
     let (Some(root), Some(ledger)) = (
@@ -683,6 +715,10 @@ pub fn exec(args: UsageArgs) -> CliResult {
         if let Some(routes) = render_routes(&report.leases) {
             writeln!(out)?;
             out.write_all(routes.as_bytes())?;
+        }
+        if let Some(tools) = render_tools(&report.leases) {
+            writeln!(out)?;
+            out.write_all(tools.as_bytes())?;
         }
         if let Some(line) = set_aside_line(&set_aside) {
             writeln!(out)?;
@@ -813,6 +849,7 @@ mod tests {
                     first: t("2026-01-01T10:00:00.000Z"),
                     last: t("2026-01-01T10:00:04.000Z"),
                     model: None,
+                    tool_calls: 0,
                 },
                 LeaseUsage {
                     lease_id: Some(B.into()),
@@ -830,6 +867,7 @@ mod tests {
                     first: t("2026-01-01T11:00:00.000Z"),
                     last: t("2026-01-01T11:00:00.000Z"),
                     model: None,
+                    tool_calls: 0,
                 },
                 LeaseUsage {
                     lease_id: None,
@@ -844,6 +882,7 @@ mod tests {
                     first: t("2026-01-01T11:00:01.000Z"),
                     last: t("2026-01-01T11:00:01.000Z"),
                     model: None,
+                    tool_calls: 0,
                 },
             ]
         );
@@ -962,6 +1001,37 @@ mod tests {
             "LEASE  ROUTE                 CALLS\nL      GET api.test/repos/a  2\nL      POST api.test/issues  1\n"
         );
         assert_eq!(render_routes(&[]), None);
+    }
+
+    #[test]
+    fn tool_calls_are_summed_from_mcp_objects_and_shown_as_steps() {
+        let mcp = |lease: &str, steps: u64| {
+            serde_json::json!({
+                "time": "2026-12-01T10:00:00.000Z", "lease_id": lease, "host": "mcp.test",
+                "verdict": "allow", "code": null, "bytes_up": 1, "bytes_down": 2,
+                "kind": "forward", "method": "POST",
+                "mcp": {"server": "notes", "steps": steps, "messages": []},
+            })
+            .to_string()
+        };
+        let lines = [mcp("L", 1), mcp("L", 3), mcp("M", 0)];
+        let report = aggregate(lines.iter().map(|l| l.as_bytes()), Filter::default());
+        let of = |id: &str| {
+            report
+                .leases
+                .iter()
+                .find(|u| u.lease_id.as_deref() == Some(id))
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(of("L").tool_calls, 4);
+        let json = serde_json::to_value(of("M")).unwrap();
+        assert!(json.get("tool_calls").is_none(), "{json}");
+        assert_eq!(
+            render_tools(&report.leases).unwrap(),
+            "LEASE  TOOL_CALLS  STEPS\nL      4           4\n"
+        );
+        assert_eq!(render_tools(&[]), None);
     }
 
     /// A model call's line for lease `lease` with this `model` object.

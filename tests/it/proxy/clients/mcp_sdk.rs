@@ -243,6 +243,21 @@ async fn the_mcp_sdk_sees_only_its_leases_tools_and_the_step_past_its_budget_is_
     for line in &lines {
         crate::support::egress_schema_valid(line);
     }
+    // `leasegate usage` counts the three calls that went out.
+    let egress = h.egress.display().to_string();
+    let args = [
+        "usage",
+        "--from",
+        egress.as_str(),
+        "--lease",
+        lease.as_str(),
+        "--json",
+    ];
+    let out = crate::support::leasegate_command(&args).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{printed}");
+    let usage: Value = serde_json::from_str(printed.lines().next().unwrap()).unwrap();
+    assert_eq!(usage["tool_calls"], 3, "{printed}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
