@@ -3,7 +3,8 @@
 //!
 //! Invariant: pure and bounded — at most [`MAX_HELD`] bytes are held (a JSON body, or one
 //! event); a message that is not a tool list passes byte for byte; a tool list goes out with
-//! only the tools `allowed` keeps, and one that cannot be read, or an answer over the bound, is
+//! only the tools `allowed` keeps — an event the answer ends in without its blank line, which
+//! a lenient client may still read, included — and one that cannot be read, or an answer over the bound, is
 //! never passed unread: the filter says so ([`Unread`]) and the caller ends the answer.
 
 use serde_json::Value;
@@ -97,11 +98,11 @@ impl<F: FnMut(&str) -> bool> Filter<F> {
                 }
                 Ok(())
             }
-            // An event not ended by a blank line is never dispatched: it goes as it came.
-            Framing::Events => {
-                out.extend_from_slice(&std::mem::take(&mut self.held));
-                Ok(())
-            }
+            // An event not ended by a blank line is not dispatched by a client that follows
+            // the standard; for one that dispatches it anyway, it is read as an event (its
+            // last line too) and goes as it came, or filtered and still unended.
+            Framing::Events if self.held.is_empty() => Ok(()),
+            Framing::Events => self.read_event(out, false),
         }
     }
 
@@ -118,7 +119,7 @@ impl<F: FnMut(&str) -> bool> Filter<F> {
             if b == b'\r' || b == b'\n' {
                 let line = &self.held[self.line_start..self.held.len() - 1];
                 if line.is_empty() {
-                    self.event(out)?;
+                    self.read_event(out, true)?;
                 } else {
                     self.line_start = self.held.len();
                 }
@@ -131,16 +132,21 @@ impl<F: FnMut(&str) -> bool> Filter<F> {
         Ok(())
     }
 
-    /// The held event ended (its blank line is the last byte held): it goes out, its data
-    /// filtered if it is a tool list.
-    fn event(&mut self, out: &mut Vec<u8>) -> Result<(), Unread> {
+    /// The held event ended (`ended`: its blank line is the last byte held; else the answer
+    /// ended in it): it goes out, its data filtered if it is a tool list.
+    fn read_event(&mut self, out: &mut Vec<u8>, ended: bool) -> Result<(), Unread> {
         let event = std::mem::take(&mut self.held);
         // If the blank line was a CR, a following LF still belongs to it.
         self.line_start = 0;
+        let read: std::borrow::Cow<'_, [u8]> = match ended {
+            true => std::borrow::Cow::Borrowed(&event),
+            // Its last line read as a line, as a lenient client would at the end.
+            false => std::borrow::Cow::Owned([&event[..], b"\n"].concat()),
+        };
         let mut data: Vec<u8> = Vec::new();
         let mut has_data = false;
         let mut others: Vec<&[u8]> = Vec::new();
-        for line in lines(&event) {
+        for line in lines(&read) {
             let (name, value) = field(line);
             if name == b"data" {
                 if has_data {
@@ -174,7 +180,10 @@ impl<F: FnMut(&str) -> bool> Filter<F> {
                 }
                 out.extend_from_slice(b"data: ");
                 out.extend_from_slice(&serde_json::to_vec(&value).expect("a Value serialises"));
-                out.extend_from_slice(b"\n\n");
+                out.extend_from_slice(match ended {
+                    true => b"\n\n",
+                    false => b"\n",
+                });
             }
         }
         Ok(())
@@ -339,6 +348,24 @@ mod tests {
         assert_eq!(
             run(Framing::Events, &[b"data: hello\n\n"]).unwrap().0,
             "data: hello\n\n"
+        );
+    }
+
+    #[test]
+    fn an_event_the_answer_ends_in_is_read_too() {
+        // Not ended by a blank line: a standard client drops it; a lenient one would read it,
+        // so its list is cut all the same, and it stays unended.
+        let tail = "data: {\"id\":2,\"result\":\ndata: {\"tools\":[{\"name\":\"delete\"},{\"name\":\"read\"}]}}";
+        let (out, hidden) = run(Framing::Events, &[tail.as_bytes()]).unwrap();
+        assert_eq!(
+            out,
+            "data: {\"id\":2,\"result\":{\"tools\":[{\"name\":\"read\"}]}}\n"
+        );
+        assert_eq!(hidden, 1);
+        // Anything else the answer ends in goes as it came.
+        assert_eq!(
+            run(Framing::Events, &[b"data: hel"]).unwrap().0,
+            "data: hel"
         );
     }
 
