@@ -155,6 +155,18 @@ impl<F: FnMut(&str) -> bool> Filter<F> {
                 has_data = true;
                 data.extend_from_slice(value);
             } else {
+                // Not the `data` field to the standard (`data` without its colon, ` data:`),
+                // but data to a lenient reader: one that may spell a list is not passed.
+                let lenient = line.trim_ascii_start();
+                if lenient.len() >= 4
+                    && lenient[..4].eq_ignore_ascii_case(b"data")
+                    && looks_like_a_list(line)
+                {
+                    return Err(Unread(
+                        "an event line a lenient client may read as data names a tool list"
+                            .to_owned(),
+                    ));
+                }
                 others.push(line);
             }
         }
@@ -344,6 +356,13 @@ mod tests {
             &[b"data: {\"result\":{\"t\\u006fols\":[NaN]}}\n\n"]
         )
         .is_err());
+        // A line a lenient client may read as data, spelling a list, is not passed.
+        for line in [
+            "data [{\"result\":{\"tools\":[]}}]\n\n",
+            " data: {\"tools\":[]}\n\n",
+        ] {
+            assert!(run(Framing::Events, &[line.as_bytes()]).is_err(), "{line}");
+        }
         // Data that is no JSON and names no list passes (the client drops it too).
         assert_eq!(
             run(Framing::Events, &[b"data: hello\n\n"]).unwrap().0,
