@@ -75,14 +75,6 @@ pub struct Call<'a> {
     pub arguments: &'a str,
 }
 
-/// A call that may go on: the decision that let it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Approved {
-    pub id: String,
-    /// By a standing approval of the lease, given earlier.
-    pub standing: bool,
-}
-
 /// Why a decision was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum DecideError {
@@ -248,19 +240,16 @@ impl Approvals {
         }
     }
 
-    /// Holds `call` until it is decided: `Ok` when it may go on, else the refusal it is
-    /// answered with. `lease_closed`: the connection's lease token.
+    /// Holds `call` until it is decided: `Ok` with the approval that lets it go on (its own, or
+    /// a standing one of its lease), else the refusal it is answered with. `lease_closed`: the connection's lease token.
     pub async fn hold(
         &self,
         call: Call<'_>,
         lease_closed: &CancellationToken,
-    ) -> Result<Approved, Refusal> {
+    ) -> Result<String, Refusal> {
         let lease_id = call.chain[0].id.clone();
         if let Some(standing) = self.book().standing(&lease_id, call.tool) {
-            return Ok(Approved {
-                id: standing.id.clone(),
-                standing: true,
-            });
+            return Ok(standing.id.clone());
         }
         let Some(store) = &self.store else {
             return Err(unavailable(format!(
@@ -330,7 +319,7 @@ impl Approvals {
         key: &crate::contract::Key,
         by: &str,
         why: &str,
-    ) -> Result<Approved, Refusal> {
+    ) -> Result<String, Refusal> {
         let decision = self.decision_of(request, Outcome::Expired, Scope::Once, why, by);
         let line = book::signed(Entry::Decided(decision.clone()), key);
         let first = match store.append(line).await {
@@ -359,16 +348,13 @@ impl Approvals {
         tokio::time::timeout(READ_BACK, wait).await.ok().flatten()
     }
 
-    fn outcome(&self, request: &Request, decision: Decision) -> Result<Approved, Refusal> {
+    fn outcome(&self, request: &Request, decision: Decision) -> Result<String, Refusal> {
         let tool = &request.tool;
         let lease = &request.lease_id;
         match (decision.outcome, decision.by.as_str()) {
             (Outcome::Approved, _) => {
                 tracing::info!(approval = %request.id, lease = %lease, tool = %tool, "approved: the call goes on");
-                Ok(Approved {
-                    id: decision.id,
-                    standing: false,
-                })
+                Ok(decision.id)
             }
             (Outcome::Denied, _) => Err(Refusal::new(
                 Code::ApprovalDenied,

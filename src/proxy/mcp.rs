@@ -167,10 +167,10 @@ pub async fn judge(
             arguments: m.arguments.as_deref().map_or("{}", |a| a.get()),
         };
         match edge.approvals.hold(call, edge.lease_closed).await {
-            Ok(approved) => {
+            Ok(approval) => {
                 let line = &mut tap.line.messages[at];
                 line.verdict = "approved";
-                line.approval = Some(approved.id);
+                line.approval = Some(approval);
             }
             Err(refusal) => {
                 mark_refused(&mut tap.line);

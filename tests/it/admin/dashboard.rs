@@ -1221,10 +1221,7 @@ fn held_call(
     let body = format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
     );
-    let request = format!(
-        "POST http://mcp.notes.test:{port}/mcp HTTP/1.1\r\nHost: mcp.notes.test:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let request = crate::support::harness::mcp_post_to("mcp.notes.test", port, lease, &body);
     tokio::spawn(
         async move { crate::support::harness::raw_to_close(proxy, request.as_bytes()).await },
     )
@@ -1251,10 +1248,8 @@ async fn the_dashboard_approves_and_denies_held_calls() {
         None,
     );
     let mut config = h.config(&[("mcp.notes.test", "127.0.0.1")]);
-    config.mcp = std::sync::Arc::new(
-        leasegate::mcp::McpServers::parse(&[format!("notes=http://mcp.notes.test:{port}/mcp")])
-            .unwrap(),
-    );
+    let mcp = format!("notes=http://mcp.notes.test:{port}/mcp");
+    crate::support::harness::with_mcp_server(&mut config, &mcp);
     let mut serve = h.serve_config(config, None);
     serve.admin_token = Some(TOKEN.into());
     let server = Server::start(serve).await.unwrap();

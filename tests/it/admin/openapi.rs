@@ -257,7 +257,7 @@ async fn every_declared_answer_is_given_and_every_answer_is_declared() {
     );
     let mut proxy = h.config(&[("origin.test", "127.0.0.1")]);
     let mcp = format!("notes=http://origin.test:{}/mcp", origin.addr.port());
-    proxy.mcp = std::sync::Arc::new(leasegate::mcp::McpServers::parse(&[mcp]).unwrap());
+    crate::support::harness::with_mcp_server(&mut proxy, &mcp);
     let mut config = h.serve_config(proxy, Some(port_range(16)));
     config.admin_token = Some(TOKEN.into());
     config.broker = Some(broker(&h));
@@ -470,10 +470,7 @@ async fn endings(p: &mut Probe, l: &Leases) {
 async fn approvals(p: &mut Probe, server: &Server, origin: SocketAddr, lease: &str) {
     let port = origin.port();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"send_mail"}}"#;
-    let call = format!(
-        "POST http://origin.test:{port}/mcp HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let call = crate::support::harness::mcp_post_to("origin.test", port, lease, body);
     let proxy = server.addr;
     let held = tokio::spawn(async move { raw(proxy, call.as_bytes()).await });
     let listed = p

@@ -16,7 +16,7 @@ const TOKEN: &str = "cluster-approvals-token";
 async fn replica(h: &Harness, cluster: &NatsCluster, port: u16, data: &str) -> Server {
     let mut proxy = h.config(&[("origin.test", "127.0.0.1")]);
     let mcp = format!("notes=http://origin.test:{port}/mcp");
-    proxy.mcp = std::sync::Arc::new(leasegate::mcp::McpServers::parse(&[mcp]).unwrap());
+    crate::support::harness::with_mcp_server(&mut proxy, &mcp);
     let mut config = h.serve_config(proxy, None);
     config.journal = JournalLocation::Nats(cluster.location_as(Role::Replica, "LG"));
     config.store = StoreOptions {
@@ -60,10 +60,7 @@ async fn a_decision_on_one_replica_releases_the_call_held_on_another_through_the
     let a = replica(&h, &cluster, port, "a").await;
     let b = replica(&h, &cluster, port, "b").await;
     let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"send_mail"}}"#;
-    let call = format!(
-        "POST http://origin.test:{port}/mcp HTTP/1.1\r\nHost: origin.test:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let call = crate::support::harness::mcp_post_to("origin.test", port, &lease, body);
     let proxy = a.addr;
     let held = tokio::spawn(async move { raw_to_close(proxy, call.as_bytes()).await });
     let id = eventually(Duration::from_secs(20), || async {

@@ -5,7 +5,8 @@
 //! the budget is overshot by is printed against the bound the model budgets page states.
 
 use super::budgets::{
-    budgeted, call_body, chat, model_call, model_lines, model_view, on_nats, spend, HOSTS,
+    budgeted, call_body, chat, model_call, model_lines, model_view, on_nats, propagation_delay,
+    spend, HOSTS,
 };
 use crate::cluster::scale_out::until_status;
 use crate::cluster::usage::stream_config;
@@ -239,23 +240,14 @@ async fn sixteen_parallel_streams_on_two_replicas_overshoot_by_at_most_the_state
     }
     const BUDGET: u64 = 1000;
     let t = two(json!({"tokens": BUDGET})).await;
-    // The propagation delay: from a call's end on A to B's view showing it, on a lease of its
-    // own (no budget) that only A carries calls of.
+    // A lease of its own (no budget), to measure the propagation delay with.
     let witness =
         t.m.h
             .grant_budgeted(10, None, Timestamp::now(), &HOSTS, json!({}))
             .await;
     publish_file(&t.journal, &t.m.h.journal).await;
     assert!(until_status(&t.b, &witness, "open", AT_ONCE * 2).await);
-    let called = std::time::Instant::now();
-    assert_eq!(chat(&t.m, &t.m.server, &witness).await.status, 200);
-    let call_time = called.elapsed();
-    let ended = std::time::Instant::now();
-    let shown = eventually(AT_ONCE * 4, || async {
-        let calls = model_view(&t.b, &witness).await["spent"]["calls"].as_u64();
-        (calls == Some(1)).then_some(ended.elapsed())
-    });
-    let delay = shown.await.expect("B never saw A's call");
+    let (call_time, delay) = propagation_delay(&t.m, &t.m.server, &t.b, &witness).await;
     let streamed = call_body("gpt-4o-mini", true);
     let bound = streamed.len() as u64 + 90;
     let started = std::time::Instant::now();

@@ -512,6 +512,28 @@ async fn with_the_egress_stream_unread_a_budget_cannot_be_checked_and_its_calls_
     assert_eq!(m.api.seen().len(), 1, "the refused call never went out");
 }
 
+/// The propagation delay between replicas `a` and `b`, with the time of the call that measured
+/// it: from a call's end on `a` to `b`'s view showing it, on `witness`, a lease only `a` carries
+/// calls of (`b` knows of its first call once it folded `a`'s line).
+pub(crate) async fn propagation_delay(
+    m: &ModelProxy,
+    a: &Server,
+    b: &Server,
+    witness: &str,
+) -> (Duration, Duration) {
+    let seen_on_b = model_view(b, witness).await["spent"]["calls"].as_u64();
+    assert_eq!(seen_on_b, None, "no call of the witness yet");
+    let called = Instant::now();
+    assert_eq!(chat(m, a, witness).await.status, 200);
+    let call_time = called.elapsed();
+    let ended = Instant::now();
+    let shown = eventually(AT_ONCE * 4, || async {
+        let calls = model_view(b, witness).await["spent"]["calls"].as_u64();
+        (calls == Some(1)).then_some(ended.elapsed())
+    });
+    (call_time, shown.await.expect("B never saw A's call"))
+}
+
 /// Where replica `name` keeps its state and egress log, on `cluster`'s journal `LG` and its
 /// egress stream.
 pub(crate) fn on_nats(
@@ -581,20 +603,8 @@ async fn three_replicas_share_a_budget_through_the_egress_stream() {
             "a replica never read the egress stream"
         );
     }
-    // The propagation delay: from a call's end on A to B's view showing it.
     let (a, b) = (replicas[0], replicas[1]);
-    // A lease only A carries calls of: B knows of its first call once it folded A's line.
-    let seen_on_b = model_view(b, &witness).await["spent"]["calls"].as_u64();
-    assert_eq!(seen_on_b, None, "no call of the witness yet");
-    let called = Instant::now();
-    assert_eq!(chat(&m, a, &witness).await.status, 200);
-    let call_time = called.elapsed();
-    let ended = Instant::now();
-    let shown = eventually(AT_ONCE * 2, || async {
-        let calls = model_view(b, &witness).await["spent"]["calls"].as_u64();
-        (calls == Some(1)).then_some(ended.elapsed())
-    });
-    let delay = shown.await.expect("B never saw A's call");
+    let (call_time, delay) = propagation_delay(&m, a, b, &witness).await;
     println!("propagation delay from replica A to replica B: {delay:?}");
 
     // One child per replica, calling until refused.

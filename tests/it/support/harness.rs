@@ -986,3 +986,17 @@ pub async fn until_closed(stream: &mut (impl AsyncRead + Unpin), limit: Duration
         }
     }
 }
+
+/// Names `server` (`NAME=URL`, as `--mcp-server` takes it) as an MCP server of `config`.
+pub fn with_mcp_server(config: &mut ProxyConfig, server: &str) {
+    config.mcp = Arc::new(leasegate::mcp::McpServers::parse(&[server]).unwrap());
+}
+
+/// A forwarded POST of the JSON-RPC `body` to the MCP server at `http://host:port/mcp`, as
+/// `lease` (`X-Lease-Id`), the connection closed after it: the raw request.
+pub fn mcp_post_to(host: &str, port: u16, lease: &str, body: &str) -> String {
+    format!(
+        "POST http://{host}:{port}/mcp HTTP/1.1\r\nHost: {host}:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}

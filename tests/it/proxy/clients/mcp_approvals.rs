@@ -286,15 +286,7 @@ async fn a_call_nobody_decides_is_refused_when_its_time_is_up() {
     assert_eq!(expired["decision"]["by"], "timeout");
     // Too late to decide.
     let path = format!("/approvals/{}", expired["id"].as_str().unwrap());
-    let (status, body) = admin_call(
-        &server,
-        "POST",
-        &path,
-        Some(TOKEN),
-        &[],
-        r#"{"decision":"approve"}"#,
-    )
-    .await;
+    let (status, body) = decide(&server, &path, r#"{"decision":"approve"}"#).await;
     assert_eq!(status, 409, "{body}");
     let lines = mcp_lines(&h, 2).await;
     assert_eq!(
@@ -306,6 +298,27 @@ async fn a_call_nobody_decides_is_refused_when_its_time_is_up() {
             0
         )]
     );
+}
+
+/// `POST path` (`/approvals/{id}`) with the decision `body` on `on`, as the operator: status
+/// and body.
+async fn decide(on: &Server, path: &str, body: &str) -> (u16, String) {
+    admin_call(on, "POST", path, Some(TOKEN), &[], body).await
+}
+
+/// `GET /approvals/{id}` on `on`, as the operator (null if it is not JSON).
+async fn approval_on(on: &Server, id: &str) -> Value {
+    let path = format!("/approvals/{id}");
+    let (_, body) = admin_call(on, "GET", &path, Some(TOKEN), &[], "").await;
+    serde_json::from_str(&body).unwrap_or(Value::Null)
+}
+
+/// The answer to a held call, once it came (within 10 s).
+async fn answer_of(held: tokio::task::JoinHandle<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("the held call was answered")
+        .unwrap()
 }
 
 /// Two replicas of one journal, each with an origin standing in for the MCP server.
@@ -387,27 +400,16 @@ async fn a_decision_on_one_replica_releases_the_call_held_on_another() {
     assert_eq!(status, 403, "{body}");
     let (status, _) = admin_call(&p.b, "POST", &path, None, &[], approve).await;
     assert_eq!(status, 401);
-    let (status, body) = admin_call(
-        &p.b,
-        "POST",
-        &path,
-        Some(TOKEN),
-        &[],
-        r#"{"decision":"deny"}"#,
-    )
-    .await;
+    let (status, body) = decide(&p.b, &path, r#"{"decision":"deny"}"#).await;
     assert_eq!(status, 400, "{body}");
     assert!(!held.is_finished(), "the call still waits");
-    let (status, body) = admin_call(&p.b, "POST", &path, Some(TOKEN), &[], approve).await;
+    let (status, body) = decide(&p.b, &path, approve).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         serde_json::from_str::<Value>(&body).unwrap()["status"],
         "approved"
     );
-    let answer = tokio::time::timeout(Duration::from_secs(10), held)
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(held).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(
         p.origin
@@ -417,15 +419,7 @@ async fn a_decision_on_one_replica_releases_the_call_held_on_another() {
     );
     // Decided once: the second decision, on either replica, is refused.
     for on in [&p.a, &p.b] {
-        let (status, body) = admin_call(
-            on,
-            "POST",
-            &path,
-            Some(TOKEN),
-            &[],
-            r#"{"decision":"deny","reason":"late"}"#,
-        )
-        .await;
+        let (status, body) = decide(on, &path, r#"{"decision":"deny","reason":"late"}"#).await;
         assert_eq!(status, 409, "{body}");
         assert!(body.contains("already decided: approved"), "{body}");
     }
@@ -434,20 +428,9 @@ async fn a_decision_on_one_replica_releases_the_call_held_on_another() {
     let held = p.call("delete_note", 8);
     let id = p.pending_on(&p.b, "delete_note").await;
     let deny = r#"{"decision":"deny","reason":"never delete"}"#;
-    let (status, body) = admin_call(
-        &p.b,
-        "POST",
-        &format!("/approvals/{id}"),
-        Some(TOKEN),
-        &[],
-        deny,
-    )
-    .await;
+    let (status, body) = decide(&p.b, &format!("/approvals/{id}"), deny).await;
     assert_eq!(status, 200, "{body}");
-    let answer = tokio::time::timeout(Duration::from_secs(10), held)
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(held).await;
     assert!(
         answer.starts_with("HTTP/1.1 403 approval-denied\r\n"),
         "{answer}"
@@ -462,17 +445,7 @@ async fn a_decision_on_one_replica_releases_the_call_held_on_another() {
             .load(std::sync::atomic::Ordering::SeqCst),
         1
     );
-    let (status, view) = admin_call(
-        &p.a,
-        "GET",
-        &format!("/approvals/{id}"),
-        Some(TOKEN),
-        &[],
-        "",
-    )
-    .await;
-    let view: Value = serde_json::from_str(&view).unwrap();
-    assert_eq!((status, view["status"].as_str()), (200, Some("denied")));
+    assert_eq!(approval_on(&p.a, &id).await["status"], "denied");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,10 +456,7 @@ async fn a_proxy_that_stops_answers_the_calls_it_holds() {
     let started = Instant::now();
     let Pair { a, b, origin, .. } = p;
     let stopping = tokio::spawn(a.shutdown());
-    let answer = tokio::time::timeout(Duration::from_secs(10), held)
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(held).await;
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(
         answer.starts_with("HTTP/1.1 503 approval-unavailable\r\n"),
@@ -500,9 +470,7 @@ async fn a_proxy_that_stops_answers_the_calls_it_holds() {
     );
     // The other replica reads how it ended.
     let ended = eventually(Duration::from_secs(5), || async {
-        let (_, view) =
-            admin_call(&b, "GET", &format!("/approvals/{id}"), Some(TOKEN), &[], "").await;
-        let view: Value = serde_json::from_str(&view).ok()?;
+        let view = approval_on(&b, &id).await;
         (view["status"] == "expired").then_some(view)
     })
     .await
@@ -547,30 +515,10 @@ async fn a_forged_approval_in_the_store_releases_nothing() {
     .await;
     assert!(set_aside.is_some(), "the forged line was not set aside");
     assert!(!held.is_finished(), "a forged approval released the call");
-    let (_, view) = admin_call(
-        &p.a,
-        "GET",
-        &format!("/approvals/{id}"),
-        Some(TOKEN),
-        &[],
-        "",
-    )
-    .await;
-    assert!(view.contains(r#""status":"pending""#), "{view}");
+    assert_eq!(approval_on(&p.a, &id).await["status"], "pending");
     let approve = r#"{"decision":"approve","reason":"the real one"}"#;
-    let (status, body) = admin_call(
-        &p.b,
-        "POST",
-        &format!("/approvals/{id}"),
-        Some(TOKEN),
-        &[],
-        approve,
-    )
-    .await;
+    let (status, body) = decide(&p.b, &format!("/approvals/{id}"), approve).await;
     assert_eq!(status, 200, "{body}");
-    let answer = tokio::time::timeout(Duration::from_secs(10), held)
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(held).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

@@ -137,7 +137,7 @@ pub(super) async fn proxy_for(
 ) -> Server {
     let names = [(PLAIN, "127.0.0.1"), (TLS, "127.0.0.1")];
     let mut config = h.config(&names);
-    config.mcp = std::sync::Arc::new(leasegate::mcp::McpServers::parse(&[server]).unwrap());
+    crate::support::harness::with_mcp_server(&mut config, server);
     let mut serve = h.serve_config(config, None);
     adjust(&mut serve);
     Server::start(serve).await.unwrap()
@@ -377,8 +377,5 @@ async fn an_ambiguous_body_is_refused_as_json_rpc() {
 
 /// A raw POST of `body` to the plain MCP server on `port` as `lease`.
 pub(super) fn mcp_post(port: u16, lease: &str, body: &str) -> String {
-    format!(
-        "POST http://{PLAIN}:{port}/mcp HTTP/1.1\r\nHost: {PLAIN}:{port}\r\nX-Lease-Id: {lease}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    crate::support::harness::mcp_post_to(PLAIN, port, lease, body)
 }
