@@ -103,6 +103,7 @@ fn event(lease: &str) -> EgressEvent {
         secrets: Vec::new(),
         model: None,
         mcp: None,
+        approval: None,
         error: None,
         revoked: None,
     }

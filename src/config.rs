@@ -306,6 +306,11 @@ pub enum ConfigError {
     )]
     McpNeedsBroker(String),
     #[error(
+        "--mcp-server {0}: a name spelled METHOD: is a route in a lease's approvals \
+         (POST:host/path), so a server may not be named so"
+    )]
+    McpNamedAsRoute(String),
+    #[error(
         "--mcp-server {server}: the interception CA's name constraints ({subtrees}) do not cover \
          its host: make a CA for it with `leasegate ca init --host {host}`"
     )]
@@ -681,6 +686,12 @@ pub fn parse_resolve(pairs: &[String]) -> Result<HashMap<String, Vec<IpAddr>>, C
 
 /// Every https MCP server is one the broker can terminate: a name its CA covers.
 fn check_mcp(servers: &McpServers, broker: Option<&Broker>) -> Result<(), ConfigError> {
+    if let Some(server) = servers
+        .iter()
+        .find(|s| crate::approvals::route::is_route_shaped(&s.name))
+    {
+        return Err(ConfigError::McpNamedAsRoute(server.to_string()));
+    }
     for server in servers.iter().filter(|s| s.tls) {
         let Some(broker) = broker else {
             return Err(ConfigError::McpNeedsBroker(server.to_string()));
@@ -821,6 +832,18 @@ mod tests {
         for addr in ["127.0.0.1:3129", "[::1]:3129", "off"] {
             assert!(serve_config(&["--admin", addr]).is_ok(), "{addr}");
         }
+    }
+
+    #[test]
+    fn an_mcp_server_may_not_be_named_as_a_route() {
+        let named =
+            |name: &str| serve_config(&["--mcp-server", &format!("{name}=http://127.0.0.1:9/mcp")]);
+        assert!(matches!(
+            named("POST:pay"),
+            Err(ConfigError::McpNamedAsRoute(_))
+        ));
+        assert!(named("notes").is_ok());
+        assert!(named("my:notes").is_ok());
     }
 
     #[test]

@@ -275,22 +275,18 @@ async fn open_spend_log(
 }
 
 /// The approval store every replica of this journal shares (a file beside a file journal,
-/// `<STREAM>_APPROVALS` beside a stream), read whole and followed; only with an MCP server
-/// configured, where calls can wait for a human.
+/// `<STREAM>_APPROVALS` beside a stream), read whole and followed: any lease may name a tool
+/// or a route that waits for a human.
 async fn open_approvals(
     (journal, options, settings): (
         &crate::registry::JournalLocation,
         &crate::registry::StoreOptions,
         &crate::approvals::Settings,
     ),
-    proxy: &crate::config::ProxyConfig,
     registry: &Arc<crate::registry::Registry>,
     stop: &CancellationToken,
 ) -> Result<Arc<crate::approvals::Approvals>, StartError> {
     use crate::approvals::{store::ApprovalStore, Approvals};
-    if proxy.mcp.is_empty() {
-        return Ok(Arc::new(Approvals::none()));
-    }
     let failed = |e: String| StartError::Approvals(e);
     let store = match journal {
         crate::registry::JournalLocation::File(_) => {
@@ -472,7 +468,6 @@ impl Server {
         let background = CancellationToken::new();
         let approvals = open_approvals(
             (&config.journal, &config.store, &config.approvals),
-            &proxy_config,
             &registry,
             &background,
         )

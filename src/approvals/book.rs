@@ -155,8 +155,9 @@ fn check(entry: &Entry) -> Result<(), Unreadable> {
     if crate::contract::lease::lease_id(lease).is_err() {
         return bad("lease_id is not a lease id");
     }
-    if tool.is_empty() || tool.len() > TOOL_MAX || !tool.contains('/') {
-        return bad("tool is not <server>/<tool>");
+    let named = tool.contains('/') || super::route::parse(tool).is_some();
+    if tool.is_empty() || tool.len() > TOOL_MAX || !named {
+        return bad("tool is neither <server>/<tool> nor a route (METHOD:host/path)");
     }
     if times.iter().any(|t| Timestamp::parse(t).is_err()) {
         return bad("a time is not the contract's UTC form");

@@ -1,5 +1,5 @@
-//! Approvals that hold the request: a call some lease of its chain names in `approvals` waits,
-//! unsent, until a human approves or denies it (the admin API, the dashboard, the CLI) or its
+//! Approvals that hold the request: a call some lease of its chain names in `approvals` (an MCP
+//! tool, or a request of a route, [`route`]) waits, unsent, until a human approves or denies it (the admin API, the dashboard, the CLI) or its
 //! time is up; every replica of the journal reads the same book of requests and decisions
 //! ([`book`]) from the same store ([`store`]), so a decision made on one replica releases the
 //! call held on another.
@@ -12,6 +12,7 @@
 //! and at most [`MAX_HELD_PER_LEASE`] calls of one lease (and [`MAX_HELD`] in all) wait at once.
 
 pub mod book;
+pub mod route;
 pub mod store;
 pub mod webhook;
 
@@ -69,9 +70,9 @@ pub struct Call<'a> {
     pub chain: &'a [Arc<Lease>],
     /// The lease whose `approvals` names the tool.
     pub named_by: &'a str,
-    /// `<server>/<tool>`.
+    /// `<server>/<tool>`, or the route entry (`METHOD:host/path`) that holds a request.
     pub tool: &'a str,
-    /// The call's arguments, as JSON text.
+    /// The call's arguments, as JSON text (a request: its method, target and body's start).
     pub arguments: &'a str,
 }
 
@@ -253,8 +254,8 @@ impl Approvals {
         }
         let Some(store) = &self.store else {
             return Err(unavailable(format!(
-                "tool {} needs a human's approval (lease {}'s approvals), and this proxy keeps no approval store",
-                call.tool, call.named_by
+                "{} needs a human's approval (lease {}'s approvals), and this proxy keeps no approval store",
+                action(call.tool), call.named_by
             )));
         };
         let _slot = self.slot(&lease_id)?;
@@ -283,8 +284,8 @@ impl Approvals {
         if let Err(error) = store.append(line).await {
             tracing::error!(%error, store = %store.describe(), "a call needing approval could not be recorded: refused");
             return Err(unavailable(format!(
-                "tool {} needs a human's approval, and the request for it could not be recorded: {error}",
-                call.tool
+                "{} needs a human's approval, and the request for it could not be recorded: {error}",
+                action(call.tool)
             )));
         }
         tracing::info!(approval = %id, lease = %lease_id, tool = %call.tool, "a call waits for approval");
@@ -349,7 +350,7 @@ impl Approvals {
     }
 
     fn outcome(&self, request: &Request, decision: Decision) -> Result<String, Refusal> {
-        let tool = &request.tool;
+        let tool = action(&request.tool);
         let lease = &request.lease_id;
         match (decision.outcome, decision.by.as_str()) {
             (Outcome::Approved, _) => {
@@ -359,14 +360,14 @@ impl Approvals {
             (Outcome::Denied, _) => Err(Refusal::new(
                 Code::ApprovalDenied,
                 format!(
-                    "tool {tool} was denied for lease {lease} (approval {}): {}",
+                    "{tool} was denied for lease {lease} (approval {}): {}",
                     request.id, decision.reason
                 ),
             )),
             (Outcome::Expired, "timeout") => Err(Refusal::new(
                 Code::ApprovalTimedOut,
                 format!(
-                    "tool {tool} needs a human's approval for lease {lease} (approval {}): {}",
+                    "{tool} needs a human's approval for lease {lease} (approval {}): {}",
                     request.id, decision.reason
                 ),
             )),
@@ -375,7 +376,7 @@ impl Approvals {
                 format!("approval {}: {}", request.id, decision.reason),
             )),
             (Outcome::Expired, _) => Err(unavailable(format!(
-                "tool {tool} waited for approval {}: {}",
+                "{tool} waited for approval {}: {}",
                 request.id, decision.reason
             ))),
         }
@@ -507,6 +508,14 @@ impl Drop for Slot<'_> {
                 held.remove(&self.lease_id);
             }
         }
+    }
+}
+
+/// How a message names what waited: `tool <server>/<tool>` or `route METHOD:host/path`.
+fn action(name: &str) -> String {
+    match route::parse(name) {
+        Some(_) => format!("route {name}"),
+        None => format!("tool {name}"),
     }
 }
 

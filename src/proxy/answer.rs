@@ -5,7 +5,8 @@
 //! Invariant: every refusal answers with its code's status, the code as the status line's
 //! reason phrase (`HTTP/1.1 403 host-denied`: most clients print only the status line), an
 //! `X-Leasegate-Refusal` header and a one-line plain-text body naming the lease, the target and
-//! the reason (for a read request to an MCP server, a JSON-RPC error saying the same).
+//! the reason (for a read request to an MCP server, a JSON-RPC error saying the same; for a
+//! model call, the API's own error saying the same).
 
 use super::Body;
 use crate::policy::codes::{Code, Refusal};
@@ -46,6 +47,21 @@ pub fn head_too_large(method: &http::Method, uri: &http::Uri, detail: &str) -> R
     response
 }
 
+/// A refusal's one line: the lease, the target, the code and the reason (control characters
+/// blanked).
+pub fn line(refusal: &Refusal, method: &str, target: &str, lease_id: Option<&str>) -> String {
+    let lease = lease_id.unwrap_or("(none)");
+    let detail: String = refusal
+        .detail
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    format!(
+        "leasegate refused {method} {target} for lease {lease}: {} ({detail})",
+        refusal.code
+    )
+}
+
 /// Builds the client's response for a refusal.
 pub fn response(
     refusal: &Refusal,
@@ -53,16 +69,7 @@ pub fn response(
     target: &str,
     lease_id: Option<&str>,
 ) -> Response<Body> {
-    let lease = lease_id.unwrap_or("(none)");
-    let detail: String = refusal
-        .detail
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let body = format!(
-        "leasegate refused {method} {target} for lease {lease}: {} ({detail})\n",
-        refusal.code
-    );
+    let body = format!("{}\n", line(refusal, method, target, lease_id));
     let mut response = Response::new(super::full(Bytes::from(body)));
     *response.status_mut() = refusal.code.status();
     if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(refusal.code.as_str().as_bytes()) {
@@ -97,8 +104,8 @@ pub fn response(
     response
 }
 
-/// `answer` (a refusal's) with `body`, a JSON-RPC error, in place of its text.
-pub fn json_rpc(answer: Response<Body>, body: Vec<u8>) -> Response<Body> {
+/// `answer` (a refusal's) with `body`, a JSON-RPC or model API error, in place of its text.
+pub fn with_json(answer: Response<Body>, body: Vec<u8>) -> Response<Body> {
     let (mut parts, _) = answer.into_parts();
     parts.headers.insert(
         header::CONTENT_TYPE,

@@ -53,7 +53,11 @@ pub async fn handle(
     match open(&proxy, &conn, req.headers(), &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
         Ok((dialed, cleared)) => {
-            if let Some(broker) = terminate::terminates(&proxy, &cleared.decision.target) {
+            let broker = match terminate::terminates(&proxy, &cleared.decision) {
+                Ok(broker) => broker,
+                Err(refusal) => return proxy.refuse(&mut ex, refusal, &authority).await,
+            };
+            if let Some(broker) = broker {
                 if let Err(refusal) = terminate::open(&proxy, &broker, dialed, &cleared).await {
                     return proxy.refuse(&mut ex, refusal, &authority).await;
                 }

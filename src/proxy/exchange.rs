@@ -54,6 +54,10 @@ pub struct Exchange {
     pub model: Option<Box<super::metering::Tap>>,
     /// A request to an MCP server: what was read of it, the steps it holds.
     pub mcp: Option<Box<super::mcp::McpTap>>,
+    /// A request a route of the lease's `approvals` held: the approval it went on with.
+    pub approval: Option<String>,
+    /// A model call: the API whose own error shape its refusal is answered in.
+    pub api: Option<crate::meter::Api>,
     /// The lease's token: if it fired, the line says the lease closed the exchange.
     pub token: Option<CancellationToken>,
     /// Counted open with its lease's figures since it was cleared (see [`Exchange::count_open`]).
@@ -104,6 +108,8 @@ impl Exchange {
             secrets: Vec::new(),
             model: None,
             mcp: None,
+            approval: None,
+            api: None,
             token: None,
             open: None,
         }
@@ -205,6 +211,7 @@ impl Drop for Exchange {
             secrets: std::mem::take(&mut self.secrets),
             model: self.model.take().map(|tap| Box::new(tap.finish())),
             mcp: self.mcp.take().map(|tap| Box::new(tap.finish())),
+            approval: self.approval.take(),
             error: self.error.take(),
             revoked: self.revoked,
         };

@@ -7,6 +7,7 @@
 //! `Host` header must agree with the absolute URI, and the connection is to a checked address
 //! and was opened for the same lease (a pooled connection is never lent to another lease).
 
+use super::approve;
 use super::body::Metered;
 use super::body::Prefixed;
 use super::decision::Asked;
@@ -82,15 +83,32 @@ pub async fn handle(
                 held: None,
             };
             let server = proxy.config.mcp.find(&cleared.decision.target, false);
+            let named = approve::names_host(&cleared.decision);
             match (&proxy.broker, server) {
                 (_, Some(server)) => {
                     to_mcp_server(&proxy, server, req, client_upgrade, to, &cleared, &mut ex).await
                 }
-                (None, None) => send(&proxy, req, client_upgrade, to, &mut ex).await,
-                (Some(broker), None) => match checked(broker, req, &cleared, MAX_BODY_SCAN).await {
-                    Ok((req, _)) => send(&proxy, req, client_upgrade, to, &mut ex).await,
-                    Err(refusal) => Err(refusal),
-                },
+                (None, None) if !named => send(&proxy, req, client_upgrade, to, &mut ex).await,
+                (broker, None) => {
+                    let read = match broker {
+                        Some(broker) => checked(broker, req, &cleared, MAX_BODY_SCAN).await,
+                        None => {
+                            let (parts, body) = req.into_parts();
+                            read_ahead(body, &cleared.token, MAX_BODY_SCAN)
+                                .await
+                                .map(|(body, ahead)| (Request::from_parts(parts, body), ahead))
+                        }
+                    };
+                    match read {
+                        Ok((req, ahead)) => {
+                            match hold(&proxy, &req, &ahead, &cleared, &mut ex).await {
+                                Ok(()) => send(&proxy, req, client_upgrade, to, &mut ex).await,
+                                Err(refusal) => Err(refusal),
+                            }
+                        }
+                        Err(refusal) => Err(refusal),
+                    }
+                }
             }
         }
         Err(refusal) => Err(refusal),
@@ -99,6 +117,33 @@ pub async fn handle(
         Ok(forwarded) => forwarded.into_client_response(&proxy, &conn, ex),
         Err(refusal) => proxy.refuse(&mut ex, refusal, &uri.to_string()).await,
     }
+}
+
+/// Holds a forwarded request (its body's start read ahead as `ahead`) while a route the chain's
+/// `approvals` names takes it ([`approve::route`]).
+async fn hold<B>(
+    proxy: &Proxy,
+    req: &Request<B>,
+    ahead: &[u8],
+    cleared: &Cleared,
+    ex: &mut Exchange,
+) -> Result<(), Refusal> {
+    let (path, query) = (req.uri().path(), req.uri().query());
+    let target = match &proxy.broker {
+        Some(broker) => broker.secrets.current().shown_target(path, query),
+        None => req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned(),
+    };
+    let shown = approve::Shown {
+        scheme: "http",
+        target: &target,
+        body: ahead,
+    };
+    let asked = (req.method(), req.uri());
+    approve::route(proxy, &cleared.decision, asked, shown, &cleared.token, ex).await
 }
 
 /// With secrets configured, a forwarded request is checked for misuse like one inside a
@@ -145,6 +190,7 @@ async fn to_mcp_server(
             (Request::from_parts(parts, body), ahead)
         }
     };
+    hold(proxy, &req, &ahead, cleared, ex).await?;
     let chain = &cleared.decision.chain;
     let edge = mcp::Edge {
         spending: &proxy.telemetry.spending,

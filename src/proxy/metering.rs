@@ -15,7 +15,7 @@ use crate::contract::Lease;
 use crate::meter::prices::Prices;
 use crate::meter::request::CallRequest;
 use crate::meter::{Api, Meter, Reading, Usage};
-use crate::policy::codes::Refusal;
+use crate::policy::codes::{Code, Refusal};
 use crate::telemetry::egress::ModelCall;
 use http::header::{HeaderValue, ACCEPT_ENCODING};
 use std::sync::Arc;
@@ -224,19 +224,25 @@ fn event_boundary(chunk: &[u8]) -> Option<usize> {
 /// SDK raises `APIError` on a data event holding `error`, Anthropic's on an `error` event.
 fn error_event(api: Api, detail: &str) -> bytes::Bytes {
     let message = format!("leasegate cut this stream: budget-exhausted ({detail})");
+    let data = error_json(api, Code::BudgetExhausted, &message);
     let event = match api {
-        Api::OpenAi => {
-            let data = serde_json::json!({"error": {"message": message, "type": "budget_exhausted",
-                "param": null, "code": "budget-exhausted"}});
-            format!("data: {data}\n\n")
-        }
-        Api::Anthropic => {
-            let data = serde_json::json!({"type": "error", "error": {"type": "budget_exhausted",
-                "message": message}});
-            format!("event: error\ndata: {data}\n\n")
-        }
+        Api::OpenAi => format!("data: {data}\n\n"),
+        Api::Anthropic => format!("event: error\ndata: {data}\n\n"),
     };
     bytes::Bytes::from(event)
+}
+
+/// An error as `api` writes its own, naming `code` and saying `message`: what the SDK's
+/// exception shows (OpenAI's takes `error.message`, Anthropic's too).
+pub fn error_json(api: Api, code: Code, message: &str) -> serde_json::Value {
+    let kind = code.as_str().replace('-', "_");
+    match api {
+        Api::OpenAi => serde_json::json!({"error": {"message": message, "type": kind,
+            "param": null, "code": code.as_str()}}),
+        Api::Anthropic => {
+            serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+        }
+    }
 }
 
 /// The API's name as the egress line spells it.

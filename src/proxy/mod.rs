@@ -7,6 +7,7 @@
 //! proxy itself writes is built in [`answer`]. No two modules here import each other.
 
 pub mod answer;
+pub mod approve;
 pub mod body;
 pub mod congestion;
 pub mod connect;

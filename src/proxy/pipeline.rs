@@ -335,10 +335,22 @@ impl Proxy {
             ex.lease_id.as_deref(),
         );
         // A read request to an MCP server is answered as the server would: a JSON-RPC error
-        // its SDK raises, with the same status and refusal header.
-        match ex.mcp.as_deref().filter(|tap| tap.answers_as_json_rpc()) {
-            Some(tap) => {
-                answer::json_rpc(answer, tap.refusal_body(&refusal, ex.lease_id.as_deref()))
+        // its SDK raises, with the same status and refusal header; a model call as its API
+        // would, so the SDK's exception says why.
+        if let Some(tap) = ex.mcp.as_deref().filter(|tap| tap.answers_as_json_rpc()) {
+            let body = tap.refusal_body(&refusal, ex.lease_id.as_deref());
+            return answer::with_json(answer, body);
+        }
+        match ex.api {
+            Some(api) => {
+                let line = answer::line(
+                    &refusal,
+                    ex.method.as_str(),
+                    &ex.target_text(target_fallback),
+                    ex.lease_id.as_deref(),
+                );
+                let body = super::metering::error_json(api, refusal.code, &line);
+                answer::with_json(answer, body.to_string().into_bytes())
             }
             None => answer,
         }

@@ -11,6 +11,7 @@
 //! reaches the origin, and written on its own egress line (kind `https`); no field of an
 //! origin's answer shows the agent a secret's value.
 
+use super::approve;
 use super::body::{Counted, RelayEnd};
 use super::decision::{Ask, Asked, Decision};
 use super::exchange::{Counter, Exchange};
@@ -40,12 +41,43 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
-/// The broker, when tunnels to `target` are terminated: some secret in use is for its name.
-pub fn terminates(proxy: &Proxy, target: &Target) -> Option<Arc<Broker>> {
-    let broker = proxy.broker.as_ref()?;
-    let terminated = Broker::terminates(&broker.secrets.current(), &target.host)
+/// The broker, when tunnels of `decision` are terminated: some secret in use is for its
+/// host, the host is an https MCP server, or a route the chain's `approvals` names is of it.
+/// A tunnel a route names that cannot be read (no broker, or a host outside the CA) is
+/// refused: what it would carry could not be held for the human.
+pub fn terminates(proxy: &Proxy, decision: &Decision) -> Result<Option<Arc<Broker>>, Refusal> {
+    let target = &decision.target;
+    let named = approve::names_host(decision);
+    let Some(broker) = proxy.broker.as_ref() else {
+        return match named {
+            true => Err(unreadable(
+                target,
+                "this proxy terminates no TLS (no --secrets and --ca)",
+            )),
+            false => Ok(None),
+        };
+    };
+    if named && broker.covers_name(&target.host).is_err() {
+        return Err(unreadable(
+            target,
+            "the host is outside the interception CA's names",
+        ));
+    }
+    let terminated = named
+        || Broker::terminates(&broker.secrets.current(), &target.host)
         || proxy.config.mcp.terminates(target);
-    terminated.then(|| broker.clone())
+    Ok(terminated.then(|| broker.clone()))
+}
+
+fn unreadable(target: &Target, why: &str) -> Refusal {
+    Refusal::new(
+        Code::ApprovalUnavailable,
+        format!(
+            "a lease of the chain names routes of {} that need a human's approval, and the \
+             tunnel cannot be read to hold them: {why}",
+            target.host
+        ),
+    )
 }
 
 /// Before the client's 200: TLS to the origin over `stream`, dialled to `addr`, verified for
@@ -244,22 +276,28 @@ pub async fn tunnel(
             }
         }
         _ = proxy.hard_stop.cancelled() => {}
-        _ = idle(&read, &written, proxy.config.tunnel_idle_timeout) => {
+        _ = idle(&read, &written, &waiting.answering, proxy.config.tunnel_idle_timeout) => {
             ex.error = RelayEnd::Idle.describe();
         }
     }
     proxy.telemetry.metrics.tunnel_closed(&lease);
 }
 
-/// Returns once a whole `limit` passed with no byte either way (so after between one and two
-/// limits of silence).
-async fn idle(read: &Counter, written: &Counter, limit: std::time::Duration) {
+/// Returns once a whole `limit` passed with no byte either way and no request being answered
+/// (one held for a human moves nothing while it waits), so after between one and two limits
+/// of silence.
+async fn idle(
+    read: &Counter,
+    written: &Counter,
+    answering: &AtomicUsize,
+    limit: std::time::Duration,
+) {
     let moved = || read.load(Ordering::Relaxed) + written.load(Ordering::Relaxed);
     let mut before = moved();
     loop {
         tokio::time::sleep(limit).await;
         let now = moved();
-        if now == before {
+        if now == before && answering.load(Ordering::Acquire) == 0 {
             return;
         }
         before = now;
@@ -347,6 +385,7 @@ impl Inside {
         let set = self.broker.secrets.current();
         let normal = path::normalise(parts.uri.path());
         let metered = self.metered(&set, &decision, &parts, &normal)?;
+        ex.api = metered.as_ref().map(|(api, _)| *api);
         let server = proxy.config.mcp.find(&decision.target, true);
         // A model call is read whole: what it may spend is in its body; so is a request to an
         // MCP server: what it calls is.
@@ -387,6 +426,14 @@ impl Inside {
             normal.as_deref().map_err(|&why| why),
             true,
         )?;
+        let target = ex.path.clone().unwrap_or_default();
+        let shown = approve::Shown {
+            scheme: "https",
+            target: &target,
+            body: &ahead,
+        };
+        let asked = (&parts.method, &parts.uri);
+        approve::route(proxy, &decision, asked, shown, &self.cleared.token, ex).await?;
         // What route rules or the meter read is what the origin is sent.
         if let (Ok(normal), true) = (&normal, metered.is_some() || !secrets.is_empty()) {
             resolved(&mut parts, normal)?;

@@ -105,6 +105,9 @@ pub struct EgressEvent {
     /// A request to an MCP server: its messages, their verdicts and the steps it counted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mcp: Option<Box<McpCall>>,
+    /// A request a route of the lease's `approvals` held: the approval it went on with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

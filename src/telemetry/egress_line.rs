@@ -83,6 +83,10 @@ pub fn write_line(buf: &mut Vec<u8>, event: &EgressEvent) {
     if let Some(mcp) = &event.mcp {
         nested(buf, b",\"mcp\":", mcp);
     }
+    if let Some(approval) = &event.approval {
+        buf.extend_from_slice(b",\"approval\":");
+        string(buf, approval);
+    }
     if let Some(error) = &event.error {
         buf.extend_from_slice(b",\"error\":");
         string(buf, error);
@@ -259,6 +263,7 @@ mod tests {
             secrets: Vec::new(),
             model: None,
             mcp: None,
+            approval: None,
             error: None,
             revoked: None,
         }

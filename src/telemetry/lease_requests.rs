@@ -115,6 +115,7 @@ mod tests {
             secrets: Vec::new(),
             model: None,
             mcp: None,
+            approval: None,
             error: None,
             revoked: None,
         })

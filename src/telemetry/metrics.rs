@@ -878,6 +878,7 @@ mod tests {
             secrets: Vec::new(),
             model: None,
             mcp: None,
+            approval: None,
             error: None,
             revoked: None,
         }

@@ -9,6 +9,8 @@ mod admin_query;
 mod approval_decision;
 #[path = "../../../fuzz/checks/approval_line.rs"]
 mod approval_line;
+#[path = "../../../fuzz/checks/approval_route.rs"]
+mod approval_route;
 #[path = "../../../fuzz/checks/broadcast.rs"]
 mod broadcast;
 #[path = "../../../fuzz/checks/canonical.rs"]
@@ -73,6 +75,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("admin_query", admin_query::check, 8),
         ("approval_decision", approval_decision::check, 12),
         ("approval_line", approval_line::check, 12),
+        ("approval_route", approval_route::check, 12),
         ("canonical", canonical::check, 20),
         ("hello", hello::check, 15),
         ("identify", identify::check, 5),

@@ -13,4 +13,5 @@ pub mod descriptors;
 pub mod end_to_end;
 pub mod hardening;
 pub mod pipeline;
+pub mod route_approvals;
 pub mod tunnels;

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "approvals-admin-token";
+pub const TOKEN: &str = "approvals-admin-token";
 
 /// A lease allowing three tools of `notes`, two of which need an approval.
 fn manifest() -> Value {
@@ -28,14 +28,14 @@ fn manifest() -> Value {
     })
 }
 
-fn token_file(h: &Harness) -> PathBuf {
+pub fn token_file(h: &Harness) -> PathBuf {
     let path = h.dir.path().join("admin-token");
     std::fs::write(&path, TOKEN).unwrap();
     path
 }
 
 /// `leasegate ARGS --admin http://ADMIN --admin-token-file FILE`: exit status and stdout.
-async fn cli(server: &Server, token: &Path, args: &[&str]) -> (bool, String, String) {
+pub async fn cli(server: &Server, token: &Path, args: &[&str]) -> (bool, String, String) {
     let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     all.extend([
         "--admin".to_owned(),
@@ -57,7 +57,7 @@ async fn cli(server: &Server, token: &Path, args: &[&str]) -> (bool, String, Str
 }
 
 /// The pending approval of `tool` once `leasegate approvals --json` lists one.
-async fn pending(server: &Server, token: &Path, tool: &str) -> Value {
+pub async fn pending(server: &Server, token: &Path, tool: &str) -> Value {
     let found = eventually(Duration::from_secs(60), || async {
         let (ok, out, _) = cli(server, token, &["approvals", "--json"]).await;
         let listed: Value = serde_json::from_str(&out).ok().filter(|_| ok)?;

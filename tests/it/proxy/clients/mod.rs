@@ -11,7 +11,7 @@
 
 mod brokered;
 mod go;
-mod mcp_approvals;
+pub mod mcp_approvals;
 mod mcp_sdk;
 mod model_sdks;
 mod node;
