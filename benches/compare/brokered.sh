@@ -52,9 +52,7 @@ mkdir -p "$RUNS"
 
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-for p in $ORIGIN_HTTP $ORIGIN_HTTPS $LG_PORT $LG_ADMIN $MITM_PORT $SQUID_PORT; do
-  ss -Hltn "( sport = :$p )" | grep -q . && die "127.0.0.1:$p is already in use"
-done
+ports_free $ORIGIN_HTTP $ORIGIN_HTTPS $LG_PORT $LG_ADMIN $MITM_PORT $SQUID_PORT
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 # ------------------------------------------------------------------------------------------
@@ -77,15 +75,7 @@ fi
 # ------------------------------------------------------------------------------------------
 # 2. Build leasegate (release: the dist profile's fat LTO is a long build on a small machine;
 #    PROFILE=dist for the shipped build) and the harness.
-if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-  log "cargo build --profile $PROFILE (leasegate)"
-  (cd "$REPO" && cargo build --profile "$PROFILE" --quiet)
-  log "cargo build --release (harness)"
-  CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
-fi
-LG="${CARGO_TARGET_DIR:-$REPO/target}/$PROFILE/leasegate"
-H="$HERE/target/release/compare-harness"
-[[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
+build_binaries
 
 # ------------------------------------------------------------------------------------------
 # 3. The origin (origin.test and blind.test: two names, one certificate), leasegate, mitmproxy
@@ -255,12 +245,7 @@ LG_ERRLINES=$(grep -c . "$TMP/leasegate.err" || true)
 # ------------------------------------------------------------------------------------------
 # 6. The report: the section between the markers in OUT_MD, replaced (or appended).
 ELAPSED=$(($(date +%s) - START_EPOCH))
-REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null) ]]; then
-  REV="$REV (with uncommitted changes to src/ or Cargo.*)"
-fi
-CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
-MEM=$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
+describe_machine
 python3 "$HERE/brokered_report.py" --runs "$RUNS" --out-md "$OUT_MD" \
   --rounds "$ROUNDS" --duration "$DURATION" --conc "$CONC" --quick "$QUICK" \
   --meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')" --meta "elapsed=$((ELAPSED / 60)) min $((ELAPSED % 60)) s" \

@@ -1,5 +1,6 @@
-# Shell helpers shared by brokered.sh and metered.sh (sourced, not run): logging, the processes
-# a script started (by pid, in PID[NAME]) stopped on exit, waiting for a port.
+# Shell helpers shared by brokered.sh, metered.sh and edge.sh (sourced, not run): logging, the
+# processes a script started (by pid, in PID[NAME]) stopped on exit, waiting for a port, the
+# builds.
 #
 # Invariant: only the pids a script put in PID are ever signalled; the temporary directory TMP
 # is removed only after a clean exit without KEEP_TMP=1.
@@ -34,4 +35,32 @@ wait_port() { # wait_port PORT NAME
     sleep 0.1
   done
   die "$2 is not listening on 127.0.0.1:$1 after 30 s; see $TMP/$2.err"
+}
+
+ports_free() { # ports_free PORT...: dies naming the first one in use
+  for p in "$@"; do
+    ss -Hltn "( sport = :$p )" | grep -q . && die "127.0.0.1:$p is already in use"
+  done
+  return 0
+}
+
+build_binaries() { # build_binaries: leasegate (PROFILE) and the harness, unless SKIP_BUILD=1; sets LG and H
+  if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+    log "cargo build --profile $PROFILE (leasegate)"
+    (cd "$REPO" && cargo build --profile "$PROFILE" --quiet)
+    log "cargo build --release (harness)"
+    CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
+  fi
+  LG="${CARGO_TARGET_DIR:-$REPO/target}/$PROFILE/leasegate"
+  H="$HERE/target/release/compare-harness"
+  [[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
+}
+
+describe_machine() { # describe_machine: sets REV (git, marked when src/ is changed), CPU and MEM
+  REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  if [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null) ]]; then
+    REV="$REV (with uncommitted changes to src/ or Cargo.*)"
+  fi
+  CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+  MEM=$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
 }

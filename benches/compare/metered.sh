@@ -52,21 +52,11 @@ mkdir -p "$RUNS"
 
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-for p in $ORIGIN_HTTP $ORIGIN_HTTPS "${PORT[@]}" "${ADMIN[@]}"; do
-  ss -Hltn "( sport = :$p )" | grep -q . && die "127.0.0.1:$p is already in use"
-done
+ports_free $ORIGIN_HTTP $ORIGIN_HTTPS "${PORT[@]}" "${ADMIN[@]}"
 
 # ------------------------------------------------------------------------------------------
 # 1. Build leasegate and the harness (as brokered.sh does).
-if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-  log "cargo build --profile $PROFILE (leasegate)"
-  (cd "$REPO" && cargo build --profile "$PROFILE" --quiet)
-  log "cargo build --release (harness)"
-  CARGO_TARGET_DIR="$HERE/target" cargo build --release --quiet --manifest-path "$HERE/harness/Cargo.toml"
-fi
-LG="${CARGO_TARGET_DIR:-$REPO/target}/$PROFILE/leasegate"
-H="$HERE/target/release/compare-harness"
-[[ -x $LG && -x $H ]] || die "missing $LG or $H (build failed?)"
+build_binaries
 
 # ------------------------------------------------------------------------------------------
 # 2. The origin, then two leasegates terminating origin.test: one whose secret meters it, one
@@ -224,12 +214,7 @@ fi
 # ------------------------------------------------------------------------------------------
 # 5. The report: the section between the markers in OUT_MD, replaced (or appended).
 ELAPSED=$(($(date +%s) - START_EPOCH))
-REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null) ]]; then
-  REV="$REV (with uncommitted changes to src/ or Cargo.*)"
-fi
-CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
-MEM=$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
+describe_machine
 python3 "$HERE/metered_report.py" --runs "$RUNS" --out-md "$OUT_MD" \
   --rounds "$ROUNDS" --duration "$DURATION" --conc "$CONC" --tokens "$TOKENS" --quick "$QUICK" \
   --answer-bytes "$EXPECT" --meter-check "$METER_CHECK" --model-line "$(cat "$TMP/model-line.json")" \
