@@ -269,7 +269,14 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
     if let Err(refused) = state.hosts.check(req.uri(), req.headers()) {
         return error(refused.status, refused.message);
     }
-    let path = req.uri().path().trim_end_matches('/').to_owned();
+    let mut path = req.uri().path().trim_end_matches('/').to_owned();
+    // A lease's or an approval's id is taken in any case, as the contract writes it.
+    for collection in ["/leases/", "/approvals/"] {
+        if let Some(rest) = path.strip_prefix(collection) {
+            let (start, len) = (collection.len(), rest.find('/').unwrap_or(rest.len()));
+            path[start..start + len].make_ascii_lowercase();
+        }
+    }
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let is_public = segments == ["healthz"] || segments.is_empty();
     let authorization = req

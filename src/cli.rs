@@ -187,7 +187,7 @@ pub struct SuggestArgs {
     #[arg(long, env = "LEASEGATE_SUGGEST_FROM")]
     pub from: PathBuf,
     /// Only this lease.
-    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id_any_case)]
     pub lease: Option<String>,
     /// One list for every lease whose manifest names this agent (`agent.name`, signed), read
     /// from the journal: needs --journal and --key-file.
@@ -375,7 +375,7 @@ pub struct HealthArgs {
 #[derive(Debug, Args)]
 pub struct TokenArgs {
     /// The lease.
-    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id_any_case)]
     pub lease: String,
     /// The key the lease is signed with.
     #[arg(long, env = "LEASEGATE_KEY_FILE")]
@@ -401,7 +401,7 @@ pub enum LeasePortCredentialsArg {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lease the agent runs under.
-    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id_any_case)]
     pub lease: String,
     /// The proxy (scheme, host, port) to use with the lease's credential; a lease with a port
     /// of its own is reached on this host. Default: the admin URL's host, with the port the
@@ -725,7 +725,7 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub ledger: LedgerArgs,
     /// The lease to check.
-    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id_any_case)]
     pub lease: String,
     /// Also resolve a host name (IP literals are always guarded).
     #[arg(long = "resolve-names")]
@@ -821,7 +821,7 @@ pub struct IssueArgs {
     pub force: bool,
     /// Parent lease id: the new lease is narrowed to the parent's (hosts and tools within
     /// its, its denials and approvals kept, its budget and end at most the parent's).
-    #[arg(long, env = "LEASEGATE_PARENT", value_parser = crate::contract::lease::lease_id)]
+    #[arg(long, env = "LEASEGATE_PARENT", value_parser = crate::contract::lease::lease_id_any_case)]
     pub parent: Option<String>,
     /// Lifetime, e.g. `15m`, `1h`, `2s`.
     #[arg(long, env = "LEASEGATE_TTL", default_value = "1h", value_parser = parse_duration)]
@@ -918,7 +918,7 @@ pub struct RevokeArgs {
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE", requires = "admin")]
     pub admin_token_file: Option<PathBuf>,
     /// The lease to revoke.
-    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id)]
+    #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id_any_case)]
     pub lease: String,
     /// Why (at most 500 characters are kept).
     #[arg(long, env = "LEASEGATE_REASON")]
@@ -1038,7 +1038,7 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 fn parse_lease_filter(text: &str) -> Result<String, crate::contract::lease::NotALeaseId> {
     match text {
         "_" => Ok(text.to_owned()),
-        _ => crate::contract::lease::lease_id(text),
+        _ => crate::contract::lease::lease_id_any_case(text),
     }
 }
 

@@ -131,8 +131,12 @@ pub enum Shortfall {
     NoRoom { soft: u64, hard: u64, fixed: u64 },
 }
 
+/// Below this many connections, a default lowered to fit the descriptor limit is a warning.
+pub const FEW_CONNECTIONS: u64 = 1024;
+
 /// The connection limit to serve with: `asked` where it fits under `limit`; else, when it is
-/// the default (`given` false), the most that fits (said in a warning); an operator's own
+/// the default (`given` false), the most that fits (said in a warning below
+/// [`FEW_CONNECTIONS`], else in an info line); an operator's own
 /// number that does not fit refuses the start, as does a limit with no room for one.
 pub fn fit(asked: usize, given: bool, needs: Needs, limit: Limit) -> Result<usize, Shortfall> {
     let asked_n = asked as u64;
@@ -158,14 +162,26 @@ pub fn fit(asked: usize, given: bool, needs: Needs, limit: Limit) -> Result<usiz
             fitting,
         });
     }
-    tracing::warn!(
-        default = asked,
-        max_connections = fitting,
-        limit = limit.soft,
-        hard = limit.hard,
-        "the file descriptor limit is too low for the default --max-connections: serving at most \
-         {fitting} connections (raise the limit, or set --max-connections to silence this)"
-    );
+    // Nobody asked for the default: lowering it is news only where what is left could be the
+    // bottleneck of a fleet of agents.
+    if fitting < FEW_CONNECTIONS {
+        tracing::warn!(
+            default = asked,
+            max_connections = fitting,
+            limit = limit.soft,
+            hard = limit.hard,
+            "the file descriptor limit is too low for the default --max-connections: serving at \
+             most {fitting} connections (raise the limit, or set --max-connections to silence this)"
+        );
+    } else {
+        tracing::info!(
+            default = asked,
+            max_connections = fitting,
+            limit = limit.soft,
+            hard = limit.hard,
+            "serving at most {fitting} connections, what the file descriptor limit fits"
+        );
+    }
     Ok(usize::try_from(fitting).unwrap_or(usize::MAX))
 }
 

@@ -16,6 +16,12 @@ pub fn exec(args: CheckArgs) -> CliResult {
     require_journal(&args.ledger.journal)?;
     let keyring = Keyring::load(&args.ledger.key_files, args.ledger.allow_test_key)?
         .requiring_record_signatures(args.ledger.require_record_signatures);
+    if !args.policy.resolve.is_empty() && !args.resolve_names {
+        eprintln!(
+            "leasegate check: warning: --resolve (or LEASEGATE_RESOLVE) is not used: check \
+             resolves no name without --resolve-names"
+        );
+    }
     let config = ProxyConfig {
         resolve_names: args.resolve_names,
         ..ProxyConfig::try_from(&args.policy)?

@@ -46,11 +46,14 @@ pub fn signing_key(path: &Path) -> Result<Key, DevError> {
     Ok(key)
 }
 
-/// The demo lease `serve --dev` hands out, and whether an open one was reused.
+/// The demo lease `serve --dev` hands out, whether an open one was reused, and the open demo
+/// leases for other hosts it closed (a demo lease for `*` left open would outlive the
+/// narrower one that replaced it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DemoLease {
     pub id: String,
     pub reused: bool,
+    pub closed: Vec<String>,
 }
 
 const DEMO_AGENT: &str = "dev-agent";
@@ -89,22 +92,41 @@ pub fn demo_lease(demo: &Demo) -> Result<DemoLease, DevError> {
     let (ledger, _) = crate::registry::journal::load(&demo.journal, Ledger::new(keyring))
         .map_err(io_error(&demo.journal))?;
     let now = Timestamp::now();
-    let open = ledger.leases().filter(|lease| {
-        lease.agent_name == DEMO_AGENT
-            && lease.parent.is_none()
-            && lease.allow_hosts == demo.hosts
+    let demos = || {
+        ledger.leases().filter(|lease| {
+            lease.agent_name == DEMO_AGENT
+                && lease.parent.is_none()
+                && *lease.key_fingerprint == *key.fingerprint()
+                && ledger.status(&lease.id, now) == Some(Status::Open)
+        })
+    };
+    let open = demos().filter(|lease| {
+        lease.allow_hosts == demo.hosts
             && lease.deny_hosts.is_empty()
-            && *lease.key_fingerprint == *key.fingerprint()
             // An hour left at least: a reused lease should outlive the session.
             && lease.expires_at.as_millis() > now.saturating_add_millis(3_600_000).as_millis()
-            && ledger.status(&lease.id, now) == Some(Status::Open)
     });
     // The newest one: it lives longest.
-    let open = open.last();
-    if let Some(lease) = open {
+    let open = open.last().map(|lease| lease.id.clone());
+    let others: Vec<String> = demos()
+        .filter(|lease| Some(&lease.id) != open.as_ref())
+        .map(|lease| lease.id.clone())
+        .collect();
+    let mut closed = Vec::new();
+    for id in others {
+        let reason = format!(
+            "superseded: serve --dev now hands out a demo lease for {}",
+            demo.hosts.join(" ")
+        );
+        if issue::revoke(&demo.journal, &key, &id, &reason, now)? {
+            closed.push(id);
+        }
+    }
+    if let Some(id) = open {
         return Ok(DemoLease {
-            id: lease.id.clone(),
+            id,
             reused: true,
+            closed,
         });
     }
     let issued = issue::issue(
@@ -124,5 +146,6 @@ pub fn demo_lease(demo: &Demo) -> Result<DemoLease, DevError> {
     Ok(DemoLease {
         id: issued.lease_id,
         reused: false,
+        closed,
     })
 }

@@ -72,7 +72,18 @@ pub fn load_ledger(args: &LedgerArgs) -> anyhow::Result<Ledger> {
     let keyring = Keyring::load(&args.key_files, args.allow_test_key)?
         .requiring_record_signatures(args.require_record_signatures);
     let options = StoreOptions::from(&args.store);
-    let (ledger, _) = block_on(open::fold(&args.journal, options.ledger(keyring), &options))?;
+    let (ledger, problems) =
+        block_on(open::fold(&args.journal, options.ledger(keyring), &options))?;
+    if let Some(why) = crate::registry::journal::nothing_verifies(&ledger, &problems) {
+        anyhow::bail!(why);
+    }
+    let (n, keys) = crate::registry::journal::unverified(&problems);
+    if n > 0 {
+        eprintln!(
+            "leasegate: {n} grant(s) of the journal not verified (signed with {}): left out",
+            keys.join(", ")
+        );
+    }
     Ok(ledger)
 }
 

@@ -299,7 +299,8 @@ pub async fn run(
         }
         None => None,
     };
-    let (set, unset) = agent_env(&url, lease, std::env::vars_os().map(|(name, _)| name));
+    let inherited = std::env::vars_os().map(|(name, _)| name);
+    let (set, unset) = agent_env(&url, lease, admin.url().host_str(), inherited);
     let mut child = tokio::process::Command::new(&command[0]);
     child
         .args(&command[1..])

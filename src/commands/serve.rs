@@ -98,7 +98,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         };
         let scheme = if tls { "https" } else { "http" };
         let url = format!("{scheme}://agent:{credential}@{}", server.addr);
-        let how = if lease.reused { "reused" } else { "issued" };
+        let how = match (lease.reused, lease.closed.as_slice()) {
+            (true, []) => "reused".to_owned(),
+            (false, []) => "issued".to_owned(),
+            (reused, closed) => format!(
+                "{}; closed the demo lease{} {} for other hosts",
+                if reused { "reused" } else { "issued" },
+                if closed.len() > 1 { "s" } else { "" },
+                closed.join(", ")
+            ),
+        };
         let refusals = if revoking {
             "a refusal revokes the lease"
         } else {
@@ -108,9 +117,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "leasegate (dev) on {} with demo lease {} ({how}); {refusals}; {egress}",
             server.addr, lease.id
         );
+        // NO_PROXY: the admin API (the dashboard, `leasegate leases`) is reached directly, not
+        // through the proxy, which would refuse it and could revoke the demo lease.
         println!(
             "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
-             ALL_PROXY={url} all_proxy={url}"
+             ALL_PROXY={url} all_proxy={url} NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost"
         );
         if let Some(admin) = server.admin_addr {
             println!("dashboard http://{}/", health::reachable(admin));

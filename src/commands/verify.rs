@@ -1,7 +1,8 @@
 //! `leasegate verify`: check a lease, a journal file or a stream: schema, rules and (with a
 //! key) signatures.
 //!
-//! Invariant: exit 0 all valid, 1 something invalid, 2 usage or I/O error.
+//! Invariant: exit 0 all valid, 1 something invalid, 2 usage or I/O error; the result (each
+//! problem, then the verdict) goes to stdout, diagnostics to stderr.
 
 use super::{block_on, error_text, inspect, CliResult};
 use crate::cli::VerifyArgs;
@@ -68,10 +69,10 @@ pub fn exec(args: VerifyArgs) -> CliResult {
         "schema and rules only: no --key-file given, signatures not checked"
     };
     if problems.is_empty() {
-        eprintln!("{name}: valid ({scope})");
+        println!("{name}: valid ({scope})");
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("{name}: {} problem(s) ({scope})", problems.len());
+        println!("{name}: {} problem(s) ({scope})", problems.len());
         Ok(ExitCode::FAILURE)
     }
 }

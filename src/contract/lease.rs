@@ -271,6 +271,12 @@ pub fn lease_id(text: &str) -> Result<String, NotALeaseId> {
     }
 }
 
+/// A lease id as a person or a client may type it: any case, taken in the contract's lower case
+/// (every view shows it so).
+pub fn lease_id_any_case(text: &str) -> Result<String, NotALeaseId> {
+    lease_id(&text.to_ascii_lowercase()).map_err(|_| NotALeaseId(text.to_owned()))
+}
+
 /// Whether `text` has the contract's lease id form (a lower-case UUID).
 pub fn is_lease_id(text: &str) -> bool {
     text.len() == 36

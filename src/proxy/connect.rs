@@ -17,6 +17,7 @@ use super::decision::{Asked, Decision};
 use super::exchange::Exchange;
 use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Cleared;
+use super::sniffed::Sniffed;
 use super::terminate;
 use super::{Body, ClientConn, Proxy};
 use crate::policy::chained::{self, Chained};
@@ -162,8 +163,8 @@ async fn tunnel(
     }
     // A plain socket underneath (not the TLS listener's stream): hyper hands back what it
     // read past the CONNECT head and not yet given out, which follows `first`.
-    let (client, rest) = match client.into_inner().downcast::<TokioIo<TcpStream>>() {
-        Ok(parts) => (Ok(parts.io.into_inner()), parts.read_buf),
+    let (client, rest) = match client.into_inner().downcast::<TokioIo<Sniffed>>() {
+        Ok(parts) => (Ok(parts.io.into_inner().into_inner()), parts.read_buf),
         Err(upgraded) => (Err(TokioIo::new(upgraded)), Bytes::new()),
     };
     // Exactly the client's bytes, records as sent (zero-length ones included).

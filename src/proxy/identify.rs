@@ -234,14 +234,15 @@ fn parse_authorization(text: &str) -> Result<Identity, Refusal> {
 }
 
 /// One credential, `<lease-id>` or `<lease-id>.<tag>`; the lease id has the contract's form
-/// (lower-case UUID).
+/// (a UUID, taken in lower case whatever case it came in).
 fn checked(credential: &str, label: Option<String>) -> Result<Identity, Refusal> {
     let (id, tag) = token::split(credential);
-    if !is_lease_id(id) {
-        return Err(unknown("the lease id is not a lower-case UUID"));
+    let id = id.to_ascii_lowercase();
+    if !is_lease_id(&id) {
+        return Err(unknown("the lease id is not a UUID"));
     }
     Ok(Identity {
-        lease_id: id.to_owned(),
+        lease_id: id,
         label,
         tags: vec![tag.map(str::to_owned)],
         on_port: false,
@@ -395,11 +396,19 @@ mod tests {
         // A tag after a malformed id is still a malformed id.
         assert_eq!(
             code(identify(
-                &headers(&[("x-lease-id", format!("{}.x", A.to_uppercase()))]),
+                &headers(&[("x-lease-id", format!("{}x.x", &A[..35]))]),
                 None
             )),
             Code::LeaseUnknown
         );
+        // An id in upper case is the same lease, its tag still checked.
+        let upper = identify(
+            &headers(&[("x-lease-id", format!("{}.x", A.to_uppercase()))]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(upper.lease_id, A);
+        assert_eq!(upper.tags, [Some("x".to_owned())]);
     }
 
     #[test]
@@ -468,7 +477,6 @@ mod tests {
             "Basic !!!",
             "Digest abc",
             "Bearer",
-            &format!("Bearer {}", A.to_uppercase()),
             &basic("agent:not-a-lease"),
         ] {
             assert_eq!(
@@ -480,5 +488,8 @@ mod tests {
                 "{bad}"
             );
         }
+        let upper = format!("Bearer {}", A.to_uppercase());
+        let named = identify(&headers(&[("proxy-authorization", upper)]), None).unwrap();
+        assert_eq!(named.lease_id, A);
     }
 }

@@ -14,6 +14,7 @@
 
 use super::answer;
 use super::connection::ClientConn;
+use super::sniffed::Sniffed;
 use super::state::Proxy;
 use super::{connect, forward, Body};
 use crate::descriptors::Listener;
@@ -205,7 +206,10 @@ async fn handle(
     shutdown: CancellationToken,
 ) {
     match proxy.tls.clone() {
-        None => serve_http(&proxy, TokioIo::new(stream), &conn, &shutdown).await,
+        None => {
+            let stream = Sniffed::new(stream, conn.client);
+            serve_http(&proxy, TokioIo::new(stream), &conn, &shutdown).await
+        }
         Some(acceptor) => {
             // The handshake counts against the header-read timeout: a silent client goes.
             match tokio::time::timeout(proxy.config.header_read_timeout, acceptor.accept(stream))

@@ -24,6 +24,7 @@ pub mod mcp;
 pub mod metering;
 pub mod pipeline;
 #[cfg(target_os = "linux")]
+pub mod sniffed;
 pub mod splice;
 pub mod state;
 pub mod terminate;

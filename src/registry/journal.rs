@@ -147,6 +147,41 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Grants of `problems` that no key of the keyring verifies (signed with a key not in it, or
+/// a signature that does not verify), and the fingerprints they name (the first few).
+pub fn unverified(problems: &[LineProblem]) -> (usize, Vec<String>) {
+    use crate::contract::lease::LeaseError;
+    let mut keys: Vec<String> = Vec::new();
+    let mut n = 0;
+    for problem in problems {
+        if let LineError::Lease(LeaseError::UnknownKey(key) | LeaseError::BadSignature(key)) =
+            &problem.error
+        {
+            n += 1;
+            if keys.len() < 3 && !keys.contains(key) {
+                keys.push(key.clone());
+            }
+        }
+    }
+    (n, keys)
+}
+
+/// Why a fold cannot be served: it holds no lease, and some grants did not verify under the
+/// keyring — the key file is almost certainly not the one that signs this journal.
+pub fn nothing_verifies(ledger: &Ledger, problems: &[LineProblem]) -> Option<String> {
+    let (n, keys) = unverified(problems);
+    (n > 0 && ledger.leases().next().is_none()).then(|| nothing_verified(n, &keys))
+}
+
+/// The words of [`nothing_verifies`] for `n` grants signed with `keys`.
+pub fn nothing_verified(n: usize, keys: &[String]) -> String {
+    format!(
+        "no lease of the journal verifies under the keyring: {n} grant(s) signed with {} \
+         (is --key-file the key that signs this journal? `leasegate verify` lists each line)",
+        keys.join(", ")
+    )
+}
+
 /// Logs skipped lines, one warning per distinct reason (a wrong key would otherwise warn
 /// once per lease in the journal), for at most `SHOWN` reasons: reasons that name their line's
 /// own values (timestamps, ids) are each distinct, and the rest are said as one count.

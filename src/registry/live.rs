@@ -213,6 +213,7 @@ impl Registry {
         pending: Pending,
     ) -> std::io::Result<Registry> {
         let mut skipped = 0;
+        let (mut unverified, mut keys) = (0, Vec::new());
         let mut skipping = Flood::default();
         // Batch by batch until the store settles, so a stream's delivery and the fold overlap.
         let mut lines_read = journal::LineCount::default();
@@ -228,6 +229,13 @@ impl Registry {
             lines_read.count(batch.restarted, batch.len(), &mut problems);
             journal::warn_skipped_gated(&mut skipping, &problems, Instant::now());
             skipped += problems.len();
+            let (n, named) = journal::unverified(&problems);
+            unverified += n;
+            for key in named {
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
             if !pending.is_empty() {
                 let queue = pending.clone();
                 let lines = batch.lines;
@@ -241,6 +249,13 @@ impl Registry {
         };
         if skipped > 0 {
             tracing::warn!(skipped, store = %store.describe(), "journal lines skipped");
+        }
+        // Nothing to serve but grants no key verifies: the wrong key, never a quiet start.
+        if unverified > 0 && ledger.leases().next().is_none() {
+            keys.truncate(3);
+            return Err(std::io::Error::other(journal::nothing_verified(
+                unverified, &keys,
+            )));
         }
         for value in pending.records() {
             // Our own signed records: closing more is the only thing they can do.

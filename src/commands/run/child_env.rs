@@ -114,16 +114,23 @@ pub fn is_proxy_setting(name: &std::ffi::OsStr) -> bool {
 }
 
 /// The environment changes that point a process at `proxy_url`: the variables to set, and
-/// those of `inherited` (the names of our environment) to remove first.
+/// those of `inherited` (the names of our environment) to remove first. `admin_host`, the
+/// admin API's host, is the one `NO_PROXY` names: a client's call to the admin API goes to it
+/// directly instead of through the proxy (which would refuse it, and could revoke the lease).
 pub fn agent_env(
     proxy_url: &str,
     lease: &str,
+    admin_host: Option<&str>,
     inherited: impl IntoIterator<Item = OsString>,
 ) -> (Vec<(&'static str, String)>, Vec<OsString>) {
     let mut set: Vec<(&'static str, String)> = PROXY_VARS
         .iter()
         .map(|name| (*name, proxy_url.to_owned()))
         .collect();
+    if let Some(host) = admin_host.map(|h| h.trim_start_matches('[').trim_end_matches(']')) {
+        set.push(("NO_PROXY", host.to_owned()));
+        set.push(("no_proxy", host.to_owned()));
+    }
     set.push(("NODE_USE_ENV_PROXY", "1".to_owned()));
     set.push(("LEASEGATE_LEASE_ID", lease.to_owned()));
     let unset = inherited
@@ -232,10 +239,29 @@ mod tests {
         // HTTPS_PROXY is set, not cleared; the others are no proxy setting.
         let kept = ["HTTPS_PROXY", "PATH", "PROXY_HOST", "proxy"];
         let inherited = cleared.iter().chain(&kept).map(OsString::from);
-        let (set, unset) = agent_env("http://127.0.0.1:3128", LEASE, inherited);
+        let (set, unset) = agent_env("http://127.0.0.1:3128", LEASE, None, inherited);
         assert_eq!(unset, cleared.map(OsString::from));
         let names: Vec<&str> = set.iter().map(|(n, _)| *n).collect();
         assert_eq!(names[..6], PROXY_VARS);
         assert_eq!(names[6..], ["NODE_USE_ENV_PROXY", "LEASEGATE_LEASE_ID"]);
+    }
+
+    /// The inherited `NO_PROXY` goes; the one set names the admin API's host alone.
+    #[test]
+    fn no_proxy_names_the_admin_host_only() {
+        let inherited = ["NO_PROXY", "no_proxy"].map(OsString::from);
+        let (set, unset) = agent_env("http://127.0.0.1:3128", LEASE, Some("[::1]"), inherited);
+        assert!(unset.is_empty(), "set again, not only removed: {unset:?}");
+        let no_proxy: Vec<_> = set
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("no_proxy"))
+            .collect();
+        assert_eq!(
+            no_proxy,
+            [
+                &("NO_PROXY", "::1".to_owned()),
+                &("no_proxy", "::1".to_owned())
+            ]
+        );
     }
 }

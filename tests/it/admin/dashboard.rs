@@ -818,6 +818,13 @@ async fn the_admin_api_answers_only_its_own_host_and_same_origin_json_writes() {
     }
     let (_, view) = admin_get(&server, &format!("/leases/{lease}")).await;
     assert_eq!(view["status"], "open");
+    // The id in upper case names the same lease, shown in lower case.
+    let (status, upper) = admin_get(&server, &format!("/leases/{}", lease.to_uppercase())).await;
+    assert_eq!(
+        (status, &upper["lease_id"]),
+        (200, &view["lease_id"]),
+        "{upper}"
+    );
     assert!(h.revocations().await.is_empty());
     // From its own origin, it revokes; no CORS header is ever sent.
     let same =

@@ -218,7 +218,8 @@ fn serve_dev_exports_every_proxy_variable_and_logs_refusals() {
         dev.export,
         format!(
             "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
-             ALL_PROXY={url} all_proxy={url}"
+             ALL_PROXY={url} all_proxy={url} NO_PROXY=127.0.0.1,localhost \
+             no_proxy=127.0.0.1,localhost"
         )
     );
 
@@ -243,6 +244,11 @@ fn serve_dev_exports_every_proxy_variable_and_logs_refusals() {
     assert!(refused.ends_with(" 403"), "{refused}");
     assert!(refused.contains(": host-not-allowed ("), "{refused}");
     assert_eq!(curl_env(&allowed), "dev 200");
+    // What listens on loopback (the admin API, here the origin) is reached directly: no line.
+    assert_eq!(
+        curl_env(&format!("http://127.0.0.1:{origin_port}/")),
+        "dev 200"
+    );
     // Lines are written just after the response: wait for the third.
     let egress_path = dir.path().join(".leasegate/egress.jsonl");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -274,13 +280,32 @@ fn serve_dev_twice_reuses_the_open_demo_lease() {
     assert_eq!(banner_lease(&second.banner), lease);
     assert!(second.banner.contains(" (reused); "), "{}", second.banner);
     assert_eq!(granted_count(dir.path()), 1);
-    // Other hosts: another lease.
+    drop(second);
+    // Other hosts: another lease, and the one for `*` is closed, not left open for a day.
     let third = serve_dev(
         dir.path(),
         &["--listen", "127.0.0.1:0", "--allow-host", "example.com"],
     );
-    assert_ne!(banner_lease(&third.banner), lease);
+    let narrower = banner_lease(&third.banner);
+    assert_ne!(narrower, lease);
+    assert!(
+        third.banner.contains(&format!(
+            " (issued; closed the demo lease {lease} for other hosts); "
+        )),
+        "{}",
+        third.banner
+    );
     assert_eq!(granted_count(dir.path()), 2);
+    let journal = std::fs::read_to_string(dir.path().join(".leasegate/journal.jsonl")).unwrap();
+    let revoked: Vec<&str> = journal
+        .lines()
+        .filter(|l| l.contains("\"event\":\"revoked\""))
+        .collect();
+    assert_eq!(revoked.len(), 1, "{journal}");
+    assert!(revoked[0].contains(&lease), "{}", revoked[0]);
+    assert!(
+        revoked[0].contains("superseded: serve --dev now hands out a demo lease for example.com")
+    );
 }
 
 #[test]
@@ -562,6 +587,117 @@ fn leases_and_check_refuse_a_missing_journal() {
     assert_eq!(out.stdout, b"");
 }
 
+/// A lease id typed in upper case (as a heading may show it) is taken, in lower case.
+#[test]
+fn a_lease_id_is_taken_in_any_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    let lease = issue_sync(&journal, &key, &["a.test"]);
+    let upper = lease.to_uppercase();
+    let token = succeeded(
+        &leasegate_command(&["token", "--lease", &upper, "--key-file", &key])
+            .output()
+            .unwrap(),
+    );
+    assert!(token.starts_with(&format!("{lease}.")), "{token}");
+    let out = check_out(&journal, &key, &upper, &["a.test:443"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_text(&out));
+    assert_eq!(stderr_text(&out), "");
+    // --resolve without --resolve-names would be ignored: said so.
+    let out = check_out(
+        &journal,
+        &key,
+        &lease,
+        &["--resolve", "a.test=10.0.0.5", "a.test:443"],
+    );
+    assert_eq!(
+        stderr_text(&out),
+        "leasegate check: warning: --resolve (or LEASEGATE_RESOLVE) is not used: check resolves \
+         no name without --resolve-names\n"
+    );
+}
+
+/// `leasegate check --journal J --key-file K --lease L EXTRA...`.
+fn check_out(journal: &str, key: &str, lease: &str, extra: &[&str]) -> std::process::Output {
+    leasegate_command(&[
+        "check",
+        "--journal",
+        journal,
+        "--key-file",
+        key,
+        "--lease",
+        lease,
+    ])
+    .args(extra)
+    .output()
+    .unwrap()
+}
+
+/// A key file that signs none of the journal's leases: `leases` and `serve` stop, naming the
+/// key the journal was signed with; with some leases verifying, `leases` lists them and says
+/// how many it left out.
+#[test]
+fn the_wrong_key_fails_loudly_and_a_partial_fold_says_what_it_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, journal) = key_and_journal(dir.path());
+    issue_sync(&journal, &key, &["a.test"]);
+    issue_sync(&journal, &key, &["b.test"]);
+    let wrong = dir.path().join("wrong.key");
+    std::fs::write(&wrong, leasegate::contract::Key::generate().to_file_text()).unwrap();
+    let wrong = wrong.display().to_string();
+    let fingerprint = leasegate::contract::Key::load(std::path::Path::new(&key))
+        .unwrap()
+        .fingerprint()
+        .to_string();
+    let out = leasegate_command(&["leases", "--journal", &journal, "--key-file", &wrong])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.stdout, b"", "no empty table");
+    let said = stderr_text(&out);
+    assert!(
+        said.contains(&format!(
+            "leasegate: no lease of the journal verifies under the keyring: 2 grant(s) signed with {fingerprint}"
+        )),
+        "{said}"
+    );
+    let out = leasegate_command(&[
+        "serve",
+        "--journal",
+        &journal,
+        "--key-file",
+        &wrong,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "off",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr_text(&out).contains("no lease of the journal verifies under the keyring"),
+        "{}",
+        stderr_text(&out)
+    );
+    // One lease of the wrong key besides the two: listed, and the one left out is counted.
+    issue_sync(&journal, &wrong, &["c.test"]);
+    let out = leasegate_command(&["leases", "--journal", &journal, "--key-file", &key])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        3,
+        "a head and two rows"
+    );
+    let said = stderr_text(&out);
+    assert!(
+        said.contains("leasegate: 1 grant(s) of the journal not verified (signed with sha256:"),
+        "{said}"
+    );
+}
+
 #[test]
 fn a_skipped_line_is_named_by_its_place_in_the_journal_not_in_a_read() {
     use std::io::{BufRead, Write};
@@ -697,14 +833,15 @@ fn verify_and_revoke_say_each_thing_once() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
+    // The result on stdout, problems then the verdict; nothing on stderr.
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        format!("{journal}: line 4: not JSON: expected value at line 1 column 1\n")
+        format!(
+            "{journal}: line 4: not JSON: expected value at line 1 column 1\n\
+             {journal}: 1 problem(s) (schema, rules and signatures)\n"
+        )
     );
-    assert_eq!(
-        stderr_text(&out),
-        format!("{journal}: 1 problem(s) (schema, rules and signatures)\n")
-    );
+    assert_eq!(stderr_text(&out), "");
 }
 
 #[test]
@@ -725,7 +862,8 @@ fn a_host_pattern_outside_the_schema_is_explained_in_words() {
         format!(
             "{journal}: line 1: schema: /declared/allow/hosts/0: \"ex_ample.com\" is not a host \
              pattern: only letters, digits, '-' and '.' (an international name as its A-labels, \
-             'xn--...')\n"
+             'xn--...')\n{journal}: 1 problem(s) (schema and rules only: no --key-file given, \
+             signatures not checked)\n"
         )
     );
 }
@@ -736,18 +874,7 @@ fn check_takes_a_url_and_says_dns_failed() {
     let (key, journal) = key_and_journal(dir.path());
     let lease = issue_sync(&journal, &key, &["api.github.com", "*.invalid"]);
     let check = |extra: &[&str]| {
-        let out = leasegate_command(&[
-            "check",
-            "--journal",
-            &journal,
-            "--key-file",
-            &key,
-            "--lease",
-            &lease,
-        ])
-        .args(extra)
-        .output()
-        .unwrap();
+        let out = check_out(&journal, &key, &lease, extra);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -818,7 +945,8 @@ fn serve_dev_with_tls_exports_https_proxy_urls() {
         dev.export,
         format!(
             "export HTTP_PROXY={url} http_proxy={url} HTTPS_PROXY={url} https_proxy={url} \
-             ALL_PROXY={url} all_proxy={url}"
+             ALL_PROXY={url} all_proxy={url} NO_PROXY=127.0.0.1,localhost \
+             no_proxy=127.0.0.1,localhost"
         )
     );
 }

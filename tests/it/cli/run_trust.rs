@@ -361,9 +361,12 @@ async fn run_clears_every_case_of_every_proxy_variable() {
             format!("ALL_PROXY={expected}"),
             format!("HTTPS_PROXY={expected}"),
             format!("HTTP_PROXY={expected}"),
+            // The inherited `No_Proxy=*` is gone; NO_PROXY names the admin API's host alone.
+            "NO_PROXY=127.0.0.1".to_owned(),
             format!("all_proxy={expected}"),
             format!("http_proxy={expected}"),
             format!("https_proxy={expected}"),
+            "no_proxy=127.0.0.1".to_owned(),
         ]
     );
     server.shutdown().await;

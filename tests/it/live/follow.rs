@@ -411,7 +411,7 @@ async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
     let expected = format!("http://agent:{lease}@{}", server.addr);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("{expected} {expected} 1 {lease} unset")
+        format!("{expected} {expected} 1 {lease} 127.0.0.1")
     );
     let out = run(vec!["sh".into(), "-c".into(), "kill -TERM $$".into()]).await;
     assert_eq!(out.status.code(), Some(128 + 15));

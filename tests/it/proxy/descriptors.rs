@@ -398,7 +398,18 @@ async fn the_connection_limit_fits_under_the_descriptor_limit_or_the_start_stops
     let logs = served.logs();
     assert!(
         logs.contains("file descriptor limit raised to the hard limit from=256 to=4096")
+            && logs.contains("WARN leasegate::descriptors: the file descriptor limit is too low")
             && logs.contains("serving at most 561 connections"),
+        "{logs}"
+    );
+    drop(served);
+
+    // Room for 2,833 connections: the default is lowered without a warning.
+    let served = Served::start(&h, "-n 20000", &[]);
+    let logs = served.logs();
+    assert!(
+        logs.contains("INFO leasegate::descriptors: serving at most 2833 connections")
+            && !logs.contains("WARN leasegate::descriptors"),
         "{logs}"
     );
     drop(served);

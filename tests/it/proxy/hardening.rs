@@ -727,3 +727,43 @@ async fn a_secret_is_never_put_on_plain_http_even_to_its_own_host() {
         out.body_text()
     );
 }
+
+/// A client told the proxy is `https://` opens with a TLS ClientHello: it gets one fatal TLS
+/// `protocol_version` alert — curl says "alert protocol version" instead of "wrong version
+/// number" — and nothing of an HTTP answer; a plain client on the same listener is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_speaking_tls_to_the_plain_listener_gets_a_tls_alert() {
+    let h = Harness::new();
+    let origin = http_origin().await;
+    let lease = h.lease(&["127.0.0.1"], &[]);
+    let server = h.start(h.config(&[])).await;
+    // The start of a ClientHello record (TLS 1.2 record, handshake).
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(&[22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3])
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        answer,
+        [21, 3, 1, 0, 2, 2, 70],
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    let https_proxy = format!("https://agent:{lease}@{}", server.addr);
+    let url = format!("http://127.0.0.1:{}/", origin.addr.port());
+    let out = curl(&["-x", &https_proxy, "--proxy-insecure", &url], &[]).await;
+    assert_eq!(out.exit, 35, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("alert protocol version"),
+        "{}",
+        out.stderr
+    );
+    let plain = through(&server, &lease, &url).await;
+    assert_eq!(plain.status, 200, "{}", plain.stderr);
+}

@@ -200,8 +200,11 @@ async fn the_mcp_sdk_sees_only_its_leases_tools_and_the_step_past_its_budget_is_
     assert_eq!(out[5]["error"], "MCPError", "{}", out[5]);
     let message = out[5]["message"].as_str().unwrap();
     assert!(message.contains("budget-exhausted"), "{message}");
+    // The third step is spent, or still settling as its answer's last bytes go out.
+    let spent = format!("lease {lease}'s budget.steps is spent: 3 of 3");
+    let settling = format!("lease {lease}'s budget.steps is spent: 2 of 3, and 1 reserved");
     assert!(
-        message.contains(&format!("lease {lease}'s budget.steps is spent: 3 of 3")),
+        message.contains(&spent) || message.contains(&settling),
         "{message}"
     );
     // Only the allowed calls within the budget reached the server.
