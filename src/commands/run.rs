@@ -30,6 +30,7 @@ mod brokered;
 mod child_env;
 mod jks;
 mod reach;
+mod relay;
 
 use super::CliResult;
 use crate::cli::RunArgs;
@@ -322,12 +323,28 @@ pub async fn run(
     for (name, value) in trust.iter().flat_map(TrustFiles::env) {
         child.env(name, value);
     }
-    if let Some(files) = &trust {
-        match files.java_tool_options(std::env::var_os(JAVA_VAR)) {
+    // Held until the child is gone: the JVM's way to the proxy with the lease's credential.
+    let (java_proxy, _relay) = java_proxy(&url, admin.url().host_str()).await;
+    let inherited = std::env::var_os(JAVA_VAR).filter(|held| !held.is_empty());
+    let java = match (inherited, java_proxy) {
+        (Some(mut held), Some(ours)) => {
+            held.push(" ");
+            held.push(ours);
+            Some(held)
+        }
+        (held, ours) => held.or(ours.map(Into::into)),
+    };
+    match &trust {
+        Some(files) => match files.java_tool_options(java) {
             Ok(options) => {
                 child.env(JAVA_VAR, options);
             }
             Err(warning) => eprintln!("leasegate run: warning: {warning}"),
+        },
+        None => {
+            if let Some(options) = java {
+                child.env(JAVA_VAR, options);
+            }
         }
     }
     let mut child = child
@@ -360,6 +377,49 @@ pub async fn run(
         end_lease(&admin, lease, token, code, status.signal()).await;
     }
     Ok(code)
+}
+
+/// What the JVM is told of the proxy (`-Dhttp(s).proxyHost/Port`, and `http.nonProxyHosts`
+/// naming the admin API's host), and the relay that puts the lease's credential on its
+/// requests where the proxy URL carries one (the JVM sends none of its own). `None` with a
+/// warning where the JVM cannot be pointed at the proxy.
+async fn java_proxy(url: &str, admin_host: Option<&str>) -> (Option<String>, Option<relay::Relay>) {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return (None, None);
+    };
+    if parsed.scheme() != "http" {
+        eprintln!(
+            "leasegate run: warning: Java programs will not use the proxy: the JVM speaks \
+             plain HTTP to a proxy, and this one is {}:// (give run --proxy http://… of a plain \
+             listener)",
+            parsed.scheme()
+        );
+        return (None, None);
+    }
+    let (host, port, relay) = match relay::Relay::start(&parsed).await {
+        Ok(Some(relay)) => ("127.0.0.1".to_owned(), relay.addr.port(), Some(relay)),
+        Ok(None) => (
+            parsed.host_str().unwrap_or_default().to_owned(),
+            parsed.port_or_known_default().unwrap_or(80),
+            None,
+        ),
+        Err(error) => {
+            eprintln!(
+                "leasegate run: warning: Java programs will not use the proxy: its relay \
+                 cannot listen: {error}"
+            );
+            return (None, None);
+        }
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let mut options = format!(
+        "-Dhttp.proxyHost={host} -Dhttp.proxyPort={port} -Dhttps.proxyHost={host} \
+         -Dhttps.proxyPort={port}"
+    );
+    if let Some(admin) = admin_host.filter(|a| a.chars().all(|c| c.is_ascii_graphic())) {
+        options.push_str(&format!(" -Dhttp.nonProxyHosts={admin}"));
+    }
+    (Some(options), relay)
 }
 
 /// The lease's placeholders and the interception CA, asked of the admin API with the lease's

@@ -86,8 +86,15 @@ async fn java_under_run_trusts_the_interception_ca() {
         .lines()
         .find_map(|l| l.strip_prefix("Picked up JAVA_TOOL_OPTIONS: "))
         .unwrap_or_else(|| panic!("no JAVA_TOOL_OPTIONS picked up: {stderr}"));
+    // The inherited option first; then the proxy (the lease's own port: no relay); then the
+    // store.
+    let ours = format!(
+        "-Dhttps.proxyHost=127.0.0.1 -Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort={lease_port} \
+         -Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort={lease_port} \
+         -Dhttp.nonProxyHosts=127.0.0.1 -Djavax.net.ssl.trustStore="
+    );
     let store = picked
-        .strip_prefix("-Dhttps.proxyHost=127.0.0.1 -Djavax.net.ssl.trustStore=")
+        .strip_prefix(&ours)
         .and_then(|rest| {
             rest.strip_suffix(
                 " -Djavax.net.ssl.trustStoreType=JKS -Djavax.net.ssl.trustStorePassword=changeit",
@@ -99,4 +106,85 @@ async fn java_under_run_trusts_the_interception_ca() {
         !std::path::Path::new(store).exists(),
         "{store} outlived the child"
     );
+}
+
+/// Without a lease port the JVM has no way to send the lease's credential: `run` points it at a
+/// loopback relay that puts it on. A Java program with no proxy or trust setup of its own
+/// (`JavaGet.java`, `HttpURLConnection`) then reaches a terminated host over HTTPS (the origin
+/// getting the secret's value), a forwarded host over plain HTTP, and reads a refusal's code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_under_run_reaches_the_proxy_through_the_relay_with_the_leases_credential() {
+    let jdk = "apt-get install default-jdk-headless; .ci/run does";
+    if missing(&["java"], jdk) || !in_loopback_only_namespace().await {
+        return;
+    }
+    let b = Brokered::start_with(None, |serve| serve.admin_token = Some(TOKEN.to_owned())).await;
+    let admin = b.server.admin_addr.unwrap();
+    let token = b.h.dir.path().join("lease-token");
+    std::fs::write(&token, leasegate::contract::token::mint(&b.h.key, &b.lease)).unwrap();
+    let source = crate::support::data("clients/JavaGet.java");
+    let (https, plain, refused) = (
+        b.url("/request"),
+        format!("http://plain.origin.test:{}/", b.plain.addr.port()),
+        format!("http://elsewhere.test:{}/", b.plain.addr.port()),
+    );
+    let (code, stdout, stderr) = run(
+        &[
+            "run",
+            "--lease",
+            &b.lease,
+            "--admin",
+            &format!("http://{admin}"),
+            "--lease-token-file",
+            token.to_str().unwrap(),
+            "--",
+            "java",
+            source.to_str().unwrap(),
+            &https,
+            &plain,
+            &refused,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}\n{stderr}");
+    assert!(
+        lines[0].starts_with(&format!("{https} status 200 GET /request")),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("{plain} status 200 ")),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        lines[2].starts_with(&format!(
+            "{refused} status 403 host-not-allowed leasegate refused"
+        )),
+        "{stdout}\n{stderr}"
+    );
+    let picked = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Picked up JAVA_TOOL_OPTIONS: "))
+        .unwrap_or_else(|| panic!("no JAVA_TOOL_OPTIONS picked up: {stderr}"));
+    assert!(
+        picked.starts_with("-Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort=")
+            && picked.contains(" -Dhttp.nonProxyHosts=127.0.0.1 -Djavax.net.ssl.trustStore="),
+        "{picked}"
+    );
+    let relay_port = picked
+        .split_whitespace()
+        .find_map(|o| o.strip_prefix("-Dhttp.proxyPort="))
+        .unwrap();
+    assert_ne!(
+        relay_port,
+        b.server.addr.port().to_string(),
+        "the JVM goes through the relay"
+    );
+    // The egress lines name the lease: the relay put its credential on every request.
+    let lines = b.h.egress_lines(4).await;
+    for line in &lines {
+        assert_eq!(line["lease_id"], b.lease.as_str(), "{line}");
+    }
 }
