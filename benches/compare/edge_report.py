@@ -124,7 +124,7 @@ def main(runs, out_md, meta):
     ]
     verdicts = []
     for v in VARIANTS[1:]:
-        a, b = med.get((v, "cpu_us")), med.get((v, "cpu_us")) and med.get(("unread", "cpu_us"))
+        a, b = med.get((v, "cpu_us")), med.get(("unread", "cpu_us"))
         if not (a and b):
             continue
         ratio = a / b

@@ -47,29 +47,11 @@ async fn java_under_run_trusts_the_interception_ca() {
     })
     .await
     .expect("the lease gets a port");
-    let token = b.h.dir.path().join("lease-token");
-    std::fs::write(&token, leasegate::contract::token::mint(&b.h.key, &b.lease)).unwrap();
     let source = crate::support::data("clients/brokered/BrokeredGet.java");
     let (port, url) = (format!("-Dhttps.proxyPort={lease_port}"), b.url("/request"));
-    let (code, stdout, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &b.lease,
-            "--admin",
-            &format!("http://{admin}"),
-            "--lease-token-file",
-            token.to_str().unwrap(),
-            "--",
-            "java",
-            &port,
-            source.to_str().unwrap(),
-            "2",
-            &url,
-        ],
-        &[("JAVA_TOOL_OPTIONS", "-Dhttps.proxyHost=127.0.0.1")],
-    )
-    .await;
+    let java = ["java", &port, source.to_str().unwrap(), "2", &url];
+    let env = [("JAVA_TOOL_OPTIONS", "-Dhttps.proxyHost=127.0.0.1")];
+    let (code, stdout, stderr) = java_under_run(&b, &java, &env).await;
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(
         stdout.starts_with("status 200 HTTP/2\nGET /request\n"),
@@ -119,34 +101,14 @@ async fn java_under_run_reaches_the_proxy_through_the_relay_with_the_leases_cred
         return;
     }
     let b = Brokered::start_with(None, |serve| serve.admin_token = Some(TOKEN.to_owned())).await;
-    let admin = b.server.admin_addr.unwrap();
-    let token = b.h.dir.path().join("lease-token");
-    std::fs::write(&token, leasegate::contract::token::mint(&b.h.key, &b.lease)).unwrap();
     let source = crate::support::data("clients/JavaGet.java");
     let (https, plain, refused) = (
         b.url("/request"),
         format!("http://plain.origin.test:{}/", b.plain.addr.port()),
         format!("http://elsewhere.test:{}/", b.plain.addr.port()),
     );
-    let (code, stdout, stderr) = run(
-        &[
-            "run",
-            "--lease",
-            &b.lease,
-            "--admin",
-            &format!("http://{admin}"),
-            "--lease-token-file",
-            token.to_str().unwrap(),
-            "--",
-            "java",
-            source.to_str().unwrap(),
-            &https,
-            &plain,
-            &refused,
-        ],
-        &[],
-    )
-    .await;
+    let java = ["java", source.to_str().unwrap(), &https, &plain, &refused];
+    let (code, stdout, stderr) = java_under_run(&b, &java, &[]).await;
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}\n{stderr}");
@@ -187,4 +149,28 @@ async fn java_under_run_reaches_the_proxy_through_the_relay_with_the_leases_cred
     for line in &lines {
         assert_eq!(line["lease_id"], b.lease.as_str(), "{line}");
     }
+}
+
+/// `leasegate run` of `b`'s lease (its token in a file, the admin API of `b`) running `java`:
+/// exit code, stdout, stderr.
+async fn java_under_run(
+    b: &Brokered,
+    java: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
+    let token = b.h.dir.path().join("lease-token");
+    std::fs::write(&token, leasegate::contract::token::mint(&b.h.key, &b.lease)).unwrap();
+    let admin = format!("http://{}", b.server.admin_addr.unwrap());
+    let mut args = vec![
+        "run",
+        "--lease",
+        &b.lease,
+        "--admin",
+        &admin,
+        "--lease-token-file",
+        token.to_str().unwrap(),
+        "--",
+    ];
+    args.extend_from_slice(java);
+    run(&args, env).await
 }
