@@ -16,12 +16,15 @@ pub fn nats_server_bin() -> String {
     std::env::var("NATS_SERVER").unwrap_or_else(|_| "nats-server".to_owned())
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `n` distinct free ports. The listeners are held until all are bound, so one call never
+/// hands out the same port twice (the kernel may reuse a port released a moment before).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 /// One `nats-server` with JetStream.
@@ -159,7 +162,8 @@ impl NatsCluster {
         for file in ["leasegate.conf", "permissions.conf"] {
             std::fs::copy(deploy.join(file), dir.path().join(file)).unwrap();
         }
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let free = free_ports(2 * n);
+        let ports: Vec<(u16, u16)> = free.chunks(2).map(|p| (p[0], p[1])).collect();
         let mut nodes = Vec::new();
         for (i, (port, route)) in ports.iter().enumerate() {
             let name = format!("n{i}");
