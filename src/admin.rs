@@ -265,6 +265,48 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     json_response(status, json!({"error": message.into()}))
 }
 
+/// `GET /check?lease=ID&target=T`: the verdict the running proxy would give the lease for the
+/// target (`HOST[:PORT]` or a URL, as `leasegate check` takes it), with this proxy's own
+/// configuration and state, names resolved as it resolves them; nothing is dialled or written.
+async fn check(state: &AdminState, query: Option<&str>) -> Response<Body> {
+    let pairs = match query_pairs(query, &["lease", "target"]) {
+        Ok(pairs) => pairs,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let value = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let (Some(lease), Some(target)) = (value("lease"), value("target")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "give lease=ID and target=HOST[:PORT] or a URL",
+        );
+    };
+    let lease = match crate::contract::lease::lease_id_any_case(lease) {
+        Ok(lease) => lease,
+        Err(not) => return error(StatusCode::BAD_REQUEST, not.to_string()),
+    };
+    let proxy = &state.proxy;
+    let explained =
+        crate::proxy::explain::explain(&proxy.registry, &proxy.config, &lease, target).await;
+    let refusal = explained.refusal.as_ref();
+    json_response(
+        StatusCode::OK,
+        json!({
+            "lease_id": lease,
+            "target": target,
+            "verdict": if refusal.is_some() { "refuse" } else { "allow" },
+            "code": refusal.map(|r| r.code.to_string()),
+            "status": refusal.map(|r| r.code.status().as_u16()),
+            "reason": explained.reason,
+            "notes": explained.notes,
+        }),
+    )
+}
+
 async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
     if let Err(refused) = state.hosts.check(req.uri(), req.headers()) {
         return error(refused.status, refused.message);
@@ -393,6 +435,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
             let id = id.to_string();
             ending::end(&state, &id, Event::Stopped, req).await
         }
+        (&Method::GET, ["check"]) => check(&state, req.uri().query()).await,
         (&Method::GET, ["approvals"]) => approvals::list(&state, req.uri().query()),
         (&Method::GET, ["approvals", id]) => approvals::one(&state, id),
         (&Method::POST, ["approvals", id]) => approvals::decide(&state, &caller, id, req).await,
@@ -410,7 +453,7 @@ async fn route(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body>
         ),
         (
             _,
-            ["healthz" | "readyz" | "status" | "metrics" | "leases" | "refusals" | "rates"]
+            ["healthz" | "readyz" | "status" | "metrics" | "leases" | "refusals" | "rates" | "check"]
             | ["leases", _]
             | ["leases", _, "revoke" | "requests" | "placeholders" | "complete" | "stop"],
         ) => error(

@@ -76,7 +76,7 @@ pub enum Command {
     /// ~/.local/share/bash-completion/completions/leasegate`.
     Completions(CompletionsArgs),
     /// Print this command line's reference, made from its own definitions (the generator of
-    /// docs/reference/cli.md and docs/reference/leasegate.1).
+    /// docs/reference/cli.md and docs/reference/man/).
     #[command(hide = true)]
     Reference(ReferenceArgs),
 }
@@ -92,13 +92,17 @@ pub struct CompletionsArgs {
 pub struct ReferenceArgs {
     #[arg(value_enum)]
     pub format: ReferenceFormat,
+    /// With `man`: write every page (`leasegate.1` and one per subcommand) into this
+    /// directory instead of printing the top-level one.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ReferenceFormat {
     /// Markdown (docs/reference/cli.md).
     Markdown,
-    /// The man page, roff (docs/reference/leasegate.1).
+    /// The man pages, roff (docs/reference/man/).
     Man,
 }
 
@@ -360,8 +364,9 @@ pub struct MirrorArgs {
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// The admin API address `serve` listens on (0.0.0.0 is probed on loopback).
-    #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
+    /// The admin API `serve` listens on, as `http://HOST:PORT` or `HOST:PORT` (0.0.0.0 is
+    /// probed on loopback).
+    #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129", value_parser = admin_address)]
     pub admin: String,
     /// Ask `/readyz` (journal followed, listeners bound) instead of `/healthz` (alive).
     #[arg(long)]
@@ -420,12 +425,14 @@ pub struct RunArgs {
     /// Refused: the agent could read the admin token (use --lease-token-file).
     #[arg(long, hide = true)]
     pub admin_token_file: Option<PathBuf>,
-    /// The admin API of the running proxy (http:// or https://). Without --proxy, the proxy is
-    /// reached on this URL's host.
+    /// The admin API of the running proxy: http://HOST:PORT, https://…, or HOST:PORT (as
+    /// `serve --admin` takes it, meaning http://). Without --proxy, the proxy is reached on
+    /// this URL's host.
     #[arg(
         long,
         env = "LEASEGATE_ADMIN_URL",
-        default_value = "http://127.0.0.1:3129"
+        default_value = "http://127.0.0.1:3129",
+        value_parser = admin_url
     )]
     pub admin: String,
     /// CA certificates (PEM) an https:// admin API's certificate must chain to (default: the
@@ -535,8 +542,8 @@ pub struct ServeArgs {
     /// ClientHello whose SNI the lease may reach (no plain-text or SNI-less tunnels).
     #[arg(long, env = "LEASEGATE_REQUIRE_SNI")]
     pub require_sni: bool,
-    /// Admin API address (`off` to disable).
-    #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129")]
+    /// Admin API address, `HOST:PORT` or `http://HOST:PORT` (`off` to disable).
+    #[arg(long, env = "LEASEGATE_ADMIN", default_value = "127.0.0.1:3129", value_parser = admin_address)]
     pub admin: String,
     /// A name the admin API also answers to in `Host` (repeatable), beyond `localhost` and
     /// its own address (any IP address for a wildcard bind), e.g. the name a reverse proxy or
@@ -722,8 +729,35 @@ pub struct PolicyArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
+    /// The lease journal: a file (JSON Lines) or `nats://HOST:PORT[,...]/STREAM` (not with
+    /// --admin).
+    #[arg(long, env = "LEASEGATE_JOURNAL", required_unless_present = "admin")]
+    pub journal: Option<JournalLocation>,
     #[command(flatten)]
-    pub ledger: LedgerArgs,
+    pub store: StoreArgs,
+    /// Keys the leases are signed with (repeatable; not with --admin).
+    #[arg(
+        long = "key-file",
+        env = "LEASEGATE_KEY_FILE",
+        value_delimiter = ',',
+        required_unless_present = "admin"
+    )]
+    pub key_files: Vec<PathBuf>,
+    /// Accept leases signed with the published test key.
+    #[arg(long, env = "LEASEGATE_ALLOW_TEST_KEY")]
+    pub allow_test_key: bool,
+    /// Skip closing records (revoked, stopped, completed, expired) that carry no signature
+    /// (a present signature is always checked under the lease's key).
+    #[arg(long, env = "LEASEGATE_REQUIRE_RECORD_SIGNATURES")]
+    pub require_record_signatures: bool,
+    /// Ask the running proxy instead (`GET /check`): its own ports, policy flags, resolver and
+    /// state decide, so the answer is the proxy's (the policy flags here are not used).
+    /// http://HOST:PORT, https://…, or HOST:PORT.
+    #[arg(long, env = "LEASEGATE_CHECK_ADMIN", value_parser = admin_url, conflicts_with_all = ["journal", "key_files", "resolve_names"])]
+    pub admin: Option<String>,
+    /// With --admin: a file holding the admin token.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE", requires = "admin")]
+    pub admin_token_file: Option<PathBuf>,
     /// The lease to check.
     #[arg(long, env = "LEASEGATE_LEASE", value_parser = crate::contract::lease::lease_id_any_case)]
     pub lease: String,
@@ -768,7 +802,7 @@ pub struct IssueArgs {
     /// Issue through a running proxy's admin API (`POST /leases`, e.g. http://127.0.0.1:3129)
     /// instead of appending to a journal file: the lease is served once this prints, and a
     /// child is clamped to what its parent has left as the proxy measured it.
-    #[arg(long, env = "LEASEGATE_ISSUE_ADMIN")]
+    #[arg(long, env = "LEASEGATE_ISSUE_ADMIN", value_parser = admin_url)]
     pub admin: Option<String>,
     /// With --admin: a file holding the admin token (`serve --dev` writes
     /// `.leasegate/admin-token`).
@@ -853,11 +887,13 @@ pub enum IssuePrint {
 /// Where the admin API is and the token that decides.
 #[derive(Debug, Args)]
 pub struct AdminApiArgs {
-    /// The admin API of the running proxy (http:// or https://).
+    /// The admin API of the running proxy: http://HOST:PORT, https://…, or HOST:PORT
+    /// (meaning http://).
     #[arg(
         long,
         env = "LEASEGATE_ADMIN_URL",
-        default_value = "http://127.0.0.1:3129"
+        default_value = "http://127.0.0.1:3129",
+        value_parser = admin_url
     )]
     pub admin: String,
     /// A file holding the admin token (deciding needs it).
@@ -912,7 +948,7 @@ pub struct RevokeArgs {
     /// Revoke through a running proxy's admin API (`POST /leases/{id}/revoke`): the lease is
     /// closed on every replica and its tunnels torn down before this prints, so a `run` right
     /// after it refuses.
-    #[arg(long, env = "LEASEGATE_REVOKE_ADMIN")]
+    #[arg(long, env = "LEASEGATE_REVOKE_ADMIN", value_parser = admin_url)]
     pub admin: Option<String>,
     /// With --admin: a file holding the admin token.
     #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE", requires = "admin")]
@@ -1035,6 +1071,41 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 }
 
 /// `usage --lease`: a lease id, or `_` for lines without a lease.
+/// `--admin` of a command that calls the admin API: its URL (`http://HOST:PORT`,
+/// `https://…`); a bare `HOST:PORT`, the address `serve --admin` takes, means `http://` it.
+/// What follows the scheme is checked where the URL is used.
+pub fn admin_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    match text {
+        "" => Err("no admin API: give http://HOST:PORT".into()),
+        _ if text.contains("://") => Ok(text.to_owned()),
+        _ => Ok(format!("http://{text}")),
+    }
+}
+
+/// `--admin` of `serve` and `health`: the admin API's address, `HOST:PORT`; `http://HOST:PORT`
+/// (the URL the other commands take) means the same. The admin API itself speaks plain HTTP.
+pub fn admin_address(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    match text.split_once("://") {
+        None => Ok(text.to_owned()),
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => {
+            let rest = rest.strip_suffix('/').unwrap_or(rest);
+            match rest.contains(['/', '@', '?', '#']) || rest.is_empty() {
+                true => Err(format!(
+                    "{text:?}: the admin address is http://HOST:PORT (or HOST:PORT), with no \
+                     user, path or query"
+                )),
+                false => Ok(rest.to_owned()),
+            }
+        }
+        Some(_) => Err(format!(
+            "{text:?}: the admin API speaks plain HTTP (put TLS in front of it for others): give \
+             http://HOST:PORT or HOST:PORT"
+        )),
+    }
+}
+
 fn parse_lease_filter(text: &str) -> Result<String, crate::contract::lease::NotALeaseId> {
     match text {
         "_" => Ok(text.to_owned()),
@@ -1112,4 +1183,36 @@ fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String>
         return Err(format!("{text}: expected 1 <= A <= B"));
     }
     Ok(a..=b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{admin_address, admin_url};
+
+    /// Every `--admin` takes both spellings: the URL and the bare address.
+    #[test]
+    fn every_admin_flag_takes_the_url_and_the_address() {
+        assert_eq!(
+            admin_url("127.0.0.1:3129").unwrap(),
+            "http://127.0.0.1:3129"
+        );
+        assert_eq!(admin_url("[::1]:3129").unwrap(), "http://[::1]:3129");
+        for url in ["http://127.0.0.1:3129", "https://admin.example:8443"] {
+            assert_eq!(admin_url(url).unwrap(), url);
+        }
+        assert!(admin_url(" ").is_err());
+        assert_eq!(admin_address("127.0.0.1:3129").unwrap(), "127.0.0.1:3129");
+        assert_eq!(admin_address("off").unwrap(), "off");
+        for url in ["http://127.0.0.1:3129", "HTTP://127.0.0.1:3129/"] {
+            assert_eq!(admin_address(url).unwrap(), "127.0.0.1:3129");
+        }
+        assert_eq!(admin_address("http://[::1]:3129").unwrap(), "[::1]:3129");
+        for bad in [
+            "https://127.0.0.1:3129",
+            "http://127.0.0.1:3129/admin",
+            "http://a@b:1",
+        ] {
+            assert!(admin_address(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -11,15 +11,17 @@ use serde_json::{json, Value};
 use std::process::ExitCode;
 
 fn token(api: &AdminApiArgs) -> anyhow::Result<Option<String>> {
-    Ok(match &api.admin_token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
+    admin_token(api.admin_token_file.as_deref())
+}
+
+/// The admin token in `--admin-token-file`'s file, if one is named.
+pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    file.map(|path| {
+        std::fs::read_to_string(path)
+            .map(|token| token.trim().to_owned())
+            .map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))
     })
+    .transpose()
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -1,23 +1,20 @@
 //! `verify`, `leases` and `check`: reading a lease or journal and reporting on it.
 //!
 //! Invariant: read-only; every problem found is reported with where it is and why, and
-//! `check` decides through the proxy's own [`decide_and_guard`], never a copy of it.
+//! `check` decides through the proxy's own decision ([`explain`]), never a copy of it.
 
 use crate::config::ProxyConfig;
 use crate::contract::lease::WALL_CLOCK_BUDGET;
 use crate::contract::rules::Lifetime;
 use crate::contract::{Keyring, Lease, Timestamp};
-use crate::policy::codes::{Code, Refusal};
 use crate::policy::pattern::MalformedPattern;
-use crate::policy::{HostPattern, HostVerdict, TargetHost};
-use crate::proxy::decision::{decide_and_guard, Ask, Asked};
-use crate::proxy::identify;
+use crate::policy::HostPattern;
+pub use crate::proxy::explain::{explain, target_authority, Explanation};
 use crate::registry::closed::ClosedView;
 use crate::registry::open::open_registry;
 use crate::registry::{
     journal, ChainError, JournalLocation, Ledger, OpenError, Status, StoreOptions,
 };
-use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -281,48 +278,7 @@ fn join_marked(hosts: &[String], malformed: &[String]) -> String {
     shown.join(",")
 }
 
-/// What `check` found: the refusal, if any, what decided the verdict, and what phase 5 saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Explanation {
-    pub refusal: Option<Refusal>,
-    /// Which pattern of which lease decided (or why nothing could be decided).
-    pub reason: String,
-    /// Further lines: the addresses that may be dialled, what report mode would refuse.
-    pub notes: Vec<String>,
-}
-
-/// Explains the decision for `lease_id` and `target` (port 443 if absent) by running the
-/// proxy's own [`decide_and_guard`] with `config`'s guard, exceptions and resolver,
-/// as if the request arrived on the lease's own port. Names are resolved only with
-/// `config.resolve_names`; nothing is dialled and nothing is written.
-/// Whether `check`'s target is a URL a client fetches through the proxy as a forwarded
-/// request (`http://`, `ws://`) rather than through a CONNECT tunnel.
-fn is_forwarded(target: &str) -> bool {
-    target.contains("://")
-        && url::Url::parse(target).is_ok_and(|url| matches!(url.scheme(), "http" | "ws"))
-}
-
-/// `check`'s target as the authority a CONNECT would name: `HOST[:PORT]` as given, or a URL's
-/// host and port (its scheme's default when it has none: 80 for `http://`, 443 for `https://`).
-pub fn target_authority(target: &str) -> Result<String, String> {
-    if !target.contains("://") {
-        return Ok(target.to_owned());
-    }
-    let url = url::Url::parse(target).map_err(|e| format!("{target}: not a URL: {e}"))?;
-    let port = url.port_or_known_default().ok_or_else(|| {
-        format!(
-            "{target}: no port, and {}:// has no default: give HOST:PORT",
-            url.scheme()
-        )
-    })?;
-    match url.host() {
-        Some(url::Host::Domain(name)) => Ok(format!("{name}:{port}")),
-        Some(url::Host::Ipv4(ip)) => Ok(format!("{ip}:{port}")),
-        Some(url::Host::Ipv6(ip)) => Ok(format!("[{ip}]:{port}")),
-        None => Err(format!("{target}: the URL names no host")),
-    }
-}
-
+/// [`explain`] over the journal at `journal`, opened for this check alone.
 pub async fn check(
     journal: &JournalLocation,
     store: &StoreOptions,
@@ -332,70 +288,5 @@ pub async fn check(
     target: &str,
 ) -> Result<Explanation, OpenError> {
     let registry = open_registry(journal, keyring, store, false).await?;
-    let authority = match target_authority(target) {
-        Ok(authority) => authority,
-        Err(why) => {
-            return Ok(Explanation {
-                reason: why.clone(),
-                refusal: Some(Refusal::new(Code::BadTarget, why)),
-                notes: Vec::new(),
-            })
-        }
-    };
-    // What a client sends for it: a forwarded GET for an `http://` (or `ws://`) URL, judged
-    // against `--forward-ports`; a CONNECT for anything else. Asked on the lease's own port.
-    let asked = match is_forwarded(target) {
-        true => Asked::Forward {
-            method: &http::Method::GET,
-            host: None,
-        },
-        false => Asked::Tunnel,
-    };
-    let ask = Ask::new(asked, &authority, Some(443));
-    let (snapshot, now) = (registry.snapshot(), registry.now());
-    let guarded = match identify::identify(&HeaderMap::new(), Some(lease_id)) {
-        Ok(identity) => decide_and_guard(snapshot, &config, &identity, ask, now).await,
-        Err(refusal) => Err(refusal),
-    };
-    let (decision, addrs) = match guarded {
-        Ok(guarded) => guarded,
-        Err(refusal) => {
-            return Ok(Explanation {
-                reason: refusal.detail.clone(),
-                refusal: Some(refusal),
-                notes: Vec::new(),
-            })
-        }
-    };
-    let host = &decision.target.host;
-    let reason = match decision.verdict(host) {
-        HostVerdict::Allowed(by) => format!(
-            "{} is allowed by {} in lease {} (and by every ancestor)",
-            decision.target,
-            by.pattern(host).map(|p| p.to_string()).unwrap_or_default(),
-            by.lease_id
-        ),
-        _ => format!("{} is let through by report mode", decision.target),
-    };
-    let mut notes = Vec::new();
-    if let Some(reported) = decision.reported.first() {
-        notes.push(format!(
-            "report mode: enforce mode would refuse it ({})",
-            reported.code
-        ));
-    }
-    match (&decision.target.host, addrs.is_empty()) {
-        (TargetHost::Name(_), true) => {
-            notes.push("names not resolved: pass --resolve-names to check the addresses".into())
-        }
-        _ => {
-            let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-            notes.push(format!("may dial {}", addrs.join(", ")));
-        }
-    }
-    Ok(Explanation {
-        refusal: None,
-        reason,
-        notes,
-    })
+    Ok(explain(&registry, &config, lease_id, target).await)
 }

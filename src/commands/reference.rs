@@ -1,7 +1,9 @@
 //! `leasegate reference <markdown|man>` (hidden): the command line's reference, made from the
 //! clap definitions: Markdown by walking `clap::Command` (docs/reference/cli.md: every flag
 //! with its variable, default and values, which `clap-markdown` leaves out of the variables),
-//! the man page by `clap_mangen` (docs/reference/leasegate.1).
+//! the man pages by `clap_mangen` (docs/reference/man/: `leasegate.1` and one page per
+//! subcommand, `leasegate-serve.1`, `leasegate-journal-import.1`, …), each with what its exit
+//! status means.
 //!
 //! Invariant: the committed files are exactly what this prints; a test fails when one is
 //! stale, and says how to make it again.
@@ -14,12 +16,60 @@ use std::io::Write;
 use std::process::ExitCode;
 
 pub fn exec(args: ReferenceArgs) -> CliResult {
-    let text = match args.format {
-        ReferenceFormat::Markdown => markdown(),
-        ReferenceFormat::Man => man_page()?,
+    let text = match (args.format, &args.dir) {
+        (ReferenceFormat::Markdown, _) => markdown(),
+        (ReferenceFormat::Man, None) => man_page()?,
+        (ReferenceFormat::Man, Some(dir)) => {
+            std::fs::create_dir_all(dir)?;
+            for (name, page) in man_pages()? {
+                std::fs::write(dir.join(name), page)?;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
     };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a command's exit status means, as (status, meaning) pairs; `path` is the command as
+/// typed (`leasegate run`). Every command: 2 is a usage error (clap's), and an error of its own
+/// is said on stderr.
+pub fn exit_status(path: &str) -> &'static [(&'static str, &'static str)] {
+    match path {
+        "leasegate serve" => &[
+            ("0", "stopped by SIGTERM or SIGINT, after its drain"),
+            ("1", "could not start (the configuration, the key, the journal, a port in use: said on stderr) or the journal failed while serving"),
+            ("2", "a usage error"),
+        ],
+        "leasegate check" => &[
+            ("0", "the request would be allowed"),
+            ("1", "it would be refused (the refusal is printed), or an error"),
+            ("2", "a usage error"),
+        ],
+        "leasegate verify" => &[
+            ("0", "everything checked is valid"),
+            ("1", "something is invalid (each problem is printed)"),
+            ("2", "a usage or I/O error"),
+        ],
+        "leasegate health" => &[
+            ("0", "the admin API answered 200"),
+            ("1", "any other answer, or none"),
+            ("2", "a usage error"),
+        ],
+        "leasegate run" => &[
+            ("N", "the command's own exit code"),
+            ("128+N", "the command was killed by signal N"),
+            ("125", "`run` itself failed (the admin API, the lease not open, the trust files: said on stderr)"),
+            ("126", "the command cannot be executed"),
+            ("127", "the command is not found"),
+            ("2", "a usage error"),
+        ],
+        _ => &[
+            ("0", "done"),
+            ("1", "an error, said on stderr (a key that verifies nothing in the journal, an admin API that refused)"),
+            ("2", "a usage error, or a journal file that does not exist"),
+        ],
+    }
 }
 
 /// docs/reference/cli.md: every subcommand (hidden ones left out), its arguments, and for
@@ -45,10 +95,16 @@ fn write_command(out: &mut String, command: &clap::Command, path: &str) {
     let usage = command.clone().render_usage().to_string();
     let usage = usage.trim_start_matches("Usage: ").replace('\n', " ");
     let _ = write!(out, "```text\n{usage}\n```\n");
-    let subcommands: Vec<_> = command
-        .get_subcommands()
-        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
-        .collect();
+    let subcommands = visible_subcommands(command);
+    // A command that runs (not one that only groups others) says what its exit status means.
+    if subcommands.is_empty() {
+        out.push_str("\nExit status:");
+        for (status, meaning) in exit_status(path) {
+            let _ = write!(out, " {status}, {meaning};");
+        }
+        out.pop();
+        out.push_str(".\n");
+    }
     if !subcommands.is_empty() {
         out.push('\n');
         for sub in &subcommands {
@@ -116,11 +172,64 @@ fn write_argument(out: &mut String, arg: &clap::Arg) {
     out.push('\n');
 }
 
-/// docs/reference/leasegate.1: the top-level man page (its subcommands listed; each one's
-/// flags are in cli.md and `leasegate <command> --help`).
+/// A command's subcommands as the reference lists them (hidden ones and `help` left out).
+fn visible_subcommands(command: &clap::Command) -> Vec<&clap::Command> {
+    command
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+        .collect()
+}
+
+/// docs/reference/man/leasegate.1: the top-level man page (its subcommands listed, each with
+/// a page of its own in [`man_pages`]).
 pub fn man_page() -> std::io::Result<String> {
+    let mut root = Cli::command();
+    root.build();
+    render_man(&root, "leasegate")
+}
+
+/// Every man page, as (file name, roff): `leasegate.1`, then `leasegate-<command>.1` for each
+/// subcommand at any depth (`leasegate-journal-import.1`).
+pub fn man_pages() -> std::io::Result<Vec<(String, String)>> {
+    let mut root = Cli::command();
+    root.build();
+    let mut pages = Vec::new();
+    collect_pages(&root, "leasegate", &mut pages)?;
+    Ok(pages)
+}
+
+fn collect_pages(
+    command: &clap::Command,
+    path: &str,
+    pages: &mut Vec<(String, String)>,
+) -> std::io::Result<()> {
+    pages.push((
+        format!("{}.1", path.replace(' ', "-")),
+        render_man(command, path)?,
+    ));
+    for sub in visible_subcommands(command) {
+        collect_pages(sub, &format!("{path} {}", sub.get_name()), pages)?;
+    }
+    Ok(())
+}
+
+/// One page: clap_mangen's (its title names the page `leasegate-serve`, so a parent's list of
+/// subcommands points at pages that ship), then EXIT STATUS for a command that runs.
+fn render_man(command: &clap::Command, path: &str) -> std::io::Result<String> {
+    // clap takes a name as `&'static str` (without its `string` feature): leaked, once per
+    // page of a command that prints them and exits.
+    let name: &'static str = Box::leak(path.replace(' ', "-").into_boxed_str());
+    let command = command.clone().name(name).bin_name(path.to_owned());
     let mut out = Vec::new();
-    clap_mangen::Man::new(Cli::command()).render(&mut out)?;
+    clap_mangen::Man::new(command.clone()).render(&mut out)?;
+    if visible_subcommands(&command).is_empty() {
+        out.extend_from_slice(b".SH \"EXIT STATUS\"\n");
+        for (status, meaning) in exit_status(path) {
+            // roff: a backslash escapes, and `-` is a hyphen unless escaped as a minus.
+            let meaning = meaning.replace('\\', "\\\\").replace('-', "\\-");
+            let _ = write!(out, ".TP\n\\fB{status}\\fR\n{meaning}\n");
+        }
+    }
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
@@ -149,14 +258,59 @@ mod tests {
         assert_current("docs/reference/cli.md", &made, "markdown");
     }
 
+    /// Every page in docs/reference/man/ is what the definitions make, and no other is there;
+    /// the top-level page names only pages that ship.
     #[test]
-    fn the_man_page_is_made_from_the_current_definitions() {
-        let made = man_page().unwrap();
-        assert!(
-            made.starts_with(".ie \\n(.g .ds Aq"),
-            "roff: {}",
-            &made[..40]
+    fn the_man_pages_are_made_from_the_current_definitions() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/man");
+        let pages = man_pages().unwrap();
+        let made: Vec<&str> = pages.iter().map(|(name, _)| name.as_str()).collect();
+        for name in [
+            "leasegate.1",
+            "leasegate-serve.1",
+            "leasegate-journal-import.1",
+        ] {
+            assert!(made.contains(&name), "{name}");
+        }
+        let mut shipped: Vec<String> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        shipped.sort();
+        let mut wanted: Vec<String> = made.iter().map(|n| n.to_string()).collect();
+        wanted.sort();
+        let again = "cargo run -q -- reference man --dir docs/reference/man";
+        assert_eq!(
+            shipped, wanted,
+            "make them again with\n  rm -r docs/reference/man; {again}"
         );
-        assert_current("docs/reference/leasegate.1", &made, "man");
+        for (name, page) in &pages {
+            assert!(
+                page.starts_with(".ie \\n(.g .ds Aq"),
+                "{name}: {}",
+                &page[..40]
+            );
+            let committed = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+            assert!(
+                committed == *page,
+                "{name} is stale: make the pages again with\n  {again}"
+            );
+        }
+        let top = &pages[0].1;
+        for sub in ["leasegate\\-serve(1)", "leasegate\\-run(1)"] {
+            assert!(top.contains(sub), "{sub} in {top}");
+        }
+        let run = &pages
+            .iter()
+            .find(|(n, _)| n == "leasegate-run.1")
+            .unwrap()
+            .1;
+        assert!(
+            run.contains(".SH \"EXIT STATUS\"") && run.contains("\\fB127\\fR"),
+            "{run}"
+        );
     }
 }

@@ -29,6 +29,7 @@ mod admin_api;
 mod brokered;
 mod child_env;
 mod jks;
+mod node;
 mod reach;
 mod relay;
 
@@ -323,6 +324,23 @@ pub async fn run(
     for (name, value) in trust.iter().flat_map(TrustFiles::env) {
         child.env(name, value);
     }
+    // Held until the child is gone: Node's way to the proxy.
+    let node = match node::NodePreload::write() {
+        Ok(preload) => {
+            let inherited = std::env::var_os(node::NODE_OPTIONS);
+            child.env(
+                node::NODE_OPTIONS,
+                preload.node_options(inherited.as_deref()),
+            );
+            Some(preload)
+        }
+        Err(error) => {
+            eprintln!(
+                "leasegate run: warning: Node's own fetch and http(s) will not use the proxy:                  its preload cannot be written: {error} (give Node programs undici's                  EnvHttpProxyAgent)"
+            );
+            None
+        }
+    };
     // Held until the child is gone: the JVM's way to the proxy with the lease's credential.
     let (java_proxy, _relay) = java_proxy(&url, admin.url().host_str()).await;
     let inherited = std::env::var_os(JAVA_VAR).filter(|held| !held.is_empty());
@@ -365,7 +383,7 @@ pub async fn run(
             let _ = nix::sys::signal::kill(pid, forward);
         }
     };
-    drop(trust);
+    drop((trust, node));
     let status = status.map_err(|e| RunError::Spawn(shown, e))?;
     use std::os::unix::process::ExitStatusExt;
     let code = match (status.code(), status.signal()) {

@@ -17,6 +17,7 @@ use super::decision::{Asked, Decision};
 use super::exchange::Exchange;
 use super::hello::{self, Opening, Probe, Reassembler, Unverifiable};
 use super::pipeline::Cleared;
+use super::plain_tunnel;
 use super::sniffed::Sniffed;
 use super::terminate;
 use super::{Body, ClientConn, Proxy};
@@ -51,6 +52,9 @@ pub async fn handle(
         .authority()
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
+    if plain_tunnel::applies(&proxy.config, &authority) {
+        return plain_tunnel::open(proxy, conn, req, authority, ex).await;
+    }
     match open(&proxy, &conn, req.headers(), &authority, &mut ex).await {
         Err(refusal) => proxy.refuse(&mut ex, refusal, &authority).await,
         Ok((dialed, cleared)) => {

@@ -240,14 +240,7 @@ async fn serve_http<I>(
         let (proxy, conn) = (service_proxy.clone(), service_conn.clone());
         async move { Ok::<_, std::convert::Infallible>(dispatch(proxy, conn, req).await) }
     });
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(proxy.config.header_read_timeout)
-        // hyper's floor is 8 KiB; the exact limit is `head_len`'s, in `dispatch`.
-        .max_buf_size(proxy.config.max_header_bytes.max(8192))
-        .keep_alive(true);
-    let connection = builder.serve_connection(io, service).with_upgrades();
+    let connection = http1(proxy).serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
@@ -278,15 +271,36 @@ async fn serve_http<I>(
     }
 }
 
+/// How the proxy reads its clients' HTTP/1.1 (on a connection, and inside a plain tunnel).
+pub fn http1(proxy: &Proxy) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(proxy.config.header_read_timeout)
+        // hyper's floor is 8 KiB; the exact limit is `head_len`'s, in `over_head_limit`.
+        .max_buf_size(proxy.config.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+}
+
+/// The 431 answer for a request whose head is over `--max-header-bytes`; none for the rest.
+pub fn over_head_limit(
+    proxy: &Proxy,
+    conn: &ClientConn,
+    req: &Request<Incoming>,
+) -> Option<Response<Body>> {
+    let limit = proxy.config.max_header_bytes;
+    let len = head_len(req);
+    (len > limit).then(|| head_too_large(proxy, conn, req, len, limit))
+}
+
 async fn dispatch(
     proxy: Arc<Proxy>,
     conn: Arc<ClientConn>,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let limit = proxy.config.max_header_bytes;
-    let len = head_len(&req);
-    if len > limit {
-        return head_too_large(&proxy, &conn, &req, len, limit);
+    if let Some(too_large) = over_head_limit(&proxy, &conn, &req) {
+        return too_large;
     }
     if req.method() == http::Method::CONNECT {
         connect::handle(proxy, conn, req).await

@@ -15,6 +15,7 @@ pub mod connection;
 pub mod decision;
 pub mod dialer;
 pub mod exchange;
+pub mod explain;
 pub mod forward;
 pub mod hello;
 pub mod identify;
@@ -23,6 +24,7 @@ pub mod listener;
 pub mod mcp;
 pub mod metering;
 pub mod pipeline;
+pub mod plain_tunnel;
 #[cfg(target_os = "linux")]
 pub mod sniffed;
 pub mod splice;

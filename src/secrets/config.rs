@@ -158,7 +158,7 @@ const RESERVED_ENV: [&str; 14] = [
     "ALL_PROXY",
     "NO_PROXY",
     "FTP_PROXY",
-    "NODE_USE_ENV_PROXY",
+    "NODE_OPTIONS",
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "REQUESTS_CA_BUNDLE",

@@ -131,7 +131,6 @@ pub fn agent_env(
         set.push(("NO_PROXY", host.to_owned()));
         set.push(("no_proxy", host.to_owned()));
     }
-    set.push(("NODE_USE_ENV_PROXY", "1".to_owned()));
     set.push(("LEASEGATE_LEASE_ID", lease.to_owned()));
     let unset = inherited
         .into_iter()
@@ -243,7 +242,7 @@ mod tests {
         assert_eq!(unset, cleared.map(OsString::from));
         let names: Vec<&str> = set.iter().map(|(n, _)| *n).collect();
         assert_eq!(names[..6], PROXY_VARS);
-        assert_eq!(names[6..], ["NODE_USE_ENV_PROXY", "LEASEGATE_LEASE_ID"]);
+        assert_eq!(names[6..], ["LEASEGATE_LEASE_ID"]);
     }
 
     /// The inherited `NO_PROXY` goes; the one set names the admin API's host alone.

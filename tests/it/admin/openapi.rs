@@ -235,6 +235,10 @@ fn every(l: &Leases) -> Vec<(&'static str, String)> {
         ("GET", format!("/approvals/{NO_APPROVAL}")),
         ("POST", format!("/approvals/{NO_APPROVAL}")),
         ("GET", "/refusals".into()),
+        (
+            "GET",
+            format!("/check?lease={}&target=origin.test", l.coder),
+        ),
         ("GET", "/rates".into()),
         ("DELETE", "/status".into()),
         ("GET", "/nope".into()),
@@ -438,6 +442,15 @@ async fn lease_routes(p: &mut Probe, server: &Server, origin: SocketAddr, l: &Le
     )
     .await;
     assert_eq!(p.admin("GET", "/refusals?limit=1001", "").await.0, 400);
+    let (status, checked) = p
+        .admin(
+            "GET",
+            &format!("/check?lease={}&target=nowhere.test", l.coder),
+            "",
+        )
+        .await;
+    assert!(status == 200 && checked["verdict"] == "refuse", "{checked}");
+    assert_eq!(p.admin("GET", "/check?target=origin.test", "").await.0, 400);
     let path = format!("/rates?leases={},{}", l.coder, l.other);
     assert_eq!(p.admin("GET", &path, "").await.0, 200);
     assert_eq!(p.admin("GET", "/rates?leases=nope", "").await.0, 400);
@@ -541,6 +554,10 @@ async fn before_any_route(p: &mut Probe, l: &Leases) {
         ("GET", "/metrics".into()),
         ("GET", "/leases".into()),
         ("GET", "/refusals".into()),
+        (
+            "GET",
+            format!("/check?lease={}&target=origin.test", l.coder),
+        ),
         ("GET", "/rates".into()),
         ("GET", leases_of(&l.other, "")),
         ("GET", leases_of(&l.coder, "/requests")),

@@ -318,3 +318,111 @@ fn compose_gives_the_agent_no_key() {
     assert!(COMPOSE.contains("- ./ca:/etc/leasegate/ca:ro"));
     assert!(COMPOSE.contains("LEASEGATE_CA_DIR: /etc/leasegate/ca"));
 }
+
+/// Every Kubernetes manifest passes the Kubernetes schemas strictly (`kubernetes-validate`
+/// carries them, so no cluster or network is needed; no cluster runs here), and a broken copy
+/// of the agent Pod does not, so the check can fail.
+#[test]
+fn k8s_manifests_pass_the_kubernetes_schemas() {
+    let install = "pip install kubernetes-validate; .ci/run does";
+    if crate::support::missing(&["kubernetes-validate"], install) {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| f.ends_with("agent.yaml")), "{files:?}");
+    let validate = |files: &[std::path::PathBuf]| {
+        Command::new("kubernetes-validate")
+            .arg("--strict")
+            .arg("--no-warn")
+            .args(files)
+            .output()
+            .unwrap()
+    };
+    let out = validate(&files);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("passed for resource pod/agent"), "{said}");
+    let broken = tempfile::tempdir().unwrap();
+    let path = broken.path().join("agent.yaml");
+    let agent = std::fs::read_to_string(dir.join("agent.yaml")).unwrap();
+    let bad = agent.replace(
+        "readOnlyRootFilesystem: true",
+        "readOnlyRootFilesystem: \"yes\"",
+    );
+    assert_ne!(bad, agent);
+    std::fs::write(&path, bad).unwrap();
+    let out = validate(&[path]);
+    assert!(!out.status.success(), "a broken Pod passed");
+}
+
+/// The agent Pod is one the agents' NetworkPolicy confines (its namespace, its label), whose
+/// only way out is leasegate's proxy port: egress to the leasegate pods on 3128 alone, no DNS.
+/// Its proxy URL comes from a Secret in every spelling clients read, and it holds no API
+/// credentials or service links.
+#[test]
+fn k8s_agent_pod_leaves_only_through_leasegate() {
+    let read = |name: &str| {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("deploy/k8s")
+                .join(name),
+        )
+        .unwrap();
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|doc| Yaml::deserialize(doc).unwrap())
+            .collect::<Vec<Yaml>>()
+    };
+    use serde::Deserialize;
+    let pod = read("agent.yaml").remove(0);
+    let policies = read("networkpolicy.yaml");
+    let policy = policies
+        .iter()
+        .find(|p| p["metadata"]["name"] == "agents-egress-only-via-leasegate")
+        .unwrap();
+    assert_eq!(pod["kind"], "Pod");
+    assert_eq!(
+        pod["metadata"]["namespace"],
+        policy["metadata"]["namespace"]
+    );
+    for (label, value) in policy["spec"]["podSelector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+    {
+        assert_eq!(&pod["metadata"]["labels"][label.as_str().unwrap()], value);
+    }
+    assert_eq!(policy["spec"]["policyTypes"][0], "Egress");
+    let egress = policy["spec"]["egress"].as_sequence().unwrap();
+    assert_eq!(egress.len(), 1, "one way out: {egress:?}");
+    assert_eq!(egress[0]["ports"].as_sequence().unwrap().len(), 1);
+    assert_eq!(egress[0]["ports"][0]["port"], 3128);
+    assert_eq!(
+        egress[0]["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "leasegate"
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(spec["enableServiceLinks"], false);
+    let env = spec["containers"][0]["env"].as_sequence().unwrap();
+    let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"]
+    );
+    for var in env {
+        assert_eq!(
+            var["valueFrom"]["secretKeyRef"]["name"], "agent-proxy",
+            "{var:?}"
+        );
+        assert!(
+            var.get("value").is_none(),
+            "a proxy URL in the manifest: {var:?}"
+        );
+    }
+}

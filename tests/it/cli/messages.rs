@@ -1022,3 +1022,50 @@ async fn python_and_git_print_what_they_print_on_a_refusal() {
          response 403\n"
     );
 }
+
+/// `check --admin` asks the running proxy, so its answer is the proxy's: its port lists and
+/// resolver decide, not this command's defaults (here the proxy opens tunnels to 8443 only,
+/// and resolves `origin.test`); what the journal-reading `check` would say with its defaults
+/// differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_with_admin_gives_the_running_proxys_answer() {
+    let h = Harness::new();
+    let lease = h.lease(&["origin.test"], &["denied.test"]);
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    config.connect_ports = leasegate::policy::Ports::only(8443);
+    let server = h.start(config).await;
+    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let check = |target: &'static str| {
+        let (admin, lease) = (admin.clone(), lease.clone());
+        async move {
+            let out = tokio::task::spawn_blocking(move || {
+                leasegate_command(&["check", "--admin", &admin, "--lease", &lease, target]).output()
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (code, said, err) = check("origin.test:8443").await;
+    assert_eq!(code, Some(0), "{said}{err}");
+    assert!(
+        said.starts_with(&format!(
+            "allow\n  origin.test:8443 is allowed by origin.test in lease {lease}"
+        )) && said.contains("\n  may dial 127.0.0.1:8443\n"),
+        "{said}"
+    );
+    let (code, said, _) = check("origin.test").await;
+    assert_eq!(code, Some(1));
+    assert!(said.starts_with("refuse port-not-allowed 403\n"), "{said}");
+    let (code, said, _) = check("https://denied.test:8443/").await;
+    assert_eq!(code, Some(1));
+    assert!(said.starts_with("refuse host-denied 403\n"), "{said}");
+    // Nothing was written: the lease is still open, though a denied host revokes a request.
+    let (code, said, _) = check("origin.test:8443").await;
+    assert_eq!(code, Some(0), "{said}");
+}

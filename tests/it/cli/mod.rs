@@ -9,6 +9,7 @@ pub mod messages_operator;
 pub mod run_brokered;
 pub mod run_issued;
 pub mod run_java;
+pub mod run_node;
 pub mod run_trust;
 pub mod secrets;
 pub mod suggest;

@@ -35,6 +35,8 @@ mod meter;
 mod meter_request;
 #[path = "../../../fuzz/checks/path_normalise.rs"]
 mod path_normalise;
+#[path = "../../../fuzz/checks/plain_tunnel_rewrite.rs"]
+mod plain_tunnel_rewrite;
 #[path = "../../../fuzz/checks/run_answer.rs"]
 mod run_answer;
 #[path = "../../../fuzz/checks/secrets_file.rs"]
@@ -88,6 +90,7 @@ fn every_fuzz_check_holds_on_its_seed_corpus() {
         ("issue_request", issue_request::check, 12),
         ("meter_request", meter_request::check, 12),
         ("path_normalise", path_normalise::check, 12),
+        ("plain_tunnel_rewrite", plain_tunnel_rewrite::check, 12),
         ("run_answer", run_answer::check, 10),
         ("secrets_file", secrets_file::check, 15),
         ("snapshot", snapshot::check, 5),

@@ -406,12 +406,12 @@ async fn run_points_its_child_at_the_lease_and_passes_the_exit_code() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from origin\n");
-    let out = run(vec!["sh".into(), "-c".into(), "echo $HTTPS_PROXY $all_proxy $NODE_USE_ENV_PROXY $LEASEGATE_LEASE_ID ${NO_PROXY:-unset}; exit 7".into()]).await;
+    let out = run(vec!["sh".into(), "-c".into(), "echo $HTTPS_PROXY $all_proxy ${NODE_OPTIONS%% *} $LEASEGATE_LEASE_ID ${NO_PROXY:-unset}; exit 7".into()]).await;
     assert_eq!(out.status.code(), Some(7));
     let expected = format!("http://agent:{lease}@{}", server.addr);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("{expected} {expected} 1 {lease} 127.0.0.1")
+        format!("{expected} {expected} --require {lease} 127.0.0.1")
     );
     let out = run(vec!["sh".into(), "-c".into(), "kill -TERM $$".into()]).await;
     assert_eq!(out.status.code(), Some(128 + 15));

@@ -13,5 +13,6 @@ pub mod descriptors;
 pub mod end_to_end;
 pub mod hardening;
 pub mod pipeline;
+pub mod plain_tunnels;
 pub mod route_approvals;
 pub mod tunnels;

