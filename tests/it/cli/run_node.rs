@@ -12,6 +12,51 @@ use crate::support::netns::in_loopback_only_namespace;
 use leasegate::policy::Ports;
 use leasegate::proxy::OnRefusal;
 
+/// A proxy whose ports are as the defaults make them (443 tunnelled, 80 forwarded), on two
+/// origins' own ports, so the `http://` calls of a client that tunnels them are CONNECTs to a
+/// port open to forwarded requests only; a lease for `origin.test` denying `denied.test`; and
+/// the four URLs every runtime under `run` is asked for: allowed `https://` and `http://`,
+/// then refused `https://` and `http://`.
+pub(crate) struct RunSetup {
+    pub h: Harness,
+    pub _server: leasegate::server::Server,
+    pub lease: String,
+    /// The admin API's URL, for `run --admin`.
+    pub admin: String,
+    /// The HTTPS origin's CA file.
+    pub ca: String,
+    pub urls: [String; 4],
+}
+
+impl RunSetup {
+    pub async fn start() -> RunSetup {
+        let h = Harness::new();
+        let lease = h.lease(&["origin.test"], &["denied.test"]);
+        let (tls, ca) = https_origin("origin.test", h.dir.path()).await;
+        let plain = http_origin().await;
+        let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
+        let resolve = [("origin.test", "127.0.0.1"), ("denied.test", "127.0.0.1")];
+        let mut config = h.config(&resolve);
+        config.on_refusal = OnRefusal::Log;
+        config.connect_ports = Ports::only(tls_port);
+        config.forward_ports = Ports::only(plain_port);
+        let server = h.start(config).await;
+        RunSetup {
+            admin: format!("http://{}", server.admin_addr.unwrap()),
+            _server: server,
+            h,
+            lease,
+            ca: ca.to_str().unwrap().to_owned(),
+            urls: [
+                format!("https://origin.test:{tls_port}/"),
+                format!("http://origin.test:{plain_port}/"),
+                format!("https://denied.test:{tls_port}/"),
+                format!("http://denied.test:{plain_port}/"),
+            ],
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_fetch_and_http_reach_the_proxy_under_run_on_every_node() {
     let Some(nodes) = node_runtimes() else {
@@ -20,31 +65,20 @@ async fn node_fetch_and_http_reach_the_proxy_under_run_on_every_node() {
     if !in_loopback_only_namespace().await {
         return;
     }
-    let h = Harness::new();
-    let lease = h.lease(&["origin.test"], &["denied.test"]);
-    let (tls, ca) = https_origin("origin.test", h.dir.path()).await;
-    let plain = http_origin().await;
-    let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
-    let mut config = h.config(&[("origin.test", "127.0.0.1"), ("denied.test", "127.0.0.1")]);
-    config.on_refusal = OnRefusal::Log;
-    // As the defaults are (443 tunnelled, 80 forwarded), on the origins' own ports: the
-    // `http://` calls are CONNECTs to a port open to forwarded requests only.
-    config.connect_ports = Ports::only(tls_port);
-    config.forward_ports = Ports::only(plain_port);
-    let server = h.start(config).await;
-    let admin = format!("http://{}", server.admin_addr.unwrap());
+    let RunSetup {
+        h,
+        _server,
+        lease,
+        admin,
+        ca,
+        urls,
+    } = RunSetup::start().await;
     let script = crate::support::data("clients/node/get_all.cjs");
-    let urls = [
-        format!("https://origin.test:{tls_port}/"),
-        format!("http://origin.test:{plain_port}/"),
-        format!("https://denied.test:{tls_port}/"),
-        format!("http://denied.test:{plain_port}/"),
-    ];
     for (version, node) in &nodes {
         let mut args = vec!["run", "--lease", &lease, "--admin", &admin, "--"];
         args.extend([node.to_str().unwrap(), script.to_str().unwrap()]);
         args.extend(urls.iter().map(String::as_str));
-        let env = [("NODE_EXTRA_CA_CERTS", ca.to_str().unwrap())];
+        let env = [("NODE_EXTRA_CA_CERTS", ca.as_str())];
         let (code, stdout, stderr) = run(&args, &env).await;
         assert_eq!(code, Some(0), "Node {version}: {stdout}\n{stderr}");
         let lines: Vec<&str> = stdout.lines().collect();

@@ -94,6 +94,23 @@ pub(crate) fn node_runtimes() -> Option<Vec<(String, PathBuf)>> {
     Some(versions.collect())
 }
 
+/// A runtime `.ci/run` installs into the cache beside undici (`path` under its
+/// `node_modules`, e.g. `@deno/linux-x64-glibc/deno`); none (after a [`skip`]) where it is
+/// missing.
+pub(crate) fn runtime_in_cache(path: &str) -> Option<PathBuf> {
+    let runtime = undici_modules().join(path);
+    if runtime.exists() {
+        return Some(runtime);
+    }
+    let prefix = undici_modules().parent().unwrap().display().to_string();
+    skip(&format!(
+        "{} is missing (tests/setup.sh installs it: copy tests/data/clients/node/package*.json \
+         to {prefix} and run npm ci --prefix {prefix})",
+        runtime.display()
+    ));
+    None
+}
+
 /// The warning undici's `EnvHttpProxyAgent` prints on stderr at its first use.
 const EXPERIMENTAL: &str =
     "[UNDICI-EHPA] Warning: EnvHttpProxyAgent is experimental, expect them to change at any time.";
