@@ -72,7 +72,9 @@ pub async fn explain(
     };
     // What a client sends for it: a forwarded GET for an `http://` (or `ws://`) URL, judged
     // against `--forward-ports`; a CONNECT for anything else. Asked on the lease's own port.
-    let asked = match is_forwarded(target) {
+    // A CONNECT to a port open to forwarded requests only is read as one, as the proxy does.
+    let forwarded = is_forwarded(target) || super::plain_tunnel::applies(config, &authority);
+    let asked = match forwarded {
         true => Asked::Forward {
             method: &http::Method::GET,
             host: None,

@@ -1033,6 +1033,7 @@ async fn check_with_admin_gives_the_running_proxys_answer() {
     let lease = h.lease(&["origin.test"], &["denied.test"]);
     let mut config = h.config(&[("origin.test", "127.0.0.1")]);
     config.connect_ports = leasegate::policy::Ports::only(8443);
+    config.forward_ports = leasegate::policy::Ports::only(80);
     let server = h.start(config).await;
     let admin = format!("http://{}", server.admin_addr.unwrap());
     let check = |target: &'static str| {
@@ -1062,6 +1063,13 @@ async fn check_with_admin_gives_the_running_proxys_answer() {
     let (code, said, _) = check("origin.test").await;
     assert_eq!(code, Some(1));
     assert!(said.starts_with("refuse port-not-allowed 403\n"), "{said}");
+    // A CONNECT to a port open to forwarded requests only is one, as the proxy serves it.
+    let (code, said, _) = check("origin.test:80").await;
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.starts_with("allow\n  origin.test:80 is allowed"),
+        "{said}"
+    );
     let (code, said, _) = check("https://denied.test:8443/").await;
     assert_eq!(code, Some(1));
     assert!(said.starts_with("refuse host-denied 403\n"), "{said}");

@@ -463,7 +463,9 @@ async fn ports_outside_the_lists_are_refused_before_any_dial_in_every_mode() {
         ("allowed.test", None),
         ("https://allowed.test/x", None),
         ("http://allowed.test/x", None),
-        ("allowed.test:80", Some(Code::PortNotAllowed)),
+        // A CONNECT to a port open to forwarded requests only is served as one.
+        ("allowed.test:80", None),
+        ("allowed.test:22", Some(Code::PortNotAllowed)),
         ("http://allowed.test:8080/", Some(Code::PortNotAllowed)),
         ("https://allowed.test:8443/", Some(Code::PortNotAllowed)),
     ] {
