@@ -85,6 +85,36 @@ fn first_lines(stdout: std::process::ChildStdout, n: usize) -> Vec<String> {
     got
 }
 
+/// `serve --dev` in `dir` with `--admin 127.0.0.1:0`, `--forward-ports 80,<port>` and `extra`,
+/// the port lists otherwise as a newcomer has them: the running server, the banner's first
+/// `n` lines and the demo lease's id.
+fn dev_banner(
+    dir: &std::path::Path,
+    port: u16,
+    extra: &[&str],
+    n: usize,
+) -> (Running, Vec<String>, String) {
+    let forward = format!("80,{port}");
+    let mut flags = vec!["--admin", "127.0.0.1:0", "--forward-ports", &forward];
+    flags.extend(extra);
+    let mut command = serve_dev(dir, &flags);
+    command
+        .env_remove("LEASEGATE_CONNECT_PORTS")
+        .env_remove("LEASEGATE_FORWARD_PORTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = command.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let serve = Running(child);
+    let lines = first_lines(stdout, n);
+    let lease = lines[0]
+        .split_once("with demo lease ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{lines:?}"))
+        .to_owned();
+    (serve, lines, lease)
+}
+
 /// curl through `proxy` to `url`: the status code, then the body (its newline kept).
 fn curl_through(proxy: &str, url: &str) -> (String, String) {
     let out = Command::new("curl")
@@ -109,33 +139,8 @@ fn curl_through(proxy: &str, url: &str) -> (String, String) {
 fn serve_dev_names_the_dashboard_and_the_way_past_the_address_guard() {
     let dir = tempfile::tempdir().unwrap();
     let port = local_origin();
-    let forward = format!("80,{port}");
-    let mut command = serve_dev(
-        dir.path(),
-        &[
-            "--admin",
-            "127.0.0.1:0",
-            "--forward-ports",
-            &forward,
-            "--resolve",
-            "origin.test=127.0.0.1",
-        ],
-    );
-    // The port lists as a newcomer has them, but for the origin's port.
-    command
-        .env_remove("LEASEGATE_CONNECT_PORTS")
-        .env_remove("LEASEGATE_FORWARD_PORTS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = command.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _serve = Running(child);
-    let lines = first_lines(stdout, 4);
-    let lease = lines[0]
-        .split_once("with demo lease ")
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .unwrap()
-        .to_owned();
+    let resolve = ["--resolve", "origin.test=127.0.0.1"];
+    let (_serve, lines, lease) = dev_banner(dir.path(), port, &resolve, 4);
     let dashboard = lines[2]
         .strip_prefix("dashboard http://127.0.0.1:")
         .and_then(|rest| rest.strip_suffix('/'))
@@ -393,4 +398,124 @@ fn suggest_says_when_its_filter_matched_no_line() {
         )
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+}
+
+/// A newcomer's first hour, as the README walks it, with the real binary: `serve --dev` with
+/// the flags its banner names for a local server; the banner's `export` line pasted into a
+/// shell, so `curl` reaches the origin through the proxy and the admin API around it; the
+/// demo lease in `leases`; the agent under `run` with the lease's token; the running proxy's
+/// own verdict from `check --admin`; and `health` given the admin API as a URL.
+#[test]
+fn the_readme_walk_through_works_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = local_origin();
+    let flags = [
+        "--allow-private",
+        "127.0.0.0/8",
+        "--resolve",
+        "origin.test=127.0.0.1",
+    ];
+    let (_serve, lines, lease) = dev_banner(dir.path(), port, &flags, 3);
+    let export = &lines[1];
+    assert!(export.starts_with("export HTTP_PROXY="), "{lines:?}");
+    let admin = lines[2]
+        .strip_prefix("dashboard ")
+        .and_then(|url| url.strip_suffix('/'))
+        .unwrap_or_else(|| panic!("{lines:?}"))
+        .to_owned();
+    let origin = format!("http://origin.test:{port}/");
+
+    // The export line, pasted: curl goes through the proxy to the origin, and to the admin
+    // API directly (NO_PROXY), which the proxy would have refused.
+    let shell = |script: String| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir.path())
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(shell(format!("{export}; curl -sS {origin}")), "dev");
+    assert_eq!(
+        shell(format!(
+            "{export}; curl -sS -o /dev/null -w '%{{http_code}}' {admin}/healthz"
+        )),
+        "200"
+    );
+
+    // The demo lease, open, in the dev journal under the dev key.
+    let leases = leasegate_command(&[
+        "leases",
+        "--journal",
+        ".leasegate/journal.jsonl",
+        "--key-file",
+        ".leasegate/dev.key",
+        "--status",
+        "open",
+    ])
+    .current_dir(dir.path())
+    .output()
+    .unwrap();
+    let listed = succeeded(&leases);
+    assert!(listed.contains(&lease), "{listed}");
+
+    // The agent under `run`, with the lease's own token.
+    let token = leasegate_command(&[
+        "token",
+        "--lease",
+        &lease,
+        "--key-file",
+        ".leasegate/dev.key",
+    ])
+    .current_dir(dir.path())
+    .output()
+    .unwrap();
+    std::fs::write(dir.path().join("lease-token"), succeeded(&token).trim()).unwrap();
+    let run = leasegate_command(&[
+        "run",
+        "--lease",
+        &lease,
+        "--admin",
+        &admin,
+        "--lease-token-file",
+        "lease-token",
+        "--",
+        "curl",
+        "-sS",
+        &origin,
+    ])
+    .current_dir(dir.path())
+    .output()
+    .unwrap();
+    assert_eq!(succeeded(&run), "dev");
+
+    // The running proxy's own verdict (its --forward-ports), with the dev admin token.
+    let check = leasegate_command(&[
+        "check",
+        "--admin",
+        &admin,
+        "--admin-token-file",
+        ".leasegate/admin-token",
+        "--lease",
+        &lease,
+        &origin,
+    ])
+    .current_dir(dir.path())
+    .output()
+    .unwrap();
+    let said = succeeded(&check);
+    assert!(
+        said.starts_with(&format!("allow\n  origin.test:{port} is allowed by *")),
+        "{said}"
+    );
+
+    // `health` takes the admin API as the URL the other commands take.
+    let health = leasegate_command(&["health", "--admin", &admin])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(health.status.code(), Some(0), "{}", stderr_text(&health));
 }
