@@ -403,8 +403,10 @@ fn suggest_says_when_its_filter_matched_no_line() {
 /// A newcomer's first hour, as the README walks it, with the real binary: `serve --dev` with
 /// the flags its banner names for a local server; the banner's `export` line pasted into a
 /// shell, so `curl` reaches the origin through the proxy and the admin API around it; the
-/// demo lease in `leases`; the agent under `run` with the lease's token; the running proxy's
-/// own verdict from `check --admin`; and `health` given the admin API as a URL.
+/// demo lease in `leases`; curl, Python, Node and Java agents under `run` with the lease's
+/// token; `suggest` from what they reached; a tightened lease under which a call elsewhere
+/// is refused and the agents show why; the running proxy's own verdict from `check
+/// --admin`; and `health` given the admin API as a URL.
 #[test]
 fn the_readme_walk_through_works_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
@@ -414,6 +416,8 @@ fn the_readme_walk_through_works_end_to_end() {
         "127.0.0.0/8",
         "--resolve",
         "origin.test=127.0.0.1",
+        "--resolve",
+        "other.test=127.0.0.1",
     ];
     let (_serve, lines, lease) = dev_banner(dir.path(), port, &flags, 3);
     let export = &lines[1];
@@ -462,35 +466,122 @@ fn the_readme_walk_through_works_end_to_end() {
     let listed = succeeded(&leases);
     assert!(listed.contains(&lease), "{listed}");
 
-    // The agent under `run`, with the lease's own token.
-    let token = leasegate_command(&[
-        "token",
+    // Agents under `run`, with the lease's own token: curl, Python, Node and Java, none with
+    // proxy settings of its own. The demo lease (`*`) lets `other.test` through too.
+    let under_run = |lease: &str, token: &str, agent: &[&str]| {
+        std::fs::write(dir.path().join("lease-token"), token).unwrap();
+        let mut args = vec!["run", "--lease", lease, "--admin", &admin];
+        args.extend(["--lease-token-file", "lease-token", "--"]);
+        args.extend(agent);
+        let out = leasegate_command(&args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        succeeded(&out)
+    };
+    let token_of = |lease: &str| {
+        let args = [
+            "token",
+            "--lease",
+            lease,
+            "--key-file",
+            ".leasegate/dev.key",
+        ];
+        let out = leasegate_command(&args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        succeeded(&out).trim().to_owned()
+    };
+    let demo_token = token_of(&lease);
+    let other = format!("http://other.test:{port}/");
+    let python =
+        format!("import urllib.request; print(urllib.request.urlopen({origin:?}).read().decode())");
+    let node = crate::support::data("clients/node/get_all.cjs");
+    let java = crate::support::data("clients/JavaGet.java");
+    assert_eq!(
+        under_run(&lease, &demo_token, &["curl", "-sS", &origin]),
+        "dev"
+    );
+    assert_eq!(
+        under_run(&lease, &demo_token, &["python3", "-c", &python]),
+        "dev\n"
+    );
+    let node_said = under_run(
+        &lease,
+        &demo_token,
+        &["node", node.to_str().unwrap(), &origin],
+    );
+    assert_eq!(
+        node_said,
+        format!("fetch {origin} status 200 dev\nget {origin} status 200 dev\n")
+    );
+    let java_said = under_run(
+        &lease,
+        &demo_token,
+        &["java", java.to_str().unwrap(), &other],
+    );
+    assert_eq!(java_said, format!("{other} status 200 dev\n"));
+
+    // `suggest` reads what the lease reached from the egress log: the list to tighten it to.
+    let suggest = leasegate_command(&[
+        "suggest",
+        "--from",
+        ".leasegate/egress.jsonl",
         "--lease",
         &lease,
-        "--key-file",
-        ".leasegate/dev.key",
     ])
     .current_dir(dir.path())
     .output()
     .unwrap();
-    std::fs::write(dir.path().join("lease-token"), succeeded(&token).trim()).unwrap();
-    let run = leasegate_command(&[
-        "run",
-        "--lease",
-        &lease,
+    let suggested = succeeded(&suggest);
+    let flags: Vec<&str> = suggested
+        .lines()
+        .filter(|l| l.starts_with("--allow-host"))
+        .flat_map(|l| l.split_whitespace())
+        .collect();
+    assert_eq!(
+        flags,
+        ["--allow-host", "origin.test", "--allow-host", "other.test"],
+        "{suggested}"
+    );
+
+    // Tightened: a lease for `origin.test` alone, issued through the admin API; the agent's
+    // call elsewhere is refused, and each client shows why.
+    let mut issue = vec![
+        "issue",
         "--admin",
         &admin,
-        "--lease-token-file",
-        "lease-token",
-        "--",
-        "curl",
-        "-sS",
-        &origin,
-    ])
-    .current_dir(dir.path())
-    .output()
-    .unwrap();
-    assert_eq!(succeeded(&run), "dev");
+        "--admin-token-file",
+        ".leasegate/admin-token",
+    ];
+    issue.extend(["--allow-host", "origin.test", "--print", "id"]);
+    let issued = leasegate_command(&issue)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let tight = succeeded(&issued).trim().to_owned();
+    let tight_token = token_of(&tight);
+    let java_said = under_run(
+        &tight,
+        &tight_token,
+        &["java", java.to_str().unwrap(), &origin, &other],
+    );
+    let lines: Vec<&str> = java_said.lines().collect();
+    assert_eq!(lines[0], format!("{origin} status 200 dev"), "{java_said}");
+    assert!(
+        lines[1].starts_with(&format!("{other} status 403 host-not-allowed leasegate refused GET other.test:{port} for lease {tight}: host-not-allowed")),
+        "{java_said}"
+    );
+    let node_said = under_run(
+        &tight,
+        &tight_token,
+        &["node", node.to_str().unwrap(), &other],
+    );
+    assert!(
+        node_said.starts_with(&format!("fetch {other} error leasegate refused CONNECT other.test:{port} for lease {tight}: host-not-allowed")),
+        "{node_said}"
+    );
 
     // The running proxy's own verdict (its --forward-ports), with the dev admin token.
     let check = leasegate_command(&[
