@@ -48,12 +48,19 @@ pub enum ApprovalStore {
 }
 
 impl ApprovalStore {
-    /// The approvals stream beside `journal`, made if missing.
+    /// The approvals stream beside `journal`, made if missing; tried for `--store-start-timeout`
+    /// as the journal's own stream is.
     pub async fn nats(
         journal: &NatsLocation,
         options: &NatsOptions,
     ) -> Result<ApprovalStore, NatsError> {
-        let stream = NatsStream::connect(&location_of(journal), options, &APPROVALS).await?;
+        // Retried like the journal's own stream: a cluster that has just regained its
+        // quorum (or is starting) times requests out until it elects the stream's leader.
+        let location = location_of(journal);
+        let stream = crate::nats::connect::patiently(&location, options, || {
+            NatsStream::connect(&location, options, &APPROVALS)
+        })
+        .await?;
         Ok(ApprovalStore::Nats(Box::new(stream)))
     }
 
