@@ -336,7 +336,9 @@ pub async fn run(
         }
         Err(error) => {
             eprintln!(
-                "leasegate run: warning: Node's own fetch and http(s) will not use the proxy:                  its preload cannot be written: {error} (give Node programs undici's                  EnvHttpProxyAgent)"
+                "leasegate run: warning: Node's own fetch and http(s) will not use the proxy: \
+                 its preload cannot be written: {error} (give Node programs undici's \
+                 EnvHttpProxyAgent)"
             );
             None
         }

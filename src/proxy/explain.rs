@@ -129,3 +129,30 @@ pub async fn explain(
         notes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::target_authority;
+
+    #[test]
+    fn a_url_names_its_host_and_its_schemes_port() {
+        for (given, want) in [
+            ("https://api.github.com/x", "api.github.com:443"),
+            ("http://api.github.com/x?y", "api.github.com:80"),
+            (
+                "https://Agent:pw@API.github.com:8443/",
+                "api.github.com:8443",
+            ),
+            ("http://[::1]/", "[::1]:80"),
+            ("wss://10.0.0.1/socket", "10.0.0.1:443"),
+            ("api.github.com:8080", "api.github.com:8080"),
+            ("api.github.com", "api.github.com"),
+        ] {
+            assert_eq!(target_authority(given).as_deref(), Ok(want), "{given}");
+        }
+        assert_eq!(
+            target_authority("ftp2://example.com/"),
+            Err("ftp2://example.com/: no port, and ftp2:// has no default: give HOST:PORT".into())
+        );
+    }
+}
